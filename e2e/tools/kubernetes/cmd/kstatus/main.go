@@ -1,0 +1,90 @@
+// Command kstatus reads one Kubernetes resource (YAML or JSON) from a file or
+// stdin and prints its kstatus (sigs.k8s.io/cli-utils/pkg/kstatus/status):
+// Current, InProgress, Failed, Terminating, NotFound or Unknown.
+//
+//	kubectl get deploy/x -o yaml | kstatus          # prints: InProgress
+//	kstatus -o json deploy.yaml                     # {"status":"...","message":"..."}
+//
+// Exit code: 0 when the status could be computed (whatever it is), 1 on a
+// read/parse/compute error, 2 on bad usage. With -want STATUS the exit code is
+// 0 only if the computed status equals STATUS (3 otherwise).
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
+	"sigs.k8s.io/yaml"
+)
+
+func main() {
+	output := flag.String("o", "text", "output format: text (status only), wide (status and message) or json")
+	want := flag.String("want", "", "exit 3 unless the status equals this (e.g. Current)")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: kstatus [-o text|wide|json] [-want STATUS] [FILE|-]\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() > 1 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	var in io.Reader = os.Stdin
+	if name := flag.Arg(0); name != "" && name != "-" {
+		f, err := os.Open(name)
+		if err != nil {
+			fail(err)
+		}
+		defer f.Close()
+		in = f
+	}
+	data, err := io.ReadAll(in)
+	if err != nil {
+		fail(err)
+	}
+	// sigs.k8s.io/yaml accepts JSON too (JSON is YAML).
+	obj := map[string]interface{}{}
+	if err := yaml.Unmarshal(data, &obj); err != nil {
+		fail(fmt.Errorf("parse resource: %w", err))
+	}
+	if len(obj) == 0 {
+		fail(fmt.Errorf("empty input: expected one resource as YAML or JSON"))
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	if u.GetKind() == "" {
+		fail(fmt.Errorf("input has no kind"))
+	}
+	res, err := status.Compute(u)
+	if err != nil {
+		fail(fmt.Errorf("compute status of %s %s: %w", u.GetKind(), u.GetName(), err))
+	}
+	switch *output {
+	case "text":
+		fmt.Println(res.Status)
+	case "wide":
+		fmt.Printf("%s\t%s\n", res.Status, res.Message)
+	case "json":
+		b, _ := json.Marshal(map[string]interface{}{
+			"status":     res.Status.String(),
+			"message":    res.Message,
+			"conditions": res.Conditions,
+		})
+		fmt.Println(string(b))
+	default:
+		flag.Usage()
+		os.Exit(2)
+	}
+	if *want != "" && res.Status.String() != *want {
+		os.Exit(3)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "kstatus:", err)
+	os.Exit(1)
+}

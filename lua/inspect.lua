@@ -1,0 +1,11 @@
+-- inspect: read-only view of a target for operators.
+-- KEYS[1] lease hash   KEYS[2] fence
+-- Reply: {'free', fence, server_ms} | {'held', fence, server_ms, owner, token, acquired_ms, pttl_ms, lease_id}
+local lease, lease_err = read_lease(KEYS[1])
+if lease_err then return lease_err end
+local fence, fence_err = read_fence(KEYS[2])
+if fence_err then return fence_err end
+local _, now_ms = server_now()
+if not lease then return {'free', int(fence), int(now_ms)} end
+return {'held', int(fence), int(now_ms), lease.owner, lease.token, lease.acquired_ms,
+  int(redis.call('PTTL', KEYS[1])), lease.lease_id}

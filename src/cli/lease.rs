@@ -1,0 +1,313 @@
+//! `targetlease lease ...`: one store call per invocation, one JSON object on stdout.
+//!
+//! Exit status: 0 when the call did what was asked, 2 when it was refused (held by someone
+//! else, lost, not the holder, stale token), 1 on a failure.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::parse_duration;
+use crate::redact::SecretUrl;
+use crate::store::valkey::{DEFAULT_PREFIX, ValkeyConfig, ValkeyStore};
+use crate::store::{
+    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, LeaseHandle,
+    LeaseId, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId,
+    StoreError, TargetRef,
+};
+
+#[derive(Debug, Subcommand)]
+pub enum LeaseCommand {
+    /// Claim a target.
+    Acquire {
+        #[command(flatten)]
+        target: TargetArgs,
+        #[command(flatten)]
+        claim: ClaimArgs,
+        /// Lease time-to-live (30, 30s, 500ms, 2m).
+        #[arg(long, value_parser = parse_duration, default_value = "30s")]
+        ttl: Duration,
+        /// The new token will be larger than this.
+        #[arg(long, default_value_t = 0)]
+        min_token: u64,
+        #[command(flatten)]
+        request: RequestArgs,
+    },
+    /// Extend a lease you hold.
+    Renew {
+        #[command(flatten)]
+        target: TargetArgs,
+        #[command(flatten)]
+        claim: ClaimArgs,
+        /// The fencing token the lease was granted with.
+        #[arg(long)]
+        token: u64,
+        /// New time-to-live from now.
+        #[arg(long, value_parser = parse_duration, default_value = "30s")]
+        ttl: Duration,
+        #[command(flatten)]
+        request: RequestArgs,
+    },
+    /// Give up a lease you hold.
+    Release {
+        #[command(flatten)]
+        target: TargetArgs,
+        #[command(flatten)]
+        claim: ClaimArgs,
+        /// The fencing token the lease was granted with.
+        #[arg(long)]
+        token: u64,
+        #[command(flatten)]
+        request: RequestArgs,
+    },
+    /// Fencing check: is this token still the newest for the target?
+    Check {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// The token to check.
+        #[arg(long)]
+        token: u64,
+    },
+    /// Fenced write of a value to a guarded record of the target.
+    Commit {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// The writer's fencing token.
+        #[arg(long)]
+        token: u64,
+        /// Name of the guarded record.
+        #[arg(long)]
+        key: String,
+        /// Value to write.
+        #[arg(long)]
+        value: String,
+        #[command(flatten)]
+        request: RequestArgs,
+    },
+    /// Read a guarded record written by `commit`.
+    Read {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Name of the guarded record.
+        #[arg(long)]
+        key: String,
+    },
+    /// Show the target's lease and fence.
+    Inspect {
+        #[command(flatten)]
+        target: TargetArgs,
+    },
+}
+
+/// Where the store is and which target to talk about.
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// Valkey URL (redis://, rediss://, valkey://, valkeys://); may carry credentials.
+    #[arg(long, env = "TARGETLEASE_VALKEY_URL", hide_env_values = true)]
+    valkey_url: String,
+    /// Prefix of every Valkey key.
+    #[arg(long, env = "TARGETLEASE_KEY_PREFIX", default_value = DEFAULT_PREFIX)]
+    key_prefix: String,
+    /// Deadline of the call.
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    timeout: Duration,
+    /// Namespace of the target.
+    #[arg(long, default_value = "default")]
+    namespace: String,
+    /// The target.
+    #[arg(long)]
+    target: String,
+}
+
+/// Who claims.
+#[derive(Debug, Args)]
+pub struct ClaimArgs {
+    /// The claim's identity (a TargetLease's metadata.uid).
+    #[arg(long)]
+    lease_id: String,
+    /// Who the lease is for.
+    #[arg(long)]
+    owner: String,
+}
+
+/// Idempotency.
+#[derive(Debug, Args)]
+pub struct RequestArgs {
+    /// Request id; reuse it to retry a call without acting twice (default: a new random one).
+    #[arg(long)]
+    request_id: Option<String>,
+}
+
+impl RequestArgs {
+    fn resolve(&self) -> Result<RequestId, StoreError> {
+        match &self.request_id {
+            Some(id) => RequestId::new(id),
+            None => Ok(RequestId::random()),
+        }
+    }
+}
+
+impl TargetArgs {
+    async fn open(&self) -> Result<(ValkeyStore, TargetRef), StoreError> {
+        let target = TargetRef::new(&self.namespace, &self.target)?;
+        let url = SecretUrl::parse(&self.valkey_url)
+            .map_err(|e| StoreError::InvalidRequest(e.to_string()))?;
+        let mut config = ValkeyConfig::new(url);
+        config.key_prefix = self.key_prefix.clone();
+        config.call_timeout = self.timeout;
+        config.connect_timeout = self.timeout;
+        Ok((ValkeyStore::new_lazy(config)?, target))
+    }
+}
+
+impl ClaimArgs {
+    fn handle(&self, target: TargetRef, token: u64) -> Result<LeaseHandle, StoreError> {
+        Ok(LeaseHandle {
+            target,
+            lease_id: LeaseId::new(self.lease_id.clone())?,
+            owner: self.owner.clone(),
+            token,
+        })
+    }
+}
+
+/// A printed result: the JSON object and whether the call did what was asked.
+struct Printed {
+    body: Value,
+    done: bool,
+}
+
+fn printed(outcome: &impl Serialize, done: bool, request_id: Option<&RequestId>) -> Printed {
+    let mut body = serde_json::to_value(outcome).unwrap_or_else(|e| json!({"outcome": "error", "message": e.to_string()}));
+    if let (Some(id), Value::Object(map)) = (request_id, &mut body) {
+        map.insert("requestId".into(), Value::String(id.as_str().to_owned()));
+    }
+    Printed { body, done }
+}
+
+impl LeaseCommand {
+    /// Runs the call and prints its outcome.
+    pub async fn run(self) -> ExitCode {
+        let result = self.call().await;
+        let (body, code) = match result {
+            Ok(Printed { body, done: true }) => (body, 0),
+            Ok(Printed { body, done: false }) => (body, 2),
+            Err(e) => (
+                json!({"outcome": "error", "kind": e.kind().as_str(), "message": e.to_string()}),
+                1,
+            ),
+        };
+        println!("{body}");
+        ExitCode::from(code)
+    }
+
+    async fn call(&self) -> Result<Printed, StoreError> {
+        match self {
+            LeaseCommand::Acquire {
+                target,
+                claim,
+                ttl,
+                min_token,
+                request,
+            } => {
+                let (store, target) = target.open().await?;
+                let request_id = request.resolve()?;
+                let outcome = store
+                    .acquire(&AcquireRequest {
+                        target,
+                        lease_id: LeaseId::new(claim.lease_id.clone())?,
+                        owner: claim.owner.clone(),
+                        ttl: *ttl,
+                        min_token: *min_token,
+                        request_id: request_id.clone(),
+                    })
+                    .await?;
+                let done = matches!(outcome, AcquireOutcome::Acquired(_));
+                Ok(printed(&outcome, done, Some(&request_id)))
+            }
+            LeaseCommand::Renew {
+                target,
+                claim,
+                token,
+                ttl,
+                request,
+            } => {
+                let (store, target) = target.open().await?;
+                let request_id = request.resolve()?;
+                let outcome = store
+                    .renew(&RenewRequest {
+                        lease: claim.handle(target, *token)?,
+                        ttl: *ttl,
+                        request_id: request_id.clone(),
+                    })
+                    .await?;
+                let done = matches!(outcome, RenewOutcome::Renewed { .. });
+                Ok(printed(&outcome, done, Some(&request_id)))
+            }
+            LeaseCommand::Release {
+                target,
+                claim,
+                token,
+                request,
+            } => {
+                let (store, target) = target.open().await?;
+                let request_id = request.resolve()?;
+                let outcome = store
+                    .release(&ReleaseRequest {
+                        lease: claim.handle(target, *token)?,
+                        request_id: request_id.clone(),
+                    })
+                    .await?;
+                let done = outcome == ReleaseOutcome::Released;
+                Ok(printed(&outcome, done, Some(&request_id)))
+            }
+            LeaseCommand::Check { target, token } => {
+                let (store, target) = target.open().await?;
+                let outcome = store.check(&target, *token).await?;
+                let done = matches!(outcome, CheckOutcome::Current { .. });
+                Ok(printed(&outcome, done, None))
+            }
+            LeaseCommand::Commit {
+                target,
+                token,
+                key,
+                value,
+                request,
+            } => {
+                let (store, target) = target.open().await?;
+                let request_id = request.resolve()?;
+                let outcome = store
+                    .commit(&CommitRequest {
+                        target,
+                        token: *token,
+                        key: key.clone(),
+                        value: value.clone(),
+                        request_id: request_id.clone(),
+                    })
+                    .await?;
+                let done = matches!(outcome, CommitOutcome::Committed { .. });
+                Ok(printed(&outcome, done, Some(&request_id)))
+            }
+            LeaseCommand::Read { target, key } => {
+                let (store, target) = target.open().await?;
+                let found = store.read_guarded(&target, key).await?;
+                let body = match &found {
+                    Some(v) => json!({"outcome": "present", "token": v.token, "value": v.value}),
+                    None => json!({"outcome": "absent"}),
+                };
+                Ok(Printed {
+                    body,
+                    done: found.is_some(),
+                })
+            }
+            LeaseCommand::Inspect { target } => {
+                let (store, target) = target.open().await?;
+                let inspection = store.inspect(&target).await?;
+                Ok(printed(&inspection, true, None))
+            }
+        }
+    }
+}

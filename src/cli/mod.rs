@@ -1,0 +1,72 @@
+//! The command line: one binary, one subcommand per use.
+
+mod lease;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::telemetry::{self, LogFormat};
+
+/// Exclusive, fenced leases on named targets, kept in Valkey and driven through Kubernetes.
+#[derive(Debug, Parser)]
+#[command(name = "targetlease", version, about)]
+pub struct Cli {
+    /// Log line format (logs go to stderr).
+    #[arg(long, global = true, value_enum, default_value_t, env = "TARGETLEASE_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Talk to the lease store directly: for operators debugging a target, and for tests.
+    #[command(subcommand)]
+    Lease(lease::LeaseCommand),
+}
+
+impl Cli {
+    /// Runs the chosen subcommand and returns the process exit code.
+    pub async fn run(self) -> ExitCode {
+        telemetry::init(self.log_format);
+        match self.command {
+            Command::Lease(command) => command.run().await,
+        }
+    }
+}
+
+/// Parses a duration: a plain number is seconds; otherwise a number with `ms`, `s`, `m` or `h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (try 30, 30s, 500ms, 2m)"))?;
+    let seconds = match unit {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is out of range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

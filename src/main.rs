@@ -1,0 +1,9 @@
+use std::process::ExitCode;
+
+use clap::Parser;
+use targetlease::cli::Cli;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    Cli::parse().run().await
+}

@@ -1,0 +1,57 @@
+//! The lease-store protocol: what the controller and the CLI ask of a backend.
+//!
+//! Outcomes a caller expects (held by someone else, lost, not the holder, stale token) are
+//! values; [`StoreError`] is for failures only. No backend type leaks out of this module's
+//! interface, so a backend with other consistency properties can be added without touching a
+//! caller.
+
+mod error;
+pub mod memory;
+mod types;
+pub mod valkey;
+
+use async_trait::async_trait;
+
+pub use error::{ErrorKind, StoreError};
+pub use types::{
+    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, Grant, GuardedValue, Inspection,
+    LeaseHandle, LeaseId, LeaseView, LossReason, ReleaseOutcome, ReleaseRequest, RenewOutcome,
+    RenewRequest, RequestId, TargetRef,
+};
+
+/// A backend that keeps leases and fencing tokens.
+///
+/// Every mutating call is atomic on the backend and idempotent by its request id: a retried call
+/// with the same [`RequestId`] returns the first call's outcome and acts once.
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
+    /// Claims the target when it is free or its lease has expired. The same lease id and owner
+    /// get their current token back with a fresh TTL.
+    async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, StoreError>;
+
+    /// Extends a lease, only for the exact (lease id, owner, token) that holds it.
+    async fn renew(&self, request: &RenewRequest) -> Result<RenewOutcome, StoreError>;
+
+    /// Gives a lease up, only for the exact (lease id, owner, token) that holds it.
+    async fn release(&self, request: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError>;
+
+    /// Writes a value to a guarded record of the target if the token is not stale: the fencing
+    /// check for data kept in the store itself.
+    async fn commit(&self, request: &CommitRequest) -> Result<CommitOutcome, StoreError>;
+
+    /// Reads a guarded record written by [`LeaseStore::commit`].
+    async fn read_guarded(
+        &self,
+        target: &TargetRef,
+        key: &str,
+    ) -> Result<Option<GuardedValue>, StoreError>;
+
+    /// Read-only fencing check: is `token` still the newest token of the target?
+    async fn check(&self, target: &TargetRef, token: u64) -> Result<CheckOutcome, StoreError>;
+
+    /// Read-only view of a target, for operators.
+    async fn inspect(&self, target: &TargetRef) -> Result<Inspection, StoreError>;
+
+    /// Reachability check used by readiness probes.
+    async fn health(&self) -> Result<(), StoreError>;
+}

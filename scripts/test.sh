@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The whole test suite: what README.md tells you to run and what CI (.ci/run) runs.
+# Installs what it needs, then: format and lint checks, unit tests, the lease-store contract
+# suite on real Valkey/Redis servers, and the local Kubernetes control plane's self-test.
+# Ends with one line `N passed, N failed`; exits non-zero on any failure or when nothing ran.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+# shellcheck source=scripts/env.sh
+source scripts/env.sh
+
+log_dir="$(mktemp -d "${TMPDIR:-/tmp}/targetlease-test.XXXXXX")"
+step() { printf '\n=== %s\n' "$*"; }
+
+step "dependencies"
+bash scripts/install-test-deps.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --locked --all-targets -- -D warnings
+
+step "cargo test (unit tests, lease-store contract suite on real servers)"
+cargo test --locked 2>&1 | tee "$log_dir/cargo.log"
+
+step "local Kubernetes control plane self-test"
+bash e2e/selftest.sh 2>&1 | tee "$log_dir/e2e.log"
+
+# One closing line over every suite.
+awk '
+  /^test result: / { gsub(/;/, ""); p += $4; f += $6 }
+  /^(e2e: )?[0-9]+ passed, [0-9]+ failed/ { sub(/^e2e: /, ""); p += $1; f += $3 }
+  END {
+    printf "\n%d passed, %d failed\n", p, f
+    if (f > 0 || p == 0) exit 1
+  }
+' "$log_dir/cargo.log" "$log_dir/e2e.log"

@@ -47,17 +47,18 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	// sigs.k8s.io/yaml accepts JSON too (JSON is YAML).
-	obj := map[string]interface{}{}
-	if err := yaml.Unmarshal(data, &obj); err != nil {
+	// YAML (JSON is YAML) -> JSON, then the apimachinery decoder, which keeps
+	// integers as int64 as the kstatus accessors expect.
+	j, err := yaml.YAMLToJSON(data)
+	if err != nil {
 		fail(fmt.Errorf("parse resource: %w", err))
 	}
-	if len(obj) == 0 {
-		fail(fmt.Errorf("empty input: expected one resource as YAML or JSON"))
+	u := &unstructured.Unstructured{}
+	if err := u.UnmarshalJSON(j); err != nil {
+		fail(fmt.Errorf("decode resource (expected one object with apiVersion and kind): %w", err))
 	}
-	u := &unstructured.Unstructured{Object: obj}
-	if u.GetKind() == "" {
-		fail(fmt.Errorf("input has no kind"))
+	if u.IsList() {
+		fail(fmt.Errorf("input is a %s; give one resource", u.GetKind()))
 	}
 	res, err := status.Compute(u)
 	if err != nil {

@@ -7,6 +7,7 @@
 #   bash e2e/selftest.sh
 #   TARGETLEASE_SELFTEST_TIMEOUT   seconds per test (default 180)
 #   TARGETLEASE_SELFTEST_VERBOSE=1 show the output of passing tests too
+# shellcheck disable=SC2317 # helper functions are called through poll
 set -euo pipefail
 
 E2E_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

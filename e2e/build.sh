@@ -8,7 +8,7 @@
 #   e2e/build.sh --prune        remove binary folders of other (old) pins
 #
 # Binaries land in $TARGETLEASE_E2E_BIN_ROOT/<pin-hash>/ (default
-# <repo>/.cache/e2e-bin/<pin-hash>/). The hash covers e2e/versions.env, every
+# ~/.cache/targetlease/e2e-bin/<pin-hash>/, outside the work tree so a fresh clone reuses it). The hash covers e2e/versions.env, every
 # file under e2e/tools/, the Go version and the build flags, so a pin change
 # gives a new folder and a rebuild; otherwise nothing is rebuilt.
 # The normal Go module and build caches are used too.
@@ -17,7 +17,7 @@ set -euo pipefail
 E2E_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(dirname "$E2E_DIR")"
 TOOLS_DIR="$E2E_DIR/tools"
-BIN_ROOT="${TARGETLEASE_E2E_BIN_ROOT:-$REPO_DIR/.cache/e2e-bin}"
+BIN_ROOT="${TARGETLEASE_E2E_BIN_ROOT:-${TARGETLEASE_CACHE_DIR:-$HOME/.cache/targetlease}/e2e-bin}"
 JOBS="${TARGETLEASE_E2E_BUILD_JOBS:-2}"
 
 die() { echo "e2e/build.sh: error: $*" >&2; exit 1; }

@@ -1,7 +1,9 @@
 //! targetlease: exclusive, fenced leases on named targets, kept in Valkey and driven through
 //! the Kubernetes API.
 
+pub mod api;
 pub mod cli;
+pub mod controller;
 pub mod redact;
 pub mod store;
 pub mod telemetry;

@@ -74,7 +74,11 @@ mod tests {
     #[test]
     fn password_is_masked_everywhere() {
         let url = SecretUrl::parse("redis://app:hunter2@127.0.0.1:6379/0").unwrap();
-        for shown in [format!("{url}"), format!("{url:?}"), format!("{:?}", Some(&url))] {
+        for shown in [
+            format!("{url}"),
+            format!("{url:?}"),
+            format!("{:?}", Some(&url)),
+        ] {
             assert!(!shown.contains("hunter2"), "{shown}");
             assert!(shown.contains("***"), "{shown}");
         }

@@ -171,7 +171,6 @@ async fn acquired(store: &dyn LeaseStore, req: &AcquireRequest) -> Grant {
     }
 }
 
-const SEC: Duration = Duration::from_secs(1);
 const TTL: Duration = Duration::from_secs(30);
 const SHORT_TTL: Duration = Duration::from_millis(300);
 const PAST_SHORT_TTL: Duration = Duration::from_millis(500);
@@ -183,10 +182,21 @@ async fn acquire_free_then_held(h: Harness) {
     assert!(grant.token > 0);
     assert_eq!(grant.expires_in_ms, 30_000);
     assert_eq!(grant.expires_at_ms(), grant.server_time_ms + 30_000);
-    match h.store.acquire(&acquire_req(&t, "lease-b", "bob", TTL)).await.unwrap() {
-        AcquireOutcome::Held { owner, expires_in_ms } => {
+    match h
+        .store
+        .acquire(&acquire_req(&t, "lease-b", "bob", TTL))
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Held {
+            owner,
+            expires_in_ms,
+        } => {
             assert_eq!(owner, "alice");
-            assert!(expires_in_ms > 0 && expires_in_ms <= 30_000, "{expires_in_ms}");
+            assert!(
+                expires_in_ms > 0 && expires_in_ms <= 30_000,
+                "{expires_in_ms}"
+            );
         }
         other => panic!("expected held, got {other:?}"),
     }
@@ -234,9 +244,17 @@ async fn expiry_then_reacquire_gives_larger_token(h: Harness) {
     let t = target("expiry");
     let first = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", SHORT_TTL)).await;
     h.pass(PAST_SHORT_TTL).await;
-    assert!(h.store.inspect(&t).await.unwrap().lease.is_none(), "lease should have expired");
+    assert!(
+        h.store.inspect(&t).await.unwrap().lease.is_none(),
+        "lease should have expired"
+    );
     let second = acquired(&*h.store, &acquire_req(&t, "lease-b", "bob", TTL)).await;
-    assert!(second.token > first.token, "{} <= {}", second.token, first.token);
+    assert!(
+        second.token > first.token,
+        "{} <= {}",
+        second.token,
+        first.token
+    );
 }
 
 // 3b. Release then reacquire: strictly larger token.
@@ -263,14 +281,19 @@ async fn old_owner_refused_after_reacquire(h: Harness) {
     let stale = handle(&t, "lease-a", "alice", old.token);
     assert_eq!(
         h.store.renew(&renew_req(stale.clone(), TTL)).await.unwrap(),
-        RenewOutcome::Lost { reason: LossReason::NotHolder }
+        RenewOutcome::Lost {
+            reason: LossReason::NotHolder
+        }
     );
     assert_eq!(
         h.store.release(&release_req(stale)).await.unwrap(),
         ReleaseOutcome::NotHolder
     );
     assert_eq!(
-        h.store.commit(&commit_req(&t, old.token, "from alice")).await.unwrap(),
+        h.store
+            .commit(&commit_req(&t, old.token, "from alice"))
+            .await
+            .unwrap(),
         CommitOutcome::Stale { newest: new.token }
     );
     assert_eq!(
@@ -281,23 +304,46 @@ async fn old_owner_refused_after_reacquire(h: Harness) {
     let lease = h.store.inspect(&t).await.unwrap().lease.expect("bob holds");
     assert_eq!((lease.owner.as_str(), lease.token), ("bob", new.token));
     assert_eq!(
-        h.store.commit(&commit_req(&t, new.token, "from bob")).await.unwrap(),
+        h.store
+            .commit(&commit_req(&t, new.token, "from bob"))
+            .await
+            .unwrap(),
         CommitOutcome::Committed { token: new.token }
     );
     // ... and an old commit is refused by the guarded record even if it came later.
     assert!(matches!(
-        h.store.commit(&commit_req(&t, old.token, "late")).await.unwrap(),
+        h.store
+            .commit(&commit_req(&t, old.token, "late"))
+            .await
+            .unwrap(),
         CommitOutcome::Stale { .. }
     ));
-    let stored = h.store.read_guarded(&t, "data").await.unwrap().expect("written");
-    assert_eq!((stored.token, stored.value.as_str()), (new.token, "from bob"));
+    let stored = h
+        .store
+        .read_guarded(&t, "data")
+        .await
+        .unwrap()
+        .expect("written");
+    assert_eq!(
+        (stored.token, stored.value.as_str()),
+        (new.token, "from bob")
+    );
     // A renewal that expired without a successor reports the lease as expired.
     let gone = target("gone");
-    let g = acquired(&*h.store, &acquire_req(&gone, "lease-c", "carol", SHORT_TTL)).await;
+    let g = acquired(
+        &*h.store,
+        &acquire_req(&gone, "lease-c", "carol", SHORT_TTL),
+    )
+    .await;
     h.pass(PAST_SHORT_TTL).await;
     assert_eq!(
-        h.store.renew(&renew_req(handle(&gone, "lease-c", "carol", g.token), TTL)).await.unwrap(),
-        RenewOutcome::Lost { reason: LossReason::Expired }
+        h.store
+            .renew(&renew_req(handle(&gone, "lease-c", "carol", g.token), TTL))
+            .await
+            .unwrap(),
+        RenewOutcome::Lost {
+            reason: LossReason::Expired
+        }
     );
 }
 
@@ -314,8 +360,13 @@ async fn renew_with_wrong_identity_is_refused(h: Harness) {
         handle(&t, "lease-a", "alice", g.token - 1),
     ] {
         assert_eq!(
-            h.store.renew(&renew_req(wrong.clone(), long)).await.unwrap(),
-            RenewOutcome::Lost { reason: LossReason::NotHolder },
+            h.store
+                .renew(&renew_req(wrong.clone(), long))
+                .await
+                .unwrap(),
+            RenewOutcome::Lost {
+                reason: LossReason::NotHolder
+            },
             "{wrong:?}"
         );
         assert_eq!(
@@ -323,16 +374,39 @@ async fn renew_with_wrong_identity_is_refused(h: Harness) {
             ReleaseOutcome::NotHolder
         );
     }
-    let left = h.store.inspect(&t).await.unwrap().lease.expect("still held").expires_in_ms;
-    assert!(left <= 10_000, "TTL was extended to {left} ms by a refused renew");
+    let left = h
+        .store
+        .inspect(&t)
+        .await
+        .unwrap()
+        .lease
+        .expect("still held")
+        .expires_in_ms;
+    assert!(
+        left <= 10_000,
+        "TTL was extended to {left} ms by a refused renew"
+    );
     // The right identity does extend it: the check above is not vacuous.
     let renewed = h
         .store
         .renew(&renew_req(handle(&t, "lease-a", "alice", g.token), long))
         .await
         .unwrap();
-    assert!(matches!(renewed, RenewOutcome::Renewed { expires_in_ms: 600_000, .. }));
-    let left = h.store.inspect(&t).await.unwrap().lease.expect("held").expires_in_ms;
+    assert!(matches!(
+        renewed,
+        RenewOutcome::Renewed {
+            expires_in_ms: 600_000,
+            ..
+        }
+    ));
+    let left = h
+        .store
+        .inspect(&t)
+        .await
+        .unwrap()
+        .lease
+        .expect("held")
+        .expires_in_ms;
     assert!(left > 500_000, "{left}");
 }
 
@@ -414,10 +488,23 @@ async fn retried_renew_acts_once(h: Harness) {
     let long = renew_req(lease.clone(), Duration::from_secs(600));
     let first = h.store.renew(&long).await.unwrap();
     let short = renew_req(lease, Duration::from_secs(5));
-    assert!(matches!(h.store.renew(&short).await.unwrap(), RenewOutcome::Renewed { .. }));
+    assert!(matches!(
+        h.store.renew(&short).await.unwrap(),
+        RenewOutcome::Renewed { .. }
+    ));
     assert_eq!(h.store.renew(&long).await.unwrap(), first);
-    let left = h.store.inspect(&t).await.unwrap().lease.expect("held").expires_in_ms;
-    assert!(left <= 5_000, "the retried renew extended the lease again: {left} ms");
+    let left = h
+        .store
+        .inspect(&t)
+        .await
+        .unwrap()
+        .lease
+        .expect("held")
+        .expires_in_ms;
+    assert!(
+        left <= 5_000,
+        "the retried renew extended the lease again: {left} ms"
+    );
 }
 
 // 6d. A retried release returns the first reply and does not touch the next holder.
@@ -425,10 +512,22 @@ async fn retried_release_acts_once(h: Harness) {
     let t = target("retry-release");
     let g = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
     let release = release_req(handle(&t, "lease-a", "alice", g.token));
-    assert_eq!(h.store.release(&release).await.unwrap(), ReleaseOutcome::Released);
+    assert_eq!(
+        h.store.release(&release).await.unwrap(),
+        ReleaseOutcome::Released
+    );
     let next = acquired(&*h.store, &acquire_req(&t, "lease-b", "bob", TTL)).await;
-    assert_eq!(h.store.release(&release).await.unwrap(), ReleaseOutcome::Released);
-    let lease = h.store.inspect(&t).await.unwrap().lease.expect("bob still holds");
+    assert_eq!(
+        h.store.release(&release).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let lease = h
+        .store
+        .inspect(&t)
+        .await
+        .unwrap()
+        .lease
+        .expect("bob still holds");
     assert_eq!((lease.owner.as_str(), lease.token), ("bob", next.token));
 }
 
@@ -439,9 +538,17 @@ async fn retried_commit_acts_once(h: Harness) {
     let first = commit_req(&t, g.token, "first");
     let committed = h.store.commit(&first).await.unwrap();
     assert_eq!(committed, CommitOutcome::Committed { token: g.token });
-    h.store.commit(&commit_req(&t, g.token, "second")).await.unwrap();
+    h.store
+        .commit(&commit_req(&t, g.token, "second"))
+        .await
+        .unwrap();
     assert_eq!(h.store.commit(&first).await.unwrap(), committed);
-    let stored = h.store.read_guarded(&t, "data").await.unwrap().expect("written");
+    let stored = h
+        .store
+        .read_guarded(&t, "data")
+        .await
+        .unwrap()
+        .expect("written");
     assert_eq!(stored.value, "second", "the retried commit wrote again");
 }
 
@@ -461,10 +568,18 @@ async fn tokens_grow_after_data_loss(h: Harness) {
         }
     }
     h.wipe();
-    assert_eq!(h.store.inspect(&target("loss-1")).await.unwrap().fence, 0, "data was not lost");
+    assert_eq!(
+        h.store.inspect(&target("loss-1")).await.unwrap().fence,
+        0,
+        "data was not lost"
+    );
     h.pass(Duration::from_millis(1)).await;
     // Without any floor from the caller: the server clock covers it.
-    let g = acquired(&*h.store, &acquire_req(&target("loss-1"), "lease-x", "w", TTL)).await;
+    let g = acquired(
+        &*h.store,
+        &acquire_req(&target("loss-1"), "lease-x", "w", TTL),
+    )
+    .await;
     assert!(g.token > highest, "{} <= {highest}", g.token);
     // With the caller's floor (what the controller passes): larger than the floor even when the
     // floor is ahead of the server clock (a failover to a server whose clock is behind).
@@ -482,17 +597,54 @@ async fn corrupt_records_fail_closed(h: Harness) {
         ("string-lease", &[&["SET", "{lease}", "junk"]], "not a hash"),
         (
             "unknown-version",
-            &[&["HSET", "{lease}", "record_version", "99", "lease_id", "x", "owner", "o", "token", "5", "acquired_ms", "1"]],
+            &[&[
+                "HSET",
+                "{lease}",
+                "record_version",
+                "99",
+                "lease_id",
+                "x",
+                "owner",
+                "o",
+                "token",
+                "5",
+                "acquired_ms",
+                "1",
+            ]],
             "unknown record_version",
         ),
         (
             "missing-field",
-            &[&["HSET", "{lease}", "record_version", "1", "lease_id", "x", "owner", "o", "acquired_ms", "1"]],
+            &[&[
+                "HSET",
+                "{lease}",
+                "record_version",
+                "1",
+                "lease_id",
+                "x",
+                "owner",
+                "o",
+                "acquired_ms",
+                "1",
+            ]],
             "lacks field token",
         ),
         (
             "bad-token",
-            &[&["HSET", "{lease}", "record_version", "1", "lease_id", "x", "owner", "o", "token", "12abc", "acquired_ms", "1"]],
+            &[&[
+                "HSET",
+                "{lease}",
+                "record_version",
+                "1",
+                "lease_id",
+                "x",
+                "owner",
+                "o",
+                "token",
+                "12abc",
+                "acquired_ms",
+                "1",
+            ]],
             "non-numeric token",
         ),
         ("bad-fence", &[&["SET", "{fence}", "many"]], "fence"),
@@ -504,18 +656,39 @@ async fn corrupt_records_fail_closed(h: Harness) {
         for write in writes {
             let args: Vec<String> = write
                 .iter()
-                .map(|a| a.replace("{lease}", &keys.lease()).replace("{fence}", &keys.fence()))
+                .map(|a| {
+                    a.replace("{lease}", &keys.lease())
+                        .replace("{fence}", &keys.fence())
+                })
                 .collect();
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let reply = server.raw(&args);
             assert!(!reply.starts_with('-'), "{name}: setup failed: {reply}");
         }
-        let dump_before = (server.raw(&["DUMP", &keys.lease()]), server.raw(&["DUMP", &keys.fence()]));
+        let dump_before = (
+            server.raw(&["DUMP", &keys.lease()]),
+            server.raw(&["DUMP", &keys.fence()]),
+        );
         let lease = handle(&t, "lease-a", "alice", 5);
         let results: Vec<(&str, Result<(), StoreError>)> = vec![
-            ("acquire", h.store.acquire(&acquire_req(&t, "lease-a", "alice", TTL)).await.map(drop)),
-            ("renew", h.store.renew(&renew_req(lease.clone(), TTL)).await.map(drop)),
-            ("release", h.store.release(&release_req(lease)).await.map(drop)),
+            (
+                "acquire",
+                h.store
+                    .acquire(&acquire_req(&t, "lease-a", "alice", TTL))
+                    .await
+                    .map(drop),
+            ),
+            (
+                "renew",
+                h.store
+                    .renew(&renew_req(lease.clone(), TTL))
+                    .await
+                    .map(drop),
+            ),
+            (
+                "release",
+                h.store.release(&release_req(lease)).await.map(drop),
+            ),
             ("inspect", h.store.inspect(&t).await.map(drop)),
         ];
         let fence_case = name.contains("fence");
@@ -536,8 +709,14 @@ async fn corrupt_records_fail_closed(h: Harness) {
             let e = h.store.commit(&commit_req(&t, 7, "v")).await.unwrap_err();
             assert_eq!(e.kind(), ErrorKind::Corrupt, "{name}/commit: {e}");
         }
-        let dump_after = (server.raw(&["DUMP", &keys.lease()]), server.raw(&["DUMP", &keys.fence()]));
-        assert_eq!(dump_before, dump_after, "{name}: the corrupt record was changed");
+        let dump_after = (
+            server.raw(&["DUMP", &keys.lease()]),
+            server.raw(&["DUMP", &keys.fence()]),
+        );
+        assert_eq!(
+            dump_before, dump_after,
+            "{name}: the corrupt record was changed"
+        );
     }
     // A corrupt cached reply is refused too, not replayed.
     let t = target("bad-reply");
@@ -553,9 +732,15 @@ async fn client_sends_only_scripts(h: Harness) {
     let server = h.server();
     server.raw(&["SCRIPT", "FLUSH"]);
     let mut monitor = BufReader::new(
-        tokio::net::TcpStream::connect(("127.0.0.1", server.port)).await.expect("connect"),
+        tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .expect("connect"),
     );
-    monitor.get_mut().write_all(&resp(&["MONITOR"])).await.expect("monitor");
+    monitor
+        .get_mut()
+        .write_all(&resp(&["MONITOR"]))
+        .await
+        .expect("monitor");
     let mut line = String::new();
     monitor.read_line(&mut line).await.expect("monitor reply");
     assert!(line.starts_with("+OK"), "{line}");
@@ -588,14 +773,28 @@ async fn client_sends_only_scripts(h: Harness) {
         if line.contains(" lua]") || line.contains("\"ECHO\"") {
             continue;
         }
-        let name = line.split("] \"").nth(1).and_then(|rest| rest.split('"').next());
+        let name = line
+            .split("] \"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next());
         commands.push(name.unwrap_or("?").to_ascii_uppercase());
     }
-    let allowed = ["EVALSHA", "EVAL", "SCRIPT", "HELLO", "AUTH", "CLIENT", "PING", "SELECT"];
-    let others: Vec<&String> = commands.iter().filter(|c| !allowed.contains(&c.as_str())).collect();
-    assert!(others.is_empty(), "the client sent non-script commands: {others:?}");
+    let allowed = [
+        "EVALSHA", "EVAL", "SCRIPT", "HELLO", "AUTH", "CLIENT", "PING", "SELECT",
+    ];
+    let others: Vec<&String> = commands
+        .iter()
+        .filter(|c| !allowed.contains(&c.as_str()))
+        .collect();
+    assert!(
+        others.is_empty(),
+        "the client sent non-script commands: {others:?}"
+    );
     let evalsha = commands.iter().filter(|c| *c == "EVALSHA").count();
-    assert!(evalsha >= 7, "expected every call as EVALSHA, saw {commands:?}");
+    assert!(
+        evalsha >= 7,
+        "expected every call as EVALSHA, saw {commands:?}"
+    );
     assert!(
         commands.iter().any(|c| c == "SCRIPT"),
         "scripts were flushed, so a transparent SCRIPT LOAD was expected: {commands:?}"
@@ -608,7 +807,10 @@ struct Captured(Arc<Mutex<Vec<u8>>>);
 
 impl Write for Captured {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -639,7 +841,9 @@ async fn logs_hide_password_and_lease_id(h: Harness) {
 
     let config = valkey_config(&server.url());
     tracing::info!(?config, "connecting");
-    let store = ValkeyStore::connect(config).await.expect("connect with password");
+    let store = ValkeyStore::connect(config)
+        .await
+        .expect("connect with password");
     tracing::info!(?store, "connected");
     let t = target("logged");
     let g = acquired(&store, &acquire_req(&t, lease_id, "alice", TTL)).await;
@@ -649,20 +853,47 @@ async fn logs_hide_password_and_lease_id(h: Harness) {
     // Failures are logged too: a wrong password and a corrupt record.
     let wrong = format!("redis://:{password}-wrong@127.0.0.1:{}", server.port);
     let bad = ValkeyStore::new_lazy(valkey_config(&wrong)).expect("lazy store");
-    let e = bad.acquire(&acquire_req(&t, lease_id, "alice", TTL)).await.unwrap_err();
+    let e = bad
+        .acquire(&acquire_req(&t, lease_id, "alice", TTL))
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::AccessDenied, "{e}");
     tracing::error!(error = %e, "as a caller would log it");
-    server.raw(&["SET", &TargetKeys::new("tl", &target("logged-corrupt")).lease(), "junk"]);
-    let _ = store.acquire(&acquire_req(&target("logged-corrupt"), lease_id, "a", TTL)).await;
+    server.raw(&[
+        "SET",
+        &TargetKeys::new("tl", &target("logged-corrupt")).lease(),
+        "junk",
+    ]);
+    let _ = store
+        .acquire(&acquire_req(&target("logged-corrupt"), lease_id, "a", TTL))
+        .await;
     drop(_guard);
 
     let logs = String::from_utf8(captured.0.lock().unwrap().clone()).expect("utf-8 logs");
-    assert!(logs.contains("lease#"), "expected hashed lease ids in the logs:\n{logs}");
-    assert!(logs.contains("refused access"), "expected the auth failure in the logs:\n{logs}");
-    assert!(logs.contains("***"), "expected the masked URL in the logs:\n{logs}");
-    assert!(!logs.contains(password), "password leaked into logs:\n{logs}");
-    assert!(!logs.contains(lease_id), "lease id leaked into logs:\n{logs}");
-    assert!(!logs.contains("3b0e8f6a"), "part of the lease id leaked into logs:\n{logs}");
+    assert!(
+        logs.contains("lease#"),
+        "expected hashed lease ids in the logs:\n{logs}"
+    );
+    assert!(
+        logs.contains("refused access"),
+        "expected the auth failure in the logs:\n{logs}"
+    );
+    assert!(
+        logs.contains("***"),
+        "expected the masked URL in the logs:\n{logs}"
+    );
+    assert!(
+        !logs.contains(password),
+        "password leaked into logs:\n{logs}"
+    );
+    assert!(
+        !logs.contains(lease_id),
+        "lease id leaked into logs:\n{logs}"
+    );
+    assert!(
+        !logs.contains("3b0e8f6a"),
+        "part of the lease id leaked into logs:\n{logs}"
+    );
 }
 
 type TestFn = fn(Harness) -> Pin<Box<dyn Future<Output = ()>>>;
@@ -711,9 +942,10 @@ fn main() {
             if scope == Scope::ServersOnly && matches!(backend, Backend::Memory) {
                 continue;
             }
-            trials.push(Trial::test(format!("{}::{name}", backend.name()), move || {
-                run(backend, test)
-            }));
+            trials.push(Trial::test(
+                format!("{}::{name}", backend.name()),
+                move || run(backend, test),
+            ));
         }
     }
     let conclusion = libtest_mimic::run(&args, trials);
@@ -750,6 +982,3 @@ fn run(backend: Backend, test: TestFn) -> Result<(), Failed> {
         Failed::from(message)
     })
 }
-
-#[allow(dead_code)]
-const _: Duration = SEC;

@@ -181,7 +181,8 @@ struct Printed {
 }
 
 fn printed(outcome: &impl Serialize, done: bool, request_id: Option<&RequestId>) -> Printed {
-    let mut body = serde_json::to_value(outcome).unwrap_or_else(|e| json!({"outcome": "error", "message": e.to_string()}));
+    let mut body = serde_json::to_value(outcome)
+        .unwrap_or_else(|e| json!({"outcome": "error", "message": e.to_string()}));
     if let (Some(id), Value::Object(map)) = (request_id, &mut body) {
         map.insert("requestId".into(), Value::String(id.as_str().to_owned()));
     }

@@ -1,6 +1,9 @@
 //! The command line: one binary, one subcommand per use.
 
+mod controller;
 mod lease;
+mod run;
+mod wait;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -14,7 +17,13 @@ use crate::telemetry::{self, LogFormat};
 #[command(name = "targetlease", version, about)]
 pub struct Cli {
     /// Log line format (logs go to stderr).
-    #[arg(long, global = true, value_enum, default_value_t, env = "TARGETLEASE_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "TARGETLEASE_LOG_FORMAT"
+    )]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
@@ -22,6 +31,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the TargetLease controller.
+    Controller(controller::ControllerArgs),
+    /// Print the TargetLease CRD as YAML.
+    Crd,
+    /// Wait until a TargetLease is Held and print its fencing token.
+    Wait(wait::WaitArgs),
+    /// Run a command under a lease (creates a TargetLease, waits, runs, releases).
+    Run(run::RunArgs),
     /// Talk to the lease store directly: for operators debugging a target, and for tests.
     #[command(subcommand)]
     Lease(lease::LeaseCommand),
@@ -32,6 +49,19 @@ impl Cli {
     pub async fn run(self) -> ExitCode {
         telemetry::init(self.log_format);
         match self.command {
+            Command::Controller(args) => args.run().await,
+            Command::Crd => match crate::api::crd_yaml() {
+                Ok(yaml) => {
+                    print!("{yaml}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("cannot render the CRD: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            Command::Wait(args) => args.run().await,
+            Command::Run(args) => args.run().await,
             Command::Lease(command) => command.run().await,
         }
     }
@@ -52,7 +82,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "ms" => value / 1000.0,
         "m" => value * 60.0,
         "h" => value * 3600.0,
-        _ => return Err(format!("{text:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown unit {unit:?} (use ms, s, m or h)"
+            ));
+        }
     };
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is out of range"))
 }

@@ -10,9 +10,9 @@ use async_trait::async_trait;
 
 use super::types::{check_guarded_key, check_owner, ttl_millis};
 use super::{
-    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, Grant, GuardedValue, Inspection,
-    LeaseHandle, LeaseId, LeaseStore, LeaseView, LossReason, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, StoreError, TargetRef,
+    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, Grant,
+    GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseStore, LeaseView, LossReason,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, StoreError, TargetRef,
 };
 
 /// A source of time for the in-memory backend, in microseconds since the Unix epoch.
@@ -234,9 +234,7 @@ impl LeaseStore for MemoryStore {
                 };
                 return (Reply::Acquire(AcquireOutcome::Acquired(grant)), true);
             }
-            let token = (t.fence + 1)
-                .max(req.min_token.saturating_add(1))
-                .max(now);
+            let token = (t.fence + 1).max(req.min_token.saturating_add(1)).max(now);
             t.fence = token;
             t.lease = Some(Lease {
                 lease_id: req.lease_id.clone(),

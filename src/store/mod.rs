@@ -14,9 +14,9 @@ use async_trait::async_trait;
 
 pub use error::{ErrorKind, StoreError};
 pub use types::{
-    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, Grant, GuardedValue, Inspection,
-    LeaseHandle, LeaseId, LeaseView, LossReason, ReleaseOutcome, ReleaseRequest, RenewOutcome,
-    RenewRequest, RequestId, TargetRef,
+    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, Grant,
+    GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseView, LossReason, ReleaseOutcome,
+    ReleaseRequest, RenewOutcome, RenewRequest, RequestId, TargetRef,
 };
 
 /// A backend that keeps leases and fencing tokens.

@@ -88,7 +88,9 @@ impl LeaseId {
 
 impl fmt::Display for LeaseId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let digest = sha1_smol::Sha1::from(self.0.as_bytes()).digest().to_string();
+        let digest = sha1_smol::Sha1::from(self.0.as_bytes())
+            .digest()
+            .to_string();
         write!(f, "lease#{}", &digest[..10])
     }
 }

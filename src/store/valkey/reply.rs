@@ -2,8 +2,8 @@
 //! names the outcome; anything else is an error, never a guess.
 
 use crate::store::{
-    AcquireOutcome, CheckOutcome, CommitOutcome, Grant, GuardedValue, Inspection, LeaseId, LeaseView,
-    LossReason, ReleaseOutcome, RenewOutcome, StoreError,
+    AcquireOutcome, CheckOutcome, CommitOutcome, Grant, GuardedValue, Inspection, LeaseId,
+    LeaseView, LossReason, ReleaseOutcome, RenewOutcome, StoreError,
 };
 
 fn bad(what: &str, reply: &[String]) -> StoreError {
@@ -141,7 +141,10 @@ mod tests {
         ));
         assert!(matches!(
             acquire(&s(&["held", "w", "-1"])),
-            Ok(AcquireOutcome::Held { expires_in_ms: 0, .. })
+            Ok(AcquireOutcome::Held {
+                expires_in_ms: 0,
+                ..
+            })
         ));
         assert_eq!(
             renew(&s(&["lost", "expired"])).unwrap(),
@@ -149,7 +152,10 @@ mod tests {
                 reason: LossReason::Expired
             }
         );
-        assert_eq!(release(&s(&["released"])).unwrap(), ReleaseOutcome::Released);
+        assert_eq!(
+            release(&s(&["released"])).unwrap(),
+            ReleaseOutcome::Released
+        );
         assert_eq!(
             commit(&s(&["stale", "9"])).unwrap(),
             CommitOutcome::Stale { newest: 9 }

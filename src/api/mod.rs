@@ -1,0 +1,138 @@
+//! The `TargetLease` custom resource (`targetlease.dev/v1alpha1`).
+//!
+//! The schema is the first line of defence: the API server itself refuses invalid resources with
+//! a message naming the field (OpenAPI bounds and patterns, CEL rules for immutability and for
+//! relations between fields), so the controller never sees them.
+
+mod status;
+
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+pub use status::{Condition, Phase, TargetLeaseStatus};
+
+/// API group.
+pub const GROUP: &str = "targetlease.dev";
+/// Finalizer that keeps a resource until its lease is released in the store.
+pub const FINALIZER: &str = "targetlease.dev/release";
+/// Field manager of every write the controller makes.
+pub const FIELD_MANAGER: &str = "targetlease-controller";
+/// Default lease time-to-live.
+pub const DEFAULT_TTL_SECONDS: u32 = 30;
+/// Longest accepted lease time-to-live.
+pub const MAX_TTL_SECONDS: u32 = 3600;
+/// Longest accepted `maxHoldSeconds` (7 days).
+pub const MAX_HOLD_SECONDS: u32 = 7 * 24 * 3600;
+
+/// A claim on a named target: at most one TargetLease per (namespace, target) holds it at a time,
+/// and each tenure gets a fencing token larger than every earlier one.
+// Several printer columns share a type; clippy reads the repeated `type_` as a duplicate.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "targetlease.dev",
+    version = "v1alpha1",
+    kind = "TargetLease",
+    plural = "targetleases",
+    shortname = "tl",
+    category = "all",
+    namespaced,
+    status = "TargetLeaseStatus",
+    doc = "A claim on a named target, with a fencing token in its status",
+    printcolumn(name = "Target", type_ = "string", json_path = ".spec.target"),
+    printcolumn(name = "Holder", type_ = "string", json_path = ".spec.holder"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken"),
+    printcolumn(name = "Expires", type_ = "date", json_path = ".status.expiresAt"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new(
+    "!has(self.maxHoldSeconds) || self.maxHoldSeconds >= self.ttlSeconds"
+).message("maxHoldSeconds must be at least ttlSeconds").field_path(".maxHoldSeconds"))]
+#[serde(rename_all = "camelCase")]
+pub struct TargetLeaseSpec {
+    /// What is leased. Leases on the same target in the same namespace exclude each other.
+    /// 1 to 200 characters of A-Z, a-z, 0-9 and . _ : / - ; immutable.
+    #[schemars(length(min = 1, max = 200), regex(pattern = r"^[A-Za-z0-9._:/-]+$"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("target is immutable"))]
+    pub target: String,
+
+    /// Who the lease is claimed for, usually the pod name. 1 to 253 characters of A-Z, a-z, 0-9
+    /// and . _ : - ; immutable.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[A-Za-z0-9._:-]+$"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("holder is immutable"))]
+    pub holder: String,
+
+    /// Release the lease as soon as this object is gone or has finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_ref: Option<HolderRef>,
+
+    /// Lease time-to-live in Valkey, in seconds (1 to 3600); renewed every ttlSeconds/3.
+    #[serde(default = "default_ttl")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub ttl_seconds: u32,
+
+    /// Hard bound on one tenure, in seconds; the lease is released when it is reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 604800))]
+    pub max_hold_seconds: Option<u32>,
+
+    /// Give the lease up but keep the resource (GitOps-friendly release).
+    #[serde(default)]
+    pub release: bool,
+}
+
+fn default_ttl() -> u32 {
+    DEFAULT_TTL_SECONDS
+}
+
+/// The object whose life bounds the lease.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HolderRef {
+    /// Kind of the holder; only `Pod` is supported.
+    #[schemars(regex(pattern = r"^Pod$"))]
+    pub kind: String,
+    /// Name of the holder, in the TargetLease's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// The CRD as YAML, as `targetlease crd` prints it and `crds/` holds it.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    serde_yaml::to_string(&TargetLease::crd())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn committed_crd_matches_the_code() {
+        let committed = include_str!("../../crds/targetlease.dev_targetleases.yaml");
+        let generated = crd_yaml().expect("CRD serializes");
+        assert!(
+            committed == generated,
+            "crds/targetlease.dev_targetleases.yaml is stale: run `cargo run -- crd > crds/targetlease.dev_targetleases.yaml`"
+        );
+    }
+
+    #[test]
+    fn schema_carries_the_validation() {
+        let crd = serde_json::to_string(&TargetLease::crd()).expect("json");
+        for needle in [
+            "self == oldSelf",
+            "target is immutable",
+            "holder is immutable",
+            "maxHoldSeconds must be at least ttlSeconds",
+            r#""x-kubernetes-list-type":"map""#,
+            r#""maximum":3600"#,
+        ] {
+            assert!(crd.contains(needle), "CRD lacks {needle}");
+        }
+    }
+}

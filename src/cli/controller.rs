@@ -1,0 +1,201 @@
+//! `targetlease controller`: runs the TargetLease controller with its HTTP endpoints.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use kube::Client;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use super::parse_duration;
+use crate::controller::election::{self, Election, stopped};
+use crate::controller::http::{self, Probe};
+use crate::controller::metrics::Metrics;
+use crate::controller::{self, Settings};
+use crate::redact::SecretUrl;
+use crate::store::memory::MemoryStore;
+use crate::store::valkey::{DEFAULT_PREFIX, ValkeyConfig, ValkeyStore};
+use crate::store::{LeaseStore, StoreError};
+
+/// Which lease store to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// Valkey (or Redis), shared by every replica.
+    Valkey,
+    /// In this process only: for a single replica without Valkey (leases do not survive a
+    /// restart of the controller).
+    Memory,
+}
+
+/// Flags of `targetlease controller`.
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    /// Lease store backend.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "valkey",
+        env = "TARGETLEASE_BACKEND"
+    )]
+    backend: Backend,
+    /// Valkey URL (redis://, rediss://, valkey://, valkeys://); may carry credentials.
+    #[arg(long, env = "TARGETLEASE_VALKEY_URL", hide_env_values = true)]
+    valkey_url: Option<String>,
+    /// Prefix of every Valkey key.
+    #[arg(long, env = "TARGETLEASE_KEY_PREFIX", default_value = DEFAULT_PREFIX)]
+    key_prefix: String,
+    /// Deadline of one Valkey call.
+    #[arg(long, env = "TARGETLEASE_VALKEY_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
+    valkey_timeout: Duration,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "TARGETLEASE_WATCH_NAMESPACE")]
+    watch_namespace: Option<String>,
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "TARGETLEASE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: SocketAddr,
+    /// Elect a leader among replicas through a coordination.k8s.io Lease.
+    #[arg(long, env = "TARGETLEASE_LEADER_ELECTION")]
+    leader_election: bool,
+    /// Namespace of the leader-election Lease (the controller's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    leader_election_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "targetlease-controller")]
+    leader_election_name: String,
+    /// How long a leader's claim lasts without renewal (seconds). Keep it well below the
+    /// shortest TargetLease TTL so a successor renews in time.
+    #[arg(long, default_value_t = 10)]
+    leader_election_seconds: u64,
+    /// This replica's name (events, leader election).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
+
+impl ControllerArgs {
+    fn open_store(&self) -> Result<Arc<dyn LeaseStore>, StoreError> {
+        match self.backend {
+            Backend::Memory => Ok(Arc::new(MemoryStore::new())),
+            Backend::Valkey => {
+                let raw = self.valkey_url.as_deref().ok_or_else(|| {
+                    StoreError::InvalidRequest(
+                        "--valkey-url (or TARGETLEASE_VALKEY_URL) is required with --backend valkey"
+                            .into(),
+                    )
+                })?;
+                let url =
+                    SecretUrl::parse(raw).map_err(|e| StoreError::InvalidRequest(e.to_string()))?;
+                let mut config = ValkeyConfig::new(url);
+                config.key_prefix = self.key_prefix.clone();
+                config.call_timeout = self.valkey_timeout;
+                config.connect_timeout = self.valkey_timeout;
+                Ok(Arc::new(ValkeyStore::new_lazy(config)?))
+            }
+        }
+    }
+
+    fn identity(&self) -> String {
+        self.identity.clone().unwrap_or_else(|| {
+            hostname::get()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| format!("targetlease-{}", std::process::id()))
+        })
+    }
+
+    /// Runs until SIGTERM or SIGINT.
+    pub async fn run(self) -> ExitCode {
+        match self.serve().await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => {
+                error!("{message}");
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    async fn serve(self) -> Result<(), String> {
+        let client = Client::try_default()
+            .await
+            .map_err(|e| format!("cannot configure the Kubernetes client: {e}"))?;
+        let store = self.open_store().map_err(|e| e.to_string())?;
+        if let Err(e) = store.health().await {
+            // Not fatal: the controller starts, reports not ready, and retries per object.
+            warn!(error = %e, "lease store is not reachable yet");
+        }
+        let metrics = Arc::new(Metrics::new());
+        let probe = Arc::new(Probe {
+            client: client.clone(),
+            store: store.clone(),
+            metrics: metrics.clone(),
+            leases: RwLock::new(None),
+        });
+        let (stop_tx, stop) = watch::channel(false);
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            info!("shutting down: finishing in-flight reconciles; leases stay held");
+            let _ = stop_tx.send(true);
+        });
+        let listener = tokio::net::TcpListener::bind(self.http_addr)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", self.http_addr))?;
+        let http = tokio::spawn(http::serve(listener, probe.clone(), stopped(stop.clone())));
+
+        let settings = Settings {
+            namespace: self.watch_namespace.clone(),
+            identity: self.identity(),
+        };
+        let work = |signal: election::StopSignal| {
+            let probe = probe.clone();
+            controller::run(
+                client.clone(),
+                store.clone(),
+                metrics.clone(),
+                settings.clone(),
+                signal,
+                move |leases| {
+                    *probe.leases.write().unwrap_or_else(|e| e.into_inner()) = Some(leases);
+                },
+            )
+        };
+        if self.leader_election {
+            let election = Election {
+                namespace: self.leader_election_namespace.clone(),
+                name: self.leader_election_name.clone(),
+                identity: settings.identity.clone(),
+                duration_seconds: self.leader_election_seconds,
+            };
+            election::lead(client.clone(), election, stop.clone(), work)
+                .await
+                .map_err(|e| format!("leader election failed: {e}"))?;
+        } else {
+            work(Box::pin(stopped(stop.clone()))).await;
+        }
+        match http.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("HTTP server on {} failed: {e}", self.http_addr)),
+            Err(e) => Err(format!("HTTP server task failed: {e}")),
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

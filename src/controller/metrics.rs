@@ -1,0 +1,140 @@
+//! Prometheus metrics of the controller, served at `/metrics`.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, String)>;
+
+fn latency_histogram() -> Histogram {
+    // 0.25 ms .. ~4 s
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 15))
+}
+
+/// Every metric the controller exports.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    reconciles: Family<Labels, Counter>,
+    store_latency: Family<Labels, Histogram, fn() -> Histogram>,
+    store_errors: Family<Labels, Counter>,
+    transitions: Family<Labels, Counter>,
+    handovers: Counter,
+    status_writes: Counter,
+    leases: Family<Labels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under the `targetlease_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("targetlease");
+        let metrics = Self {
+            registry: Mutex::new(Registry::default()),
+            reconciles: Family::default(),
+            store_latency: Family::new_with_constructor(latency_histogram),
+            store_errors: Family::default(),
+            transitions: Family::default(),
+            handovers: Counter::default(),
+            status_writes: Counter::default(),
+            leases: Family::default(),
+        };
+        registry.register(
+            "reconciles",
+            "Reconciles by result (ok, or the error kind)",
+            metrics.reconciles.clone(),
+        );
+        registry.register(
+            "store_call_seconds",
+            "Latency of lease-store calls by operation (acquire, renew, release, inspect)",
+            metrics.store_latency.clone(),
+        );
+        registry.register(
+            "store_errors",
+            "Lease-store failures by operation and error kind",
+            metrics.store_errors.clone(),
+        );
+        registry.register(
+            "transitions",
+            "Phase transitions written to TargetLease status, by new phase",
+            metrics.transitions.clone(),
+        );
+        registry.register(
+            "handovers",
+            "Targets acquired by a TargetLease that was waiting for them",
+            metrics.handovers.clone(),
+        );
+        registry.register(
+            "status_writes",
+            "Status writes made by the controller",
+            metrics.status_writes.clone(),
+        );
+        registry.register(
+            "leases",
+            "TargetLeases known to the controller, by phase",
+            metrics.leases.clone(),
+        );
+        *metrics.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
+        metrics
+    }
+
+    /// Counts one reconcile with its result label (`ok` or an error kind).
+    pub fn reconciled(&self, result: &str) {
+        self.reconciles
+            .get_or_create(&vec![("result", result.to_owned())])
+            .inc();
+    }
+
+    /// Records one store call.
+    pub fn store_call(&self, op: &'static str, took: Duration, error: Option<&'static str>) {
+        self.store_latency
+            .get_or_create(&vec![("op", op.to_owned())])
+            .observe(took.as_secs_f64());
+        if let Some(kind) = error {
+            self.store_errors
+                .get_or_create(&vec![("op", op.to_owned()), ("kind", kind.to_owned())])
+                .inc();
+        }
+    }
+
+    /// Records a status write and, when the phase changed, the transition.
+    pub fn status_written(&self, new_phase: Option<&str>) {
+        self.status_writes.inc();
+        if let Some(phase) = new_phase {
+            self.transitions
+                .get_or_create(&vec![("phase", phase.to_owned())])
+                .inc();
+        }
+    }
+
+    /// Counts a hand-over.
+    pub fn handover(&self) {
+        self.handovers.inc();
+    }
+
+    /// Renders every metric, after setting the per-phase lease gauge from `counts`.
+    pub fn render(&self, counts: &[(String, i64)]) -> String {
+        self.leases.clear();
+        for (phase, n) in counts {
+            self.leases
+                .get_or_create(&vec![("phase", phase.clone())])
+                .set(*n);
+        }
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        if encode(&mut out, &registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

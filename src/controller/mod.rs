@@ -1,0 +1,140 @@
+//! The TargetLease controller: watches TargetLeases, keeps their leases in the store, and writes
+//! status on transitions.
+
+pub mod election;
+mod error;
+pub mod holders;
+pub mod http;
+pub mod metrics;
+mod reconcile;
+pub mod status;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::mpsc::{self, UnboundedSender};
+use tracing::{debug, info, warn};
+
+pub use error::Error;
+
+use self::holders::Holders;
+use self::metrics::Metrics;
+use crate::api::{FIELD_MANAGER, TargetLease};
+use crate::store::LeaseStore;
+
+/// What every reconcile gets.
+pub struct Context {
+    /// Kubernetes client.
+    pub client: Client,
+    /// The lease store.
+    pub store: Arc<dyn LeaseStore>,
+    /// Publishes events.k8s.io Events.
+    pub recorder: Recorder,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// Every TargetLease the controller sees (its reflector), for token floors and waiters.
+    pub leases: Store<TargetLease>,
+    /// Schedules a reconcile now (hand-over, holder gone).
+    pub wake: UnboundedSender<ObjectRef<TargetLease>>,
+    /// The holder pods named by `spec.holderRef`.
+    pub holders: Holders,
+    /// Consecutive failures per object, for exponential backoff.
+    failures: Mutex<HashMap<ObjectRef<TargetLease>, u32>>,
+}
+
+/// Where and as whom the controller runs.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Watch one namespace, or every namespace.
+    pub namespace: Option<String>,
+    /// This replica's name, in events.
+    pub identity: String,
+}
+
+/// Backoff after the `n`th consecutive failure: 0.5 s doubling to 5 min.
+fn backoff(n: u32) -> Duration {
+    let exp = n.saturating_sub(1).min(10);
+    Duration::from_millis(500 * (1u64 << exp)).min(Duration::from_secs(300))
+}
+
+fn error_policy(lease: Arc<TargetLease>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = ObjectRef::from_obj(lease.as_ref());
+    let n = {
+        let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = failures.entry(key).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let wait = backoff(n);
+    warn!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, retry_in_ms = wait.as_millis() as u64, "reconcile failed");
+    Action::requeue(wait)
+}
+
+/// Runs the controller until `shutdown` resolves. In-flight reconciles finish first; leases are
+/// not released (a successor carries on renewing them).
+pub async fn run(
+    client: Client,
+    store: Arc<dyn LeaseStore>,
+    metrics: Arc<Metrics>,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    on_start: impl FnOnce(Store<TargetLease>),
+) {
+    let api: Api<TargetLease> = match &settings.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let (wake, woken) = mpsc::unbounded_channel();
+    let controller = Controller::new(api, watcher::Config::default().any_semantic());
+    let leases = controller.store();
+    on_start(leases.clone());
+    let holders = Holders::new(wake.clone());
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.to_owned(),
+        instance: Some(settings.identity.clone()),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client: client.clone(),
+        store,
+        metrics,
+        leases: leases.clone(),
+        wake,
+        holders: holders.clone(),
+        failures: Mutex::default(),
+    });
+    let pods = tokio::spawn(holders.watch(client, settings.namespace.clone()));
+    let woken = futures::stream::unfold(woken, |mut rx| async move {
+        rx.recv().await.map(|obj| (obj, rx))
+    });
+    info!(namespace = ?settings.namespace, identity = %settings.identity, "controller started");
+    let failures_ctx = ctx.clone();
+    controller
+        .reconcile_on(woken)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile::reconcile, error_policy, ctx)
+        .for_each(|result| {
+            match result {
+                Ok((obj, _)) => {
+                    failures_ctx
+                        .failures
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&obj);
+                }
+                Err(e) => debug!(error = %e, "reconcile did not complete"),
+            }
+            futures::future::ready(())
+        })
+        .await;
+    pods.abort();
+    info!("controller stopped");
+}

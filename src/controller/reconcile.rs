@@ -1,0 +1,449 @@
+//! The reconciler: one watch event -> one decision -> at most one store call -> at most one
+//! status write (only on a transition).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use super::holders::{Fate, fate_of};
+use super::status::{Observed, is_transition};
+use super::{Context, Error};
+use crate::api::{FIELD_MANAGER, FINALIZER, HolderRef, Phase, TargetLease, TargetLeaseStatus};
+use crate::store::{
+    AcquireOutcome, AcquireRequest, LeaseHandle, LeaseId, LossReason, ReleaseOutcome,
+    ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError, TargetRef,
+};
+
+/// Entry point called by the kube-runtime Controller.
+pub async fn reconcile(lease: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = lease
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, lease, |event| async {
+        match event {
+            Finalizer::Apply(lease) => apply(&lease, &ctx).await,
+            Finalizer::Cleanup(lease) => cleanup(&lease, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics
+        .reconciled(result.as_ref().map_or_else(Error::metric_label, |_| "ok"));
+    result
+}
+
+/// Everything a reconcile needs to know about one TargetLease, resolved once.
+struct Claim<'a> {
+    lease: &'a TargetLease,
+    api: Api<TargetLease>,
+    target: TargetRef,
+    lease_id: LeaseId,
+    status: Option<&'a TargetLeaseStatus>,
+}
+
+impl<'a> Claim<'a> {
+    fn new(lease: &'a TargetLease, ctx: &Context) -> Result<Self, Error> {
+        let ns = lease
+            .namespace()
+            .ok_or(Error::MissingField("metadata.namespace"))?;
+        let uid = lease.uid().ok_or(Error::MissingField("metadata.uid"))?;
+        Ok(Self {
+            lease,
+            api: Api::namespaced(ctx.client.clone(), &ns),
+            target: TargetRef::new(&ns, &lease.spec.target)?,
+            lease_id: LeaseId::new(uid)?,
+            status: lease.status.as_ref(),
+        })
+    }
+
+    fn holder(&self) -> &str {
+        &self.lease.spec.holder
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(u64::from(self.lease.spec.ttl_seconds.max(1)))
+    }
+
+    /// The handle of the tenure the status records, if it says Held.
+    fn held_handle(&self) -> Option<LeaseHandle> {
+        let status = self.status?;
+        if status.phase != Phase::Held {
+            return None;
+        }
+        Some(LeaseHandle {
+            target: self.target.clone(),
+            lease_id: self.lease_id.clone(),
+            owner: self.holder().to_owned(),
+            token: status.fencing_token?,
+        })
+    }
+
+    fn last_token(&self) -> Option<u64> {
+        self.status.and_then(|s| s.fencing_token)
+    }
+
+    /// Writes the status for `observed` if it is a transition; publishes `event` with it.
+    async fn settle(
+        &self,
+        ctx: &Context,
+        observed: Observed,
+        event: Option<(&'static str, String)>,
+    ) -> Result<(), Error> {
+        let new = observed.into_status(
+            self.lease.metadata.generation,
+            self.status,
+            Timestamp::now(),
+        );
+        if !is_transition(self.status, &new) {
+            return Ok(());
+        }
+        let phase_changed = self.status.map(|s| s.phase) != Some(new.phase);
+        let patch = json!({
+            "apiVersion": "targetlease.dev/v1alpha1",
+            "kind": "TargetLease",
+            "status": new,
+        });
+        self.api
+            .patch_status(
+                &self.lease.name_any(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+        let phase_name = format!("{:?}", new.phase);
+        ctx.metrics
+            .status_written(phase_changed.then_some(phase_name.as_str()));
+        if let Some((reason, note)) = event {
+            self.publish(ctx, reason, note).await;
+        }
+        Ok(())
+    }
+
+    async fn publish(&self, ctx: &Context, reason: &'static str, note: String) {
+        let type_ = if matches!(reason, "Lost" | "Expired") {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        let event = KubeEvent {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = ctx
+            .recorder
+            .publish(&event, &self.lease.object_ref(&()))
+            .await
+        {
+            warn!(error = %e, lease = %self.lease.name_any(), "could not publish event");
+        }
+    }
+
+    /// Records a store failure in the status (once) and returns it as the reconcile's error.
+    async fn fail(&self, ctx: &Context, error: StoreError) -> Error {
+        let observed = Observed::store_failed(self.status, &error);
+        if let Err(e) = self.settle(ctx, observed, None).await {
+            warn!(error = %e, "could not record the store failure in the status");
+        }
+        Error::Store(error)
+    }
+}
+
+/// Times one store call for the metrics.
+async fn timed<T>(
+    ctx: &Context,
+    op: &'static str,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let start = Instant::now();
+    let result = call.await;
+    let kind = result.as_ref().err().map(|e| e.kind().as_str());
+    ctx.metrics.store_call(op, start.elapsed(), kind);
+    result
+}
+
+/// Why a lease must be given up, if it must.
+fn release_reason(claim: &Claim<'_>, holder_done: bool) -> Option<(&'static str, String)> {
+    let spec = &claim.lease.spec;
+    if spec.release {
+        return Some(("ReleaseRequested", "spec.release is true".to_owned()));
+    }
+    if holder_done {
+        let name = spec.holder_ref.as_ref().map_or("", |h| h.name.as_str());
+        return Some((
+            "HolderGone",
+            format!("holder pod {name} is gone or has finished"),
+        ));
+    }
+    let (Some(max), Some(status)) = (spec.max_hold_seconds, claim.status) else {
+        return None;
+    };
+    let acquired = status.acquired_at.filter(|_| status.phase == Phase::Held)?;
+    let held_for = Timestamp::now().duration_since(acquired);
+    (held_for.as_secs() >= i64::from(max)).then(|| {
+        (
+            "MaxHoldReached",
+            format!("held for {max} s, the maxHoldSeconds bound"),
+        )
+    })
+}
+
+async fn holder_done(
+    lease: &TargetLease,
+    holder: &HolderRef,
+    ctx: &Context,
+) -> Result<bool, Error> {
+    let ns = lease.namespace().unwrap_or_default();
+    if let Some(fate) = ctx
+        .holders
+        .register(ObjectRef::from_obj(lease), &ns, &holder.name)
+    {
+        return Ok(fate == Fate::Done);
+    }
+    // The watch has not seen the pod (yet): read it once.
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let fate = match pods.get_opt(&holder.name).await? {
+        Some(pod) => fate_of(&pod),
+        None => Fate::Done,
+    };
+    ctx.holders.record(&ns, &holder.name, fate);
+    Ok(fate == Fate::Done)
+}
+
+async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
+    let claim = Claim::new(lease, ctx)?;
+    let holder_done = match &lease.spec.holder_ref {
+        Some(holder) => holder_done(lease, holder, ctx).await?,
+        None => false,
+    };
+    if let Some((reason, message)) = release_reason(&claim, holder_done) {
+        return give_up(&claim, ctx, reason, message).await;
+    }
+    match claim.held_handle() {
+        Some(handle) => renew(&claim, ctx, handle).await,
+        None => acquire(&claim, ctx).await,
+    }
+}
+
+/// The renewal interval: a third of the TTL, so two renewals can fail before the lease expires.
+fn renew_interval(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(300))
+}
+
+async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<Action, Error> {
+    let request = RenewRequest {
+        lease: handle,
+        ttl: claim.ttl(),
+        request_id: RequestId::random(),
+    };
+    match timed(ctx, "renew", ctx.store.renew(&request)).await {
+        Ok(RenewOutcome::Renewed {
+            server_time_ms,
+            expires_in_ms,
+        }) => {
+            // Renewals live in Valkey alone; the status is written only when something else
+            // changed (a new generation, or recovery from a failure condition).
+            let grant = crate::store::Grant {
+                token: request.lease.token,
+                acquired_at_ms: claim
+                    .status
+                    .and_then(|s| s.acquired_at)
+                    .map_or(server_time_ms, |t| t.as_millisecond().max(0) as u64),
+                server_time_ms,
+                expires_in_ms,
+            };
+            claim
+                .settle(ctx, Observed::held(&grant, claim.holder()), None)
+                .await?;
+            Ok(Action::requeue(renew_interval(claim.ttl())))
+        }
+        Ok(RenewOutcome::Lost { reason }) => {
+            let (reason, message) = match reason {
+                LossReason::Expired => ("Expired", "the lease expired before it was renewed"),
+                LossReason::NotHolder => ("Lost", "another claim holds the target"),
+            };
+            info!(lease = %claim.lease.name_any(), target = %claim.target, reason, "lease lost");
+            let observed = Observed::lost(reason, message.to_owned(), claim.last_token());
+            claim
+                .settle(ctx, observed, Some((reason, message.to_owned())))
+                .await?;
+            // Try again at once: a new tenure can only get a larger token.
+            Ok(Action::requeue(Duration::from_millis(100)))
+        }
+        Err(e) => Err(claim.fail(ctx, e).await),
+    }
+}
+
+/// The highest token any TargetLease status has shown for this target: the floor for the next
+/// token, so tokens grow even if Valkey lost its data.
+fn min_token(claim: &Claim<'_>, ctx: &Context) -> u64 {
+    ctx.leases
+        .state()
+        .iter()
+        .filter(|other| {
+            other.namespace().as_deref() == Some(claim.target.namespace())
+                && other.spec.target == claim.target.target()
+        })
+        .filter_map(|other| other.status.as_ref().and_then(|s| s.fencing_token))
+        .chain(claim.last_token())
+        .max()
+        .unwrap_or(0)
+}
+
+async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Action, Error> {
+    let request = AcquireRequest {
+        target: claim.target.clone(),
+        lease_id: claim.lease_id.clone(),
+        owner: claim.holder().to_owned(),
+        ttl: claim.ttl(),
+        min_token: min_token(claim, ctx),
+        request_id: RequestId::random(),
+    };
+    match timed(ctx, "acquire", ctx.store.acquire(&request)).await {
+        Ok(AcquireOutcome::Acquired(grant)) => {
+            let previous = claim.status.map(|s| s.phase);
+            let note = format!(
+                "acquired {} with fencing token {}",
+                claim.target, grant.token
+            );
+            info!(lease = %claim.lease.name_any(), target = %claim.target, token = grant.token, "acquired");
+            claim
+                .settle(
+                    ctx,
+                    Observed::held(&grant, claim.holder()),
+                    Some(("Acquired", note)),
+                )
+                .await?;
+            if matches!(previous, Some(Phase::Waiting | Phase::Lost)) {
+                ctx.metrics.handover();
+            }
+            Ok(Action::requeue(renew_interval(claim.ttl())))
+        }
+        Ok(AcquireOutcome::Held {
+            owner,
+            expires_in_ms,
+        }) => {
+            let note = format!("{} is held by {owner}", claim.target);
+            claim
+                .settle(
+                    ctx,
+                    Observed::waiting(&owner, claim.last_token()),
+                    Some(("Waiting", note)),
+                )
+                .await?;
+            // A release through this controller wakes waiters at once; this requeue covers a
+            // holder that stopped renewing: try again when Valkey said the lease expires.
+            Ok(Action::requeue(
+                Duration::from_millis(expires_in_ms) + Duration::from_millis(20),
+            ))
+        }
+        Err(e) => Err(claim.fail(ctx, e).await),
+    }
+}
+
+/// Releases the lease (when this resource holds it) and settles in Released.
+async fn give_up(
+    claim: &Claim<'_>,
+    ctx: &Context,
+    reason: &'static str,
+    message: String,
+) -> Result<Action, Error> {
+    let was_held = claim.held_handle().is_some();
+    release_in_store(claim, ctx).await?;
+    let event = was_held.then(|| ("Released", format!("released {}: {message}", claim.target)));
+    claim
+        .settle(
+            ctx,
+            Observed::released(reason, message, claim.last_token()),
+            event,
+        )
+        .await?;
+    Ok(Action::await_change())
+}
+
+/// Releases whatever this resource holds in the store and wakes the target's waiters. When the
+/// status does not say Held (a crash between acquire and the status write), the store is asked
+/// whether this lease id holds the target, so nothing is left behind.
+async fn release_in_store(claim: &Claim<'_>, ctx: &Context) -> Result<(), Error> {
+    let handle = match claim.held_handle() {
+        Some(handle) => Some(handle),
+        None => match timed(ctx, "inspect", ctx.store.inspect(&claim.target)).await {
+            Ok(seen) => seen
+                .lease
+                .filter(|l| l.lease_id == claim.lease_id)
+                .map(|l| LeaseHandle {
+                    target: claim.target.clone(),
+                    lease_id: claim.lease_id.clone(),
+                    owner: l.owner,
+                    token: l.token,
+                }),
+            Err(e) => return Err(claim.fail(ctx, e).await),
+        },
+    };
+    let Some(handle) = handle else {
+        return Ok(());
+    };
+    let request = ReleaseRequest {
+        lease: handle,
+        request_id: RequestId::random(),
+    };
+    match timed(ctx, "release", ctx.store.release(&request)).await {
+        Ok(ReleaseOutcome::Released) => {
+            info!(lease = %claim.lease.name_any(), target = %claim.target, "released");
+            wake_waiters(claim, ctx);
+            Ok(())
+        }
+        Ok(ReleaseOutcome::NotHolder) => {
+            debug!(lease = %claim.lease.name_any(), "nothing to release: the lease had expired or was taken");
+            wake_waiters(claim, ctx);
+            Ok(())
+        }
+        Err(e) => Err(claim.fail(ctx, e).await),
+    }
+}
+
+/// Hand-over is event-driven: every other TargetLease on the target that does not hold it is
+/// reconciled now rather than at its next requeue.
+fn wake_waiters(claim: &Claim<'_>, ctx: &Context) {
+    let me = claim.lease.uid();
+    for other in ctx.leases.state() {
+        let same_target = other.namespace().as_deref() == Some(claim.target.namespace())
+            && other.spec.target == claim.target.target()
+            && other.uid() != me;
+        let waiting = other.status.as_ref().is_none_or(|s| s.phase != Phase::Held);
+        if same_target && waiting && !other.spec.release {
+            let _ = ctx.wake.send(ObjectRef::from_obj(other.as_ref()));
+        }
+    }
+}
+
+async fn cleanup(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
+    let claim = Claim::new(lease, ctx)?;
+    // A store outage returns an error here: the finalizer stays and the error policy retries
+    // with backoff, so no lease is forgotten.
+    release_in_store(&claim, ctx).await?;
+    ctx.holders.unregister(&ObjectRef::from_obj(lease));
+    if claim.held_handle().is_some() {
+        claim
+            .publish(
+                ctx,
+                "Released",
+                format!("released {}: resource deleted", claim.target),
+            )
+            .await;
+    }
+    Ok(Action::await_change())
+}

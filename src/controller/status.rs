@@ -1,0 +1,323 @@
+//! Turning what a reconcile learned into a status, and deciding whether it is a transition worth
+//! a write. Pure functions: no I/O, unit-tested below.
+
+use jiff::Timestamp;
+
+use super::error::store_reason;
+use crate::api::{Condition, Phase, TargetLeaseStatus};
+use crate::store::{Grant, StoreError};
+
+/// What one reconcile learned about a TargetLease.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observed {
+    /// The new phase.
+    pub phase: Phase,
+    /// Whether the desired state is reached.
+    pub ready: bool,
+    /// Owner while held.
+    pub owner: Option<String>,
+    /// The token of the current or last tenure.
+    pub token: Option<u64>,
+    /// Start of the tenure.
+    pub acquired_at: Option<Timestamp>,
+    /// Expiry as of this observation.
+    pub expires_at: Option<Timestamp>,
+    /// Who holds the target while Waiting.
+    pub held_by: Option<String>,
+    /// Condition reason.
+    pub reason: &'static str,
+    /// Condition message.
+    pub message: String,
+}
+
+fn millis(ms: u64) -> Option<Timestamp> {
+    Timestamp::from_millisecond(i64::try_from(ms).ok()?).ok()
+}
+
+impl Observed {
+    /// The lease is held with `grant`.
+    pub fn held(grant: &Grant, holder: &str) -> Self {
+        Self {
+            phase: Phase::Held,
+            ready: true,
+            owner: Some(holder.to_owned()),
+            token: Some(grant.token),
+            acquired_at: millis(grant.acquired_at_ms),
+            expires_at: millis(grant.expires_at_ms()),
+            held_by: None,
+            reason: "Acquired",
+            message: format!("held by {holder} with fencing token {}", grant.token),
+        }
+    }
+
+    /// Another TargetLease holds the target.
+    pub fn waiting(owner: &str, last_token: Option<u64>) -> Self {
+        Self {
+            phase: Phase::Waiting,
+            ready: false,
+            owner: None,
+            token: last_token,
+            acquired_at: None,
+            expires_at: None,
+            held_by: Some(owner.to_owned()),
+            reason: "Waiting",
+            message: format!("target is held by {owner}"),
+        }
+    }
+
+    /// The lease was given up (or never needed) for `reason`.
+    pub fn released(reason: &'static str, message: String, last_token: Option<u64>) -> Self {
+        Self {
+            phase: Phase::Released,
+            ready: true,
+            owner: None,
+            token: last_token,
+            acquired_at: None,
+            expires_at: None,
+            held_by: None,
+            reason,
+            message,
+        }
+    }
+
+    /// The lease expired or was taken while this resource believed it held it.
+    pub fn lost(reason: &'static str, message: String, last_token: Option<u64>) -> Self {
+        Self {
+            phase: Phase::Lost,
+            ready: false,
+            owner: None,
+            token: last_token,
+            acquired_at: None,
+            expires_at: None,
+            held_by: None,
+            reason,
+            message,
+        }
+    }
+
+    /// The store failed. Transient failures keep what the status said (the lease may well still
+    /// be valid until its expiry) and mark it not ready; failures that need a person (corrupt
+    /// record, access denied) move the resource to Failed.
+    pub fn store_failed(previous: Option<&TargetLeaseStatus>, error: &StoreError) -> Self {
+        let reason = store_reason(error.kind());
+        let needs_a_person = matches!(
+            error.kind(),
+            crate::store::ErrorKind::Corrupt
+                | crate::store::ErrorKind::AccessDenied
+                | crate::store::ErrorKind::InvalidRequest
+        );
+        let previous = previous.cloned().unwrap_or_default();
+        Self {
+            phase: if needs_a_person {
+                Phase::Failed
+            } else {
+                previous.phase
+            },
+            ready: false,
+            owner: previous.owner,
+            token: previous.fencing_token,
+            acquired_at: previous.acquired_at,
+            expires_at: previous.expires_at,
+            held_by: previous.held_by,
+            reason,
+            message: error.to_string(),
+        }
+    }
+
+    /// Builds the status for generation `generation`, keeping each condition's transition time
+    /// when its status did not change.
+    pub fn into_status(
+        self,
+        generation: Option<i64>,
+        old: Option<&TargetLeaseStatus>,
+        now: Timestamp,
+    ) -> TargetLeaseStatus {
+        let flag = |b: bool| if b { "True" } else { "False" };
+        let held = self.phase == Phase::Held;
+        let mut wanted = vec![
+            ("Ready", flag(self.ready), self.reason),
+            (
+                "Held",
+                flag(held),
+                if held { "Acquired" } else { self.reason },
+            ),
+        ];
+        // kstatus conventions: Reconciling while progressing, Stalled when a person must act.
+        if self.phase == Phase::Failed {
+            wanted.push(("Stalled", "True", self.reason));
+        } else if !self.ready {
+            wanted.push(("Reconciling", "True", self.reason));
+        }
+        let conditions = wanted
+            .into_iter()
+            .map(|(type_, status, reason)| {
+                let since = old
+                    .and_then(|o| o.conditions.iter().find(|c| c.type_ == type_))
+                    .filter(|c| c.status == status)
+                    .map_or(now, |c| c.last_transition_time);
+                Condition {
+                    type_: type_.to_owned(),
+                    status: status.to_owned(),
+                    reason: reason.to_owned(),
+                    message: self.message.clone(),
+                    observed_generation: generation,
+                    last_transition_time: since,
+                }
+            })
+            .collect();
+        TargetLeaseStatus {
+            phase: self.phase,
+            owner: self.owner,
+            fencing_token: self.token,
+            acquired_at: self.acquired_at,
+            expires_at: self.expires_at,
+            held_by: self.held_by,
+            observed_generation: generation,
+            conditions,
+        }
+    }
+}
+
+/// Whether `new` says something `old` did not: only then is a status write worth it. Times that
+/// move on every renewal (`expiresAt`) do not count on their own.
+pub fn is_transition(old: Option<&TargetLeaseStatus>, new: &TargetLeaseStatus) -> bool {
+    let Some(old) = old else { return true };
+    let key = |s: &TargetLeaseStatus| {
+        (
+            s.phase,
+            s.owner.clone(),
+            s.fencing_token,
+            s.acquired_at,
+            s.held_by.clone(),
+            s.observed_generation,
+        )
+    };
+    let conditions = |s: &TargetLeaseStatus| {
+        let mut c: Vec<_> = s
+            .conditions
+            .iter()
+            .map(|c| {
+                (
+                    c.type_.clone(),
+                    c.status.clone(),
+                    c.reason.clone(),
+                    c.message.clone(),
+                )
+            })
+            .collect();
+        c.sort();
+        c
+    };
+    key(old) != key(new) || conditions(old) != conditions(new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(token: u64) -> Grant {
+        Grant {
+            token,
+            acquired_at_ms: 1_000,
+            server_time_ms: 2_000,
+            expires_in_ms: 30_000,
+        }
+    }
+
+    fn condition<'a>(s: &'a TargetLeaseStatus, t: &str) -> Option<&'a Condition> {
+        s.conditions.iter().find(|c| c.type_ == t)
+    }
+
+    #[test]
+    fn held_is_ready_and_not_reconciling() {
+        let s = Observed::held(&grant(7), "w").into_status(Some(3), None, Timestamp::UNIX_EPOCH);
+        assert_eq!(s.phase, Phase::Held);
+        assert_eq!(s.fencing_token, Some(7));
+        assert_eq!(
+            condition(&s, "Ready").map(|c| c.status.as_str()),
+            Some("True")
+        );
+        assert_eq!(
+            condition(&s, "Held").map(|c| c.status.as_str()),
+            Some("True")
+        );
+        assert!(condition(&s, "Reconciling").is_none());
+        assert_eq!(s.expires_at.map(|t| t.as_millisecond()), Some(32_000));
+        assert_eq!(s.observed_generation, Some(3));
+    }
+
+    #[test]
+    fn waiting_is_reconciling_with_held_by() {
+        let s = Observed::waiting("other", None).into_status(Some(1), None, Timestamp::UNIX_EPOCH);
+        assert_eq!(s.held_by.as_deref(), Some("other"));
+        assert_eq!(
+            condition(&s, "Ready").map(|c| c.reason.as_str()),
+            Some("Waiting")
+        );
+        assert_eq!(
+            condition(&s, "Reconciling").map(|c| c.status.as_str()),
+            Some("True")
+        );
+    }
+
+    #[test]
+    fn renewal_is_not_a_transition_but_a_new_token_is() {
+        let now = Timestamp::UNIX_EPOCH;
+        let first = Observed::held(&grant(7), "w").into_status(Some(1), None, now);
+        let mut later = grant(7);
+        later.server_time_ms += 10_000;
+        let renewed = Observed::held(&later, "w").into_status(Some(1), Some(&first), now);
+        assert!(!is_transition(Some(&first), &renewed));
+        let new_token = Observed::held(&grant(8), "w").into_status(Some(1), Some(&first), now);
+        assert!(is_transition(Some(&first), &new_token));
+        let new_generation = Observed::held(&grant(7), "w").into_status(Some(2), Some(&first), now);
+        assert!(is_transition(Some(&first), &new_generation));
+    }
+
+    #[test]
+    fn transition_time_is_kept_while_the_status_holds() {
+        let t0 = Timestamp::UNIX_EPOCH;
+        let t1 = Timestamp::from_second(100).unwrap();
+        let first = Observed::waiting("a", None).into_status(Some(1), None, t0);
+        let second = Observed::waiting("b", None).into_status(Some(1), Some(&first), t1);
+        assert_eq!(
+            condition(&second, "Ready").map(|c| c.last_transition_time),
+            Some(t0)
+        );
+        let held = Observed::held(&grant(1), "w").into_status(Some(1), Some(&second), t1);
+        assert_eq!(
+            condition(&held, "Ready").map(|c| c.last_transition_time),
+            Some(t1)
+        );
+    }
+
+    #[test]
+    fn corrupt_record_fails_and_unavailable_keeps_the_phase() {
+        let held = Observed::held(&grant(7), "w").into_status(Some(1), None, Timestamp::UNIX_EPOCH);
+        let down = StoreError::Unavailable {
+            endpoint: "x:1".into(),
+            cause: "refused".into(),
+        };
+        let s = Observed::store_failed(Some(&held), &down).into_status(
+            Some(1),
+            Some(&held),
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(s.phase, Phase::Held);
+        assert_eq!(
+            condition(&s, "Ready").map(|c| c.reason.as_str()),
+            Some("BackendUnavailable")
+        );
+        let corrupt = StoreError::Corrupt { detail: "x".into() };
+        let s = Observed::store_failed(Some(&held), &corrupt).into_status(
+            Some(1),
+            None,
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(s.phase, Phase::Failed);
+        assert_eq!(
+            condition(&s, "Stalled").map(|c| c.reason.as_str()),
+            Some("CorruptRecord")
+        );
+    }
+}

@@ -1,0 +1,803 @@
+//! The controller end to end, on a real control plane (`e2e/cluster`) and a real Valkey: each
+//! scenario gets its own namespace, Valkey server and controller process (watching only that
+//! namespace). A missing control plane or server fails the suite; it never skips.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use libtest_mimic::{Arguments, Failed, Trial};
+use targetlease::api::{Phase, TargetLease};
+use targetlease::redact::SecretUrl;
+use targetlease::store::valkey::keys::TargetKeys;
+use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
+use targetlease::store::{LeaseStore, TargetRef};
+
+use support::kube::{Cluster, ControllerProcess, http_get};
+use support::server::{Server, ServerKind};
+
+/// One scenario's world.
+struct Scenario {
+    cluster: Arc<Cluster>,
+    ns: String,
+    client: Client,
+    valkey: Server,
+    controller: Option<ControllerProcess>,
+}
+
+impl Scenario {
+    async fn new(cluster: Arc<Cluster>, name: &str) -> Scenario {
+        let ns = format!("tl-{name}");
+        cluster.kubectl_ok(&["create", "namespace", &ns]);
+        let valkey = Server::start(ServerKind::Valkey91);
+        let client = cluster.client().await;
+        let mut scenario = Scenario {
+            cluster,
+            ns,
+            client,
+            valkey,
+            controller: None,
+        };
+        scenario.controller = Some(scenario.start_controller(&[]));
+        scenario
+    }
+
+    fn start_controller(&self, extra: &[&str]) -> ControllerProcess {
+        let mut args = vec!["--watch-namespace", &self.ns];
+        args.extend_from_slice(extra);
+        ControllerProcess::start(&self.cluster, &self.valkey.url(), &args)
+    }
+
+    fn controller(&mut self) -> &mut ControllerProcess {
+        self.controller.as_mut().expect("controller running")
+    }
+
+    fn api(&self) -> Api<TargetLease> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn apply(&self, name: &str, target: &str, holder: &str, extra: &str) {
+        self.cluster
+            .apply(&lease_yaml(&self.ns, name, target, holder, extra));
+    }
+
+    async fn get(&self, name: &str) -> TargetLease {
+        self.api().get(name).await.expect("get TargetLease")
+    }
+
+    /// Waits (by watch) until `name` satisfies `pred`.
+    async fn wait(
+        &self,
+        name: &str,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&TargetLease) -> bool + Send + 'static,
+    ) -> TargetLease {
+        let cond = move |obj: Option<&TargetLease>| obj.is_some_and(&pred);
+        match tokio::time::timeout(limit, await_condition(self.api(), name, cond)).await {
+            Ok(Ok(Some(lease))) => lease,
+            Ok(other) => panic!("{name}: watch ended while waiting for {what}: {other:?}"),
+            Err(_) => {
+                let now = self.api().get_opt(name).await.ok().flatten();
+                panic!(
+                    "{name}: not {what} within {limit:?}; status: {:?}\ncontroller log:\n{}",
+                    now.and_then(|l| l.status),
+                    self.controller
+                        .as_ref()
+                        .map(|c| c.logs())
+                        .unwrap_or_default()
+                )
+            }
+        }
+    }
+
+    async fn wait_phase(&self, name: &str, phase: Phase, limit: Duration) -> TargetLease {
+        self.wait(name, &format!("{phase:?}"), limit, move |l| {
+            phase_of(l) == Some(phase)
+        })
+        .await
+    }
+
+    async fn store(&self) -> ValkeyStore {
+        let url = SecretUrl::parse(&self.valkey.url()).expect("url");
+        ValkeyStore::connect(ValkeyConfig::new(url))
+            .await
+            .expect("connect to valkey")
+    }
+
+    fn target(&self, target: &str) -> TargetRef {
+        TargetRef::new(&self.ns, target).expect("target")
+    }
+
+    async fn delete(&self, name: &str) {
+        self.api()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete TargetLease");
+    }
+
+    async fn wait_gone(&self, name: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.api().get_opt(name).await.expect("get").is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "{name} still exists after {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        self.controller.take();
+        let _ = self
+            .cluster
+            .kubectl(&["delete", "namespace", &self.ns, "--wait=false"]);
+    }
+}
+
+fn lease_yaml(ns: &str, name: &str, target: &str, holder: &str, extra: &str) -> String {
+    let mut yaml = format!(
+        "apiVersion: targetlease.dev/v1alpha1\nkind: TargetLease\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  target: {target}\n  holder: {holder}\n"
+    );
+    for line in extra.lines().filter(|l| !l.trim().is_empty()) {
+        yaml.push_str("  ");
+        yaml.push_str(line.trim_start());
+        yaml.push('\n');
+    }
+    yaml
+}
+
+fn phase_of(lease: &TargetLease) -> Option<Phase> {
+    lease.status.as_ref().map(|s| s.phase)
+}
+
+fn token_of(lease: &TargetLease) -> u64 {
+    lease
+        .status
+        .as_ref()
+        .and_then(|s| s.fencing_token)
+        .expect("a fencing token")
+}
+
+fn condition<'a>(lease: &'a TargetLease, type_: &str) -> Option<&'a targetlease::api::Condition> {
+    lease
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+}
+
+const SEC: Duration = Duration::from_secs(1);
+
+// 1. kubectl apply leads to Held; kubectl wait works on the condition and on the phase.
+async fn apply_leads_to_held(s: Scenario) {
+    s.apply("first", "orders-db/migration", "worker-1", "");
+    let out = s.cluster.kubectl_ok(&[
+        "wait",
+        "-n",
+        &s.ns,
+        "--for=condition=Ready",
+        "--timeout=30s",
+        "tl/first",
+    ]);
+    assert!(out.contains("condition met"), "{out}");
+    let out = s.cluster.kubectl_ok(&[
+        "wait",
+        "-n",
+        &s.ns,
+        "--for=jsonpath={.status.phase}=Held",
+        "--timeout=30s",
+        "targetlease/first",
+    ]);
+    assert!(out.contains("condition met"), "{out}");
+    let lease = s.get("first").await;
+    let status = lease.status.clone().expect("status");
+    assert_eq!(status.owner.as_deref(), Some("worker-1"));
+    assert!(status.fencing_token.unwrap_or(0) > 0);
+    let expires = status.expires_at.expect("expiresAt");
+    let acquired = status.acquired_at.expect("acquiredAt");
+    assert_eq!(expires.duration_since(acquired).as_secs(), 30);
+    assert_eq!(status.observed_generation, lease.metadata.generation);
+    assert_eq!(
+        condition(&lease, "Held").map(|c| c.status.as_str()),
+        Some("True")
+    );
+    assert!(
+        lease
+            .finalizers()
+            .iter()
+            .any(|f| f == "targetlease.dev/release")
+    );
+    // The lease is in Valkey, with the token the status shows.
+    let seen = s
+        .store()
+        .await
+        .inspect(&s.target("orders-db/migration"))
+        .await
+        .expect("inspect");
+    assert_eq!(
+        seen.lease.map(|l| (l.owner, l.token)),
+        Some(("worker-1".into(), token_of(&lease)))
+    );
+    // Printer columns show owner and token.
+    let table = s.cluster.kubectl_ok(&["get", "tl", "-n", &s.ns]);
+    for column in ["TARGET", "HOLDER", "PHASE", "TOKEN", "EXPIRES", "AGE"] {
+        assert!(table.contains(column), "{table}");
+    }
+    assert!(table.contains(&token_of(&lease).to_string()), "{table}");
+}
+
+// 2. A second claim waits; deleting the holder hands over within 1 s with a larger token.
+async fn handover_on_delete(s: Scenario) {
+    s.apply("holder", "shared", "worker-a", "");
+    let held = s.wait_phase("holder", Phase::Held, 30 * SEC).await;
+    s.apply("waiter", "shared", "worker-b", "");
+    let waiting = s.wait_phase("waiter", Phase::Waiting, 30 * SEC).await;
+    let status = waiting.status.clone().expect("status");
+    assert_eq!(status.held_by.as_deref(), Some("worker-a"));
+    assert_eq!(
+        condition(&waiting, "Ready").map(|c| c.reason.as_str()),
+        Some("Waiting")
+    );
+
+    let mut stream = watcher(
+        s.api(),
+        watcher::Config::default().fields("metadata.name=waiter"),
+    )
+    .applied_objects()
+    .boxed();
+    // Drain the initial state so the clock starts at the delete.
+    let _ = tokio::time::timeout(SEC, stream.next()).await;
+    let start = Instant::now();
+    s.delete("holder").await;
+    let taken = loop {
+        let next = tokio::time::timeout(5 * SEC, stream.next()).await;
+        let lease = next
+            .expect("hand-over within 5 s")
+            .expect("watch")
+            .expect("object");
+        if phase_of(&lease) == Some(Phase::Held) {
+            break lease;
+        }
+    };
+    let took = start.elapsed();
+    eprintln!("hand-over took {took:?}");
+    assert!(took < SEC, "hand-over took {took:?}");
+    assert!(token_of(&taken) > token_of(&held));
+    s.wait_gone("holder", 10 * SEC).await;
+    // Events at transitions.
+    let events = s.cluster.kubectl_ok(&[
+        "get",
+        "events.events.k8s.io",
+        "-n",
+        &s.ns,
+        "-o",
+        "jsonpath={range .items[*]}{.regarding.name}/{.reason}{\"\\n\"}{end}",
+    ]);
+    for expected in [
+        "holder/Acquired",
+        "waiter/Waiting",
+        "waiter/Acquired",
+        "holder/Released",
+    ] {
+        assert!(
+            events.contains(expected),
+            "no {expected} event in:\n{events}"
+        );
+    }
+    // Metrics show the transitions and the hand-over.
+    let controller = s.controller.as_ref().expect("controller");
+    let (code, metrics) = http_get(&controller.http, "/metrics").expect("metrics endpoint");
+    assert_eq!(code, 200);
+    for needle in [
+        "targetlease_handovers_total 1",
+        "targetlease_transitions_total{phase=\"Held\"} 2",
+        "targetlease_transitions_total{phase=\"Waiting\"} 1",
+        "targetlease_store_call_seconds_count{op=\"acquire\"}",
+        "targetlease_leases{phase=\"Held\"} 1",
+        "targetlease_reconciles_total{result=\"ok\"}",
+    ] {
+        assert!(
+            metrics.contains(needle),
+            "metrics lack {needle}:\n{metrics}"
+        );
+    }
+}
+
+// 3. Invalid resources are refused by the API server with a message naming the field.
+async fn invalid_resources_are_refused(s: Scenario) {
+    let bad: [(&str, &str, &str, &str); 11] = [
+        ("empty target", "\"\"", "w", "spec.target"),
+        ("braces in target", "\"a{b}\"", "w", "spec.target"),
+        ("long target", &"x".repeat(201), "w", "spec.target"),
+        ("ttl 0", "t", "w\n  ttlSeconds: 0", "spec.ttlSeconds"),
+        (
+            "ttl too large",
+            "t",
+            "w\n  ttlSeconds: 3601",
+            "spec.ttlSeconds",
+        ),
+        (
+            "negative maxHold",
+            "t",
+            "w\n  maxHoldSeconds: -5",
+            "spec.maxHoldSeconds",
+        ),
+        (
+            "maxHold below ttl",
+            "t",
+            "w\n  ttlSeconds: 60\n  maxHoldSeconds: 30",
+            "spec.maxHoldSeconds",
+        ),
+        ("unknown field", "t", "w\n  colour: blue", "colour"),
+        ("holder with space", "t", "\"w x\"", "spec.holder"),
+        (
+            "holderRef kind",
+            "t",
+            "w\n  holderRef: {kind: Deployment, name: x}",
+            "spec.holderRef.kind",
+        ),
+        (
+            "ttl not a number",
+            "t",
+            "w\n  ttlSeconds: soon",
+            "spec.ttlSeconds",
+        ),
+    ];
+    for (i, (what, target, holder_and_more, field)) in bad.iter().enumerate() {
+        let yaml = lease_yaml(&s.ns, &format!("bad-{i}"), target, holder_and_more, "");
+        let out = s
+            .cluster
+            .kubectl_with_input(&["apply", "-f", "-"], Some(&yaml));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: accepted:\n{yaml}");
+        assert!(
+            stderr.contains(field),
+            "{what}: message does not name {field}: {stderr}"
+        );
+    }
+    // Immutable fields.
+    s.apply("fixed", "t", "w", "");
+    for (what, change, field) in [
+        (
+            "changed target",
+            r#"{"spec":{"target":"other"}}"#,
+            "target is immutable",
+        ),
+        (
+            "changed holder",
+            r#"{"spec":{"holder":"other"}}"#,
+            "holder is immutable",
+        ),
+    ] {
+        let out = s.cluster.kubectl(&[
+            "patch",
+            "tl",
+            "fixed",
+            "-n",
+            &s.ns,
+            "--type=merge",
+            "-p",
+            change,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: accepted");
+        assert!(stderr.contains(field), "{what}: {stderr}");
+    }
+}
+
+// 4. holderRef: deleting the holder pod releases the lease and the waiter gets it within 2 s.
+async fn holder_pod_gone_releases(s: Scenario) {
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: worker-pod\n  namespace: {}\nspec:\n  containers:\n  - name: main\n    image: example.invalid/worker:1\n",
+        s.ns
+    );
+    s.cluster.apply(&pod);
+    s.apply(
+        "by-pod",
+        "pod-target",
+        "worker-pod",
+        "holderRef: {kind: Pod, name: worker-pod}",
+    );
+    let held = s.wait_phase("by-pod", Phase::Held, 30 * SEC).await;
+    s.apply("next", "pod-target", "worker-next", "");
+    s.wait_phase("next", Phase::Waiting, 30 * SEC).await;
+    let start = Instant::now();
+    s.cluster.kubectl_ok(&[
+        "delete",
+        "pod",
+        "worker-pod",
+        "-n",
+        &s.ns,
+        "--grace-period=0",
+        "--force",
+    ]);
+    let released = s.wait_phase("by-pod", Phase::Released, 5 * SEC).await;
+    let next = s.wait_phase("next", Phase::Held, 5 * SEC).await;
+    let took = start.elapsed();
+    eprintln!("holder pod deleted -> waiter held in {took:?}");
+    assert!(took < 2 * SEC, "took {took:?}");
+    assert_eq!(
+        condition(&released, "Ready").map(|c| c.reason.as_str()),
+        Some("HolderGone")
+    );
+    assert!(token_of(&next) > token_of(&held));
+    // A TargetLease whose holder pod never existed does not hold.
+    s.apply(
+        "orphan",
+        "orphan-target",
+        "ghost",
+        "holderRef: {kind: Pod, name: ghost}",
+    );
+    s.wait_phase("orphan", Phase::Released, 30 * SEC).await;
+}
+
+// 5a. SIGKILL and restart within the TTL: owner and token unchanged, renewals carry on.
+async fn controller_restart_keeps_leases(mut s: Scenario) {
+    s.apply("kept", "restart-target", "worker-1", "ttlSeconds: 6");
+    let before = s.wait_phase("kept", Phase::Held, 30 * SEC).await;
+    s.controller().kill();
+    tokio::time::sleep(2 * SEC).await;
+    s.controller = Some(s.start_controller(&[]));
+    // Longer than the TTL: only renewals by the new process can keep it.
+    tokio::time::sleep(8 * SEC).await;
+    let after = s.get("kept").await;
+    assert_eq!(phase_of(&after), Some(Phase::Held));
+    assert_eq!(token_of(&after), token_of(&before));
+    let seen = s
+        .store()
+        .await
+        .inspect(&s.target("restart-target"))
+        .await
+        .expect("inspect");
+    let lease = seen.lease.expect("still held in Valkey");
+    assert_eq!(
+        (lease.owner.as_str(), lease.token),
+        ("worker-1", token_of(&before))
+    );
+}
+
+// 5b. Two replicas with leader election: killing the leader, the other carries on.
+async fn leader_failover_keeps_leases(mut s: Scenario) {
+    let election = [
+        "--leader-election",
+        "--leader-election-namespace",
+        s.ns.as_str(),
+        "--leader-election-seconds",
+        "3",
+    ];
+    let mut a = s.start_controller(&[&election[..], &["--identity", "replica-a"]].concat());
+    // Replace the scenario's plain controller by two electing replicas.
+    s.controller.take();
+    let b = s.start_controller(&[&election[..], &["--identity", "replica-b"]].concat());
+    s.apply("ha", "ha-target", "worker-1", "ttlSeconds: 9");
+    let before = s.wait_phase("ha", Phase::Held, 30 * SEC).await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(s.client.clone(), &s.ns);
+    let leader = leases
+        .get("targetlease-controller")
+        .await
+        .expect("leader Lease")
+        .spec
+        .and_then(|spec| spec.holder_identity)
+        .expect("a leader");
+    let (mut leader_proc, survivor) = if leader == "replica-a" {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    leader_proc.kill();
+    a = survivor;
+    // Longer than the TTL: the survivor must have taken over the renewals.
+    tokio::time::sleep(12 * SEC).await;
+    let after = s.get("ha").await;
+    assert_eq!(phase_of(&after), Some(Phase::Held), "{}", a.logs());
+    assert_eq!(
+        token_of(&after),
+        token_of(&before),
+        "the lease changed hands"
+    );
+    let seen = s
+        .store()
+        .await
+        .inspect(&s.target("ha-target"))
+        .await
+        .expect("inspect");
+    assert_eq!(seen.lease.map(|l| l.token), Some(token_of(&before)));
+    let now_leading = leases
+        .get("targetlease-controller")
+        .await
+        .expect("leader Lease")
+        .spec
+        .and_then(|spec| spec.holder_identity);
+    assert_ne!(now_leading.as_deref(), Some(leader.as_str()));
+    // SIGTERM: clean exit, lease not released.
+    let status = a.terminate();
+    assert!(status.success(), "controller exited with {status}");
+    let seen = s
+        .store()
+        .await
+        .inspect(&s.target("ha-target"))
+        .await
+        .expect("inspect");
+    assert!(seen.lease.is_some(), "SIGTERM released the lease");
+}
+
+// 6. No status write per renewal.
+async fn renewals_do_not_write_status(s: Scenario) {
+    s.apply("quiet", "quiet-target", "worker-1", "ttlSeconds: 3");
+    let before = s.wait_phase("quiet", Phase::Held, 30 * SEC).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let after = s.get("quiet").await;
+    assert_eq!(after.resource_version(), before.resource_version());
+    let seen = s
+        .store()
+        .await
+        .inspect(&s.target("quiet-target"))
+        .await
+        .expect("inspect");
+    assert!(seen.lease.is_some(), "not renewed: the lease expired");
+}
+
+// 7. Valkey stopped: BackendUnavailable; deletion keeps the finalizer; Valkey back: released.
+async fn backend_outage_keeps_finalizer(mut s: Scenario) {
+    s.apply("outage", "outage-target", "worker-1", "ttlSeconds: 30");
+    s.wait_phase("outage", Phase::Held, 30 * SEC).await;
+    s.valkey.kill();
+    s.delete("outage").await;
+    let stuck = s
+        .wait("outage", "BackendUnavailable", 30 * SEC, |l| {
+            condition(l, "Ready").is_some_and(|c| c.reason == "BackendUnavailable")
+        })
+        .await;
+    assert!(stuck.metadata.deletion_timestamp.is_some());
+    assert!(
+        stuck
+            .finalizers()
+            .iter()
+            .any(|f| f == "targetlease.dev/release")
+    );
+    tokio::time::sleep(2 * SEC).await;
+    assert!(
+        s.api().get_opt("outage").await.expect("get").is_some(),
+        "finalizer dropped during the outage"
+    );
+    s.valkey.restart();
+    // Valkey restarted without persistence: the lease record is gone, so the release finds
+    // nothing to release; the finalizer must still go.
+    s.wait_gone("outage", 60 * SEC).await;
+    let _ = s.controller();
+}
+
+// 8. `targetlease run`: runs the command with the token, releases when it exits, SIGTERMs it
+//    when the lease is lost.
+async fn run_command_under_lease(s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    let out_file = dir.path().join("token");
+    let script = format!(
+        "echo \"$TARGETLEASE_TOKEN $TARGETLEASE_OWNER $TARGETLEASE_TARGET\" > {}",
+        out_file.display()
+    );
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        .args([
+            "run",
+            "--target",
+            "run-target",
+            "--holder",
+            "job-1",
+            "-n",
+            &s.ns,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .envs(s.cluster.envs())
+        .status()
+        .await
+        .expect("run");
+    assert!(status.success(), "{status}");
+    let written = std::fs::read_to_string(&out_file).expect("the command ran");
+    let parts: Vec<&str> = written.split_whitespace().collect();
+    assert_eq!(parts.len(), 3, "{written}");
+    assert!(parts[0].parse::<u64>().expect("token") > 0);
+    assert_eq!(&parts[1..], ["job-1", "run-target"]);
+    // The TargetLease is gone and the lease released.
+    let leftover = s
+        .api()
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    assert!(
+        leftover.is_empty()
+            || leftover
+                .iter()
+                .all(|l| l.metadata.deletion_timestamp.is_some())
+    );
+    let deadline = Instant::now() + 10 * SEC;
+    while s
+        .store()
+        .await
+        .inspect(&s.target("run-target"))
+        .await
+        .expect("inspect")
+        .lease
+        .is_some()
+    {
+        assert!(Instant::now() < deadline, "the lease was not released");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Exit status is the command's.
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        .args([
+            "run",
+            "--target",
+            "run-target",
+            "--holder",
+            "job-2",
+            "-n",
+            &s.ns,
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ])
+        .envs(s.cluster.envs())
+        .status()
+        .await
+        .expect("run");
+    assert_eq!(status.code(), Some(3));
+
+    // Lost lease: the command gets SIGTERM.
+    let term_file = dir.path().join("term");
+    let script = format!(
+        "trap 'echo term > {}; exit 7' TERM; while true; do sleep 0.1; done",
+        term_file.display()
+    );
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        .args([
+            "run",
+            "--target",
+            "lost-target",
+            "--holder",
+            "job-3",
+            "--ttl",
+            "3",
+            "-n",
+            &s.ns,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .envs(s.cluster.envs())
+        .spawn()
+        .expect("run");
+    let deadline = Instant::now() + 30 * SEC;
+    let name = loop {
+        let items = s
+            .api()
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items;
+        if let Some(l) = items
+            .iter()
+            .find(|l| l.spec.target == "lost-target" && phase_of(l) == Some(Phase::Held))
+        {
+            break l.name_any();
+        }
+        assert!(Instant::now() < deadline, "run never held its lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Someone wipes the lease in Valkey and takes the target: the controller's next renewal
+    // finds it lost.
+    let keys = TargetKeys::new("tl", &s.target("lost-target"));
+    s.valkey.raw(&["DEL", &keys.lease()]);
+    let status = tokio::time::timeout(30 * SEC, child.wait())
+        .await
+        .expect("run exits after the loss")
+        .expect("run status");
+    assert_eq!(
+        status.code(),
+        Some(7),
+        "run should exit with the command's status"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&term_file)
+            .expect("SIGTERM reached the command")
+            .trim(),
+        "term"
+    );
+    s.wait_gone(&name, 30 * SEC).await;
+}
+
+type ScenarioFn = fn(Scenario) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        [$((stringify!($name), (|s| Box::pin($name(s))) as ScenarioFn)),*]
+    };
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    // Scenarios measure latencies and kill processes: one at a time on this 2-core machine.
+    args.test_threads = Some(1);
+    let scenarios = scenarios![
+        apply_leads_to_held,
+        handover_on_delete,
+        invalid_resources_are_refused,
+        holder_pod_gone_releases,
+        controller_restart_keeps_leases,
+        leader_failover_keeps_leases,
+        renewals_do_not_write_status,
+        backend_outage_keeps_finalizer,
+        run_command_under_lease,
+    ];
+    let wanted = scenarios
+        .iter()
+        .any(|(name, _)| args.filter.as_deref().is_none_or(|f| name.contains(f)));
+    let cluster = wanted.then(|| {
+        let cluster = Cluster::start();
+        cluster.install_crd();
+        Arc::new(cluster)
+    });
+    let trials = scenarios
+        .into_iter()
+        .map(|(name, body)| {
+            let cluster = cluster.clone();
+            Trial::test(name, move || {
+                let cluster = cluster.clone().ok_or_else(|| Failed::from("no cluster"))?;
+                run(cluster, name, body)
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(cluster);
+    println!(
+        "controller: {} passed, {} failed",
+        conclusion.num_passed, conclusion.num_failed
+    );
+    if conclusion.num_passed == 0 {
+        eprintln!("controller: no scenario ran; refusing to pass vacuously");
+        std::process::exit(1);
+    }
+    conclusion.exit();
+}
+
+fn run(cluster: Arc<Cluster>, name: &str, body: ScenarioFn) -> Result<(), Failed> {
+    let ns_name = name.replace('_', "-");
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let scenario = Scenario::new(cluster, &ns_name).await;
+            tokio::time::timeout(Duration::from_secs(120), body(scenario))
+                .await
+                .expect("scenario timed out after 120 s");
+        });
+    }));
+    outcome.map_err(|panic| {
+        panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "scenario panicked".into())
+            .into()
+    })
+}
+
+#[allow(dead_code)]
+fn unused(_: PostParams, _: Patch<()>, _: PatchParams) {}

@@ -1,0 +1,191 @@
+//! Fuzzing with proptest: arbitrary script replies, arbitrary lease records in a real Valkey, and
+//! arbitrary TargetLease documents. Nothing may panic; bad input must come back as an error, and a
+//! record the scripts cannot read must never be treated as a free target.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use targetlease::api::TargetLease;
+use targetlease::redact::SecretUrl;
+use targetlease::store::valkey::keys::TargetKeys;
+use targetlease::store::valkey::reply;
+use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
+use targetlease::store::{
+    AcquireOutcome, AcquireRequest, ErrorKind, LeaseId, LeaseStore, RequestId, TargetRef,
+};
+
+use support::server::{Server, ServerKind};
+
+fn element() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("acquired".to_owned()),
+        Just("held".to_owned()),
+        Just("renewed".to_owned()),
+        Just("lost".to_owned()),
+        Just("expired".to_owned()),
+        Just("not_holder".to_owned()),
+        Just("released".to_owned()),
+        Just("committed".to_owned()),
+        Just("stale".to_owned()),
+        Just("current".to_owned()),
+        Just("free".to_owned()),
+        Just("present".to_owned()),
+        Just("absent".to_owned()),
+        any::<u64>().prop_map(|n| n.to_string()),
+        any::<i64>().prop_map(|n| n.to_string()),
+        ".*",
+    ]
+}
+
+#[test]
+fn reply_decoders_never_panic() {
+    let mut runner = TestRunner::new(Config {
+        cases: 20_000,
+        ..Config::default()
+    });
+    runner
+        .run(&proptest::collection::vec(element(), 0..10), |parts| {
+            let _ = reply::acquire(&parts);
+            let _ = reply::renew(&parts);
+            let _ = reply::release(&parts);
+            let _ = reply::commit(&parts);
+            let _ = reply::check(&parts);
+            let _ = reply::read(&parts);
+            let _ = reply::inspect(&parts);
+            Ok(())
+        })
+        .expect("decoders");
+}
+
+#[test]
+fn targetlease_documents_never_panic() {
+    let mut runner = TestRunner::new(Config {
+        cases: 5_000,
+        ..Config::default()
+    });
+    runner
+        .run(&proptest::collection::vec(any::<u8>(), 0..512), |bytes| {
+            let _ = serde_json::from_slice::<TargetLease>(&bytes);
+            let _ = serde_yaml::from_slice::<TargetLease>(&bytes);
+            Ok(())
+        })
+        .expect("raw bytes");
+    let field = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<i64>().prop_map(serde_json::Value::from),
+        any::<bool>().prop_map(serde_json::Value::from),
+        ".{0,20}".prop_map(serde_json::Value::from),
+        Just(serde_json::json!({"kind": "Pod", "name": "p"})),
+        Just(serde_json::json!([1, 2])),
+    ];
+    let spec = proptest::collection::btree_map(
+        prop_oneof![
+            Just("target"),
+            Just("holder"),
+            Just("ttlSeconds"),
+            Just("maxHoldSeconds"),
+            Just("release"),
+            Just("holderRef"),
+            Just("other")
+        ],
+        field,
+        0..7,
+    );
+    runner
+        .run(&spec, |spec| {
+            let doc = serde_json::json!({
+                "apiVersion": "targetlease.dev/v1alpha1",
+                "kind": "TargetLease",
+                "metadata": {"name": "x", "namespace": "y"},
+                "spec": spec,
+            });
+            let _ = serde_json::from_value::<TargetLease>(doc);
+            Ok(())
+        })
+        .expect("structured documents");
+}
+
+/// Random contents of a lease hash: valid-looking fields, missing fields, junk.
+fn record() -> impl Strategy<Value = Vec<(String, String)>> {
+    let value = prop_oneof![
+        Just("1".to_owned()),
+        Just("0".to_owned()),
+        Just("".to_owned()),
+        any::<u64>().prop_map(|n| n.to_string()),
+        "[a-z0-9.{}-]{0,12}",
+    ];
+    proptest::collection::vec(
+        (
+            prop_oneof![
+                Just("record_version".to_owned()),
+                Just("lease_id".to_owned()),
+                Just("owner".to_owned()),
+                Just("token".to_owned()),
+                Just("acquired_ms".to_owned()),
+                "[a-z_]{1,8}",
+            ],
+            value,
+        ),
+        1..7,
+    )
+}
+
+#[test]
+fn arbitrary_lease_records_fail_closed() {
+    let server = Server::start(ServerKind::Valkey91);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store: Arc<ValkeyStore> = Arc::new(
+        runtime
+            .block_on(ValkeyStore::connect(ValkeyConfig::new(
+                SecretUrl::parse(&server.url()).expect("url"),
+            )))
+            .expect("connect"),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 400,
+        ..Config::default()
+    });
+    let case = std::cell::Cell::new(0u32);
+    runner
+        .run(&record(), |fields| {
+            case.set(case.get() + 1);
+            let case = case.get();
+            let target = TargetRef::new("fuzz", &format!("t{case}")).expect("target");
+            let key = TargetKeys::new("tl", &target).lease();
+            let mut args = vec!["HSET".to_owned(), key.clone()];
+            for (k, v) in &fields {
+                args.push(k.clone());
+                args.push(v.clone());
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            server.raw(&args);
+            let request = AcquireRequest {
+                target,
+                lease_id: LeaseId::new("FUZZ-LEASE").expect("id"),
+                owner: "FUZZ-OWNER".into(),
+                ttl: Duration::from_secs(30),
+                min_token: 0,
+                request_id: RequestId::random(),
+            };
+            let outcome = runtime.block_on(store.acquire(&request));
+            match outcome {
+                // A record that reads as a valid lease of someone else.
+                Ok(AcquireOutcome::Held { .. }) => {}
+                Ok(AcquireOutcome::Acquired(_)) => {
+                    return Err(TestCaseError::fail(format!(
+                        "a target with record {fields:?} was treated as free"
+                    )));
+                }
+                Err(e) => prop_assert_eq!(e.kind(), ErrorKind::Corrupt, "{}", e),
+            }
+            Ok(())
+        })
+        .expect("records");
+}

@@ -43,7 +43,7 @@ pub const MAX_HOLD_SECONDS: u32 = 7 * 24 * 3600;
     printcolumn(name = "Holder", type_ = "string", json_path = ".spec.holder"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken"),
-    printcolumn(name = "Expires", type_ = "date", json_path = ".status.expiresAt"),
+    printcolumn(name = "Expires", type_ = "string", json_path = ".status.expiresAt"),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -73,12 +73,12 @@ pub struct TargetLeaseSpec {
 
     /// Lease time-to-live in Valkey, in seconds (1 to 3600); renewed every ttlSeconds/3.
     #[serde(default = "default_ttl")]
-    #[schemars(range(min = 1, max = 3600))]
+    #[schemars(with = "i32", range(min = 1, max = 3600))]
     pub ttl_seconds: u32,
 
     /// Hard bound on one tenure, in seconds; the lease is released when it is reached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 604800))]
+    #[schemars(with = "Option<i32>", range(min = 1, max = 604800))]
     pub max_hold_seconds: Option<u32>,
 
     /// Give the lease up but keep the resource (GitOps-friendly release).

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::wait::await_condition;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -720,6 +720,46 @@ async fn run_command_under_lease(s: Scenario) {
     s.wait_gone(&name, 30 * SEC).await;
 }
 
+// spec.release gives the lease up and keeps the resource; maxHoldSeconds bounds a tenure.
+async fn release_flag_and_max_hold(s: Scenario) {
+    s.apply("gitops", "flag-target", "worker-1", "");
+    let held = s.wait_phase("gitops", Phase::Held, 30 * SEC).await;
+    s.apply("next", "flag-target", "worker-2", "");
+    s.wait_phase("next", Phase::Waiting, 30 * SEC).await;
+    s.apply("gitops", "flag-target", "worker-1", "release: true");
+    let released = s.wait_phase("gitops", Phase::Released, 10 * SEC).await;
+    assert_eq!(
+        condition(&released, "Ready").map(|c| (c.status.as_str(), c.reason.as_str())),
+        Some(("True", "ReleaseRequested"))
+    );
+    let next = s.wait_phase("next", Phase::Held, 5 * SEC).await;
+    assert!(token_of(&next) > token_of(&held));
+
+    s.apply(
+        "bounded",
+        "bounded-target",
+        "worker-3",
+        "ttlSeconds: 30\nmaxHoldSeconds: 30",
+    );
+    let bounded = s.wait_phase("bounded", Phase::Held, 30 * SEC).await;
+    // Pretend the tenure began 29 s ago: the bound is reached within about a second, long
+    // before the next renewal (every 10 s).
+    let status = bounded.status.clone().expect("status");
+    let earlier = status.acquired_at.expect("acquiredAt") - jiff::SignedDuration::from_secs(29);
+    let patch = serde_json::json!({"status": {"acquiredAt": earlier}});
+    s.api()
+        .patch_status("bounded", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch acquiredAt");
+    s.cluster
+        .kubectl_ok(&["annotate", "tl", "bounded", "-n", &s.ns, "poke=1"]);
+    let done = s.wait_phase("bounded", Phase::Released, 5 * SEC).await;
+    assert_eq!(
+        condition(&done, "Ready").map(|c| c.reason.as_str()),
+        Some("MaxHoldReached")
+    );
+}
+
 type ScenarioFn = fn(Scenario) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
 
 macro_rules! scenarios {
@@ -740,6 +780,7 @@ fn main() {
         controller_restart_keeps_leases,
         leader_failover_keeps_leases,
         renewals_do_not_write_status,
+        release_flag_and_max_hold,
         backend_outage_keeps_finalizer,
         run_command_under_lease,
     ];
@@ -798,6 +839,3 @@ fn run(cluster: Arc<Cluster>, name: &str, body: ScenarioFn) -> Result<(), Failed
             .into()
     })
 }
-
-#[allow(dead_code)]
-fn unused(_: PostParams, _: Patch<()>, _: PatchParams) {}

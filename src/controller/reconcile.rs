@@ -243,6 +243,23 @@ fn renew_interval(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(300))
 }
 
+/// When to look at a held lease again: the next renewal, or the `maxHoldSeconds` bound if that
+/// comes first.
+fn next_check(claim: &Claim<'_>) -> Duration {
+    let renew = renew_interval(claim.ttl());
+    let acquired = claim.status.and_then(|s| s.acquired_at);
+    match (claim.lease.spec.max_hold_seconds, acquired) {
+        (Some(max), Some(acquired)) => {
+            let held_ms = Timestamp::now().duration_since(acquired).as_millis().max(0);
+            let left_ms = (i128::from(max) * 1000 - held_ms).max(0);
+            renew.min(Duration::from_millis(
+                u64::try_from(left_ms).unwrap_or(u64::MAX),
+            ))
+        }
+        _ => renew,
+    }
+}
+
 async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<Action, Error> {
     let request = RenewRequest {
         lease: handle,
@@ -268,7 +285,7 @@ async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<
             claim
                 .settle(ctx, Observed::held(&grant, claim.holder()), None)
                 .await?;
-            Ok(Action::requeue(renew_interval(claim.ttl())))
+            Ok(Action::requeue(next_check(claim)))
         }
         Ok(RenewOutcome::Lost { reason }) => {
             let (reason, message) = match reason {

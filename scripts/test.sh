@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: what README.md tells you to run and what CI (.ci/run) runs.
 # Installs what it needs, then: format and lint checks, unit tests, the lease-store contract
-# suite on real Valkey/Redis servers, and the local Kubernetes control plane's self-test.
+# suite on real Valkey/Redis servers, property tests and fuzzing, the controller end to end on a
+# local Kubernetes control plane, the control plane's self-test, and the docs' command blocks.
 # Ends with one line `N passed, N failed`; exits non-zero on any failure or when nothing ran.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,18 +22,24 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
 
-step "cargo test (unit tests, lease-store contract suite on real servers)"
+step "cargo test (unit, lease-store contract, model and fuzz tests on real servers, controller end to end)"
 cargo test --locked 2>&1 | tee "$log_dir/cargo.log"
 
 step "local Kubernetes control plane self-test"
-bash e2e/selftest.sh 2>&1 | tee "$log_dir/e2e.log"
+bash e2e/selftest.sh 2>&1 | tee "$log_dir/suite-e2e.log"
 
-# One closing line over every suite.
+step "docs: every command block of README.md and docs/ run as a user would"
+bash scripts/docs-test.sh 2>&1 | tee "$log_dir/suite-docs.log"
+
+# One closing line over every suite: cargo's `test result:` lines, and the closing
+# `[name: ]N passed, N failed` line of each script suite.
 awk '
-  /^test result: / { gsub(/;/, ""); p += $4; f += $6 }
-  /^(e2e: )?[0-9]+ passed, [0-9]+ failed/ { sub(/^e2e: /, ""); p += $1; f += $3 }
+  FILENAME ~ /cargo\.log$/ && /^test result: / { gsub(/;/, ""); p += $4; f += $6; next }
+  FILENAME ~ /suite-/ && /^([a-z0-9-]+: )?[0-9]+ passed, [0-9]+ failed/ {
+    sub(/^[a-z0-9-]+: /, ""); p += $1; f += $3
+  }
   END {
     printf "\n%d passed, %d failed\n", p, f
     if (f > 0 || p == 0) exit 1
   }
-' "$log_dir/cargo.log" "$log_dir/e2e.log"
+' "$log_dir/cargo.log" "$log_dir"/suite-*.log

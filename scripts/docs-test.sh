@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Runs every command block of the user docs (```sh fences in README.md and docs/*.md) as a user
+# would type it, against a real local control plane, Valkey and the controller.
+# The blocks of one file run in order in one shell (later blocks may use what earlier ones set).
+# Prints `docs: N passed, N failed`; exits non-zero on a failure or when no block ran.
+#
+# Blocks that are not run, and why (printed as SKIP):
+#   - `bash scripts/test.sh`: it is this suite's own caller (CI runs it);
+#   - `cargo install` / `cargo build --release`: the suite builds and tests the same binary
+#     (the release build is exercised by the benchmark smoke run).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+# shellcheck source=scripts/env.sh
+source scripts/env.sh
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/targetlease-docs.XXXXXX")"
+controller_pid=""
+cleanup() {
+  [[ -n "$controller_pid" ]] && kill "$controller_pid" 2>/dev/null && wait "$controller_pid" 2>/dev/null
+  TARGETLEASE_E2E_STATE="$work/state" bash e2e/cluster down >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+cargo build --locked --quiet
+mkdir -p "$work/bin"
+ln -s "$CARGO_TARGET_DIR/debug/targetlease" "$work/bin/targetlease"
+eval "$(TARGETLEASE_E2E_STATE="$work/state" bash e2e/cluster up --valkey --owner-pid $$ --dir "$work/cluster")"
+export PATH="$work/bin:$PATH"
+kubectl apply --server-side -f crds/targetlease.dev_targetleases.yaml >/dev/null
+kubectl wait --for=condition=Established --timeout=30s crd/targetleases.targetlease.dev >/dev/null
+targetlease controller --http-addr 127.0.0.1:0 >"$work/controller.log" 2>&1 &
+controller_pid=$!
+
+# Extract the blocks: one file per block, named <doc>.<n>.sh, in document order.
+mkdir -p "$work/blocks"
+docs=(README.md docs/*.md)
+for doc in "${docs[@]}"; do
+  awk -v out="$work/blocks/$(echo "$doc" | tr '/' '_')" '
+    /^```sh[[:space:]]*$/ { n++; file = sprintf("%s.%02d.sh", out, n); inside = 1; next }
+    /^```/ && inside { inside = 0; close(file); next }
+    inside { print > file }
+  ' "$doc"
+done
+
+passed=0 failed=0 skipped=0
+for doc in "${docs[@]}"; do
+  prefix="$work/blocks/$(echo "$doc" | tr '/' '_')"
+  shopt -s nullglob
+  blocks=("$prefix".*.sh)
+  shopt -u nullglob
+  ((${#blocks[@]})) || continue
+  # One shell per document: blocks share variables, like a reader's terminal.
+  runner="$work/run-$(basename "$prefix").sh"
+  : >"$runner.state"
+  {
+    for block in "${blocks[@]}"; do
+      name="$doc block $(basename "$block" .sh | sed 's/.*\.//')"
+      if grep -Eq 'scripts/test\.sh|cargo install|cargo build --release' "$block"; then
+        printf 'echo "SKIP %s (run elsewhere: see scripts/docs-test.sh)"\necho skip >>"%s"\n' "$name" "$work/results"
+        continue
+      fi
+      printf 'echo "RUN  %s"\n' "$name"
+      # A subshell per block (so `set -e` stops the block, not the run); variables the block sets
+      # are exported (set -a) and handed to the next block through a state file.
+      printf 'if ( set -euo pipefail -a; cd "%s"; source "%s.state"; source "%s"; export -p >"%s.state" ) >"%s.log" 2>&1; then echo pass >>"%s/results"; echo "PASS %s"; else echo fail >>"%s/results"; echo "FAIL %s"; sed "s/^/     /" "%s.log"; fi\n' \
+        "$root" "$runner" "$block" "$runner" "$block" "$work" "$name" "$work" "$name" "$block"
+    done
+  } >"$runner"
+  bash "$runner"
+done
+passed=$(grep -c '^pass$' "$work/results" 2>/dev/null || true)
+failed=$(grep -c '^fail$' "$work/results" 2>/dev/null || true)
+skipped=$(grep -c '^skip$' "$work/results" 2>/dev/null || true)
+echo "docs: ${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped"
+[[ "${failed:-0}" -eq 0 && "${passed:-0}" -gt 0 ]]

@@ -284,6 +284,19 @@ t_valkey() {
   fi
 }
 
+t_restart() {
+  need_cluster
+  k create configmap survives-restart -n default --from-literal=a=b
+  local old new
+  old="$(sed -n 's/^\([0-9]*\) .*/\1/p' "$TARGETLEASE_E2E_DIR/pids/kube-apiserver.pid")"
+  "$CLUSTER" restart kube-apiserver --kill
+  new="$(sed -n 's/^\([0-9]*\) .*/\1/p' "$TARGETLEASE_E2E_DIR/pids/kube-apiserver.pid")"
+  [[ -n "$new" && "$new" != "$old" ]] || { echo "kube-apiserver pid did not change ($old -> $new)"; return 1; }
+  ! kill -0 "$old" 2>/dev/null || { echo "old kube-apiserver $old still alive"; return 1; }
+  # etcd kept the data; the API answers again.
+  [[ "$(k get configmap survives-restart -n default -o jsonpath='{.data.a}')" == b ]]
+}
+
 t_down() {
   need_cluster
   local d="$TARGETLEASE_E2E_DIR" f pids=() ports=() pid start _ p
@@ -354,7 +367,7 @@ t_owner_watchdog() {
   TARGETLEASE_E2E_STATE="$state" "$CLUSTER" down
   [[ ! -e "$state" ]]
 }
-export -f t_cluster_up t_apply_and_version t_rbac t_garbage_collection t_pod_security t_helm t_kstatus t_valkey t_down t_owner_watchdog
+export -f t_cluster_up t_apply_and_version t_rbac t_garbage_collection t_pod_security t_helm t_kstatus t_valkey t_restart t_down t_owner_watchdog
 export SELFTEST_PID=$$
 
 echo "e2e selftest: work folder $WORK"
@@ -366,6 +379,7 @@ run_test pod-security t_pod_security
 run_test helm t_helm
 run_test kstatus t_kstatus
 run_test valkey t_valkey
+run_test restart-component t_restart
 run_test down-leaves-nothing t_down
 run_test owner-watchdog t_owner_watchdog
 

@@ -155,6 +155,24 @@ impl Cluster {
         ]);
     }
 
+    /// Restarts one component of the control plane (`kube-apiserver`, `etcd`, ...); `crash`
+    /// kills it with SIGKILL instead of stopping it.
+    pub fn restart(&self, component: &str, crash: bool) {
+        let mut command = Command::new("bash");
+        command
+            .arg(repo().join("e2e/cluster"))
+            .args(["restart", component])
+            .env("TARGETLEASE_E2E_STATE", self.base.path().join("state"))
+            .env("TARGETLEASE_E2E_DIR", self.base.path().join("cluster"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        if crash {
+            command.arg("--kill");
+        }
+        let status = command.status().expect("run e2e/cluster restart");
+        assert!(status.success(), "e2e/cluster restart {component} failed");
+    }
+
     /// A folder for files of this test run.
     pub fn scratch(&self) -> &Path {
         self.base.path()

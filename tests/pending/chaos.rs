@@ -1,0 +1,463 @@
+//! Chaos: two controller replicas, a real control plane and a real Valkey (behind a TCP proxy),
+//! TargetLeases created and deleted at random, holders writing to a fenced store, and faults
+//! injected at random: controller SIGKILL, leader change, Valkey SIGKILL with and without its
+//! data, connection cuts and stalls, API server crash. An independent checker, sharing no code
+//! with the controller's decision logic, watches every status and owns the fenced store.
+//!
+//! `TARGETLEASE_CHAOS_SECONDS` sets the length of the fault phase (default 150 s).
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use libtest_mimic::{Arguments, Failed, Trial};
+use rand::Rng;
+use rand::seq::IndexedRandom;
+use targetlease::api::{Phase, TargetLease};
+
+use support::kube::{Cluster, ControllerProcess};
+use support::proxy::{Mode, Proxy};
+use support::server::{Server, ServerKind};
+
+const NS: &str = "chaos";
+const TARGETS: usize = 6;
+const PER_TARGET: usize = 3;
+const TTL_SECONDS: u64 = 5;
+
+/// What the checker has seen of one target.
+#[derive(Default)]
+struct TargetView {
+    /// The largest token any status has shown as Held.
+    max_token: u64,
+    /// Every (resource uid, token) pair shown as Held.
+    seen: HashSet<(String, u64)>,
+}
+
+/// The independent checker: the statuses it saw, the fenced store it owns, the violations.
+#[derive(Default)]
+struct Checker {
+    targets: Mutex<HashMap<String, TargetView>>,
+    /// Resources whose latest status says Held: uid -> (target, token).
+    holding: Mutex<HashMap<String, (String, u64)>>,
+    /// The fenced store: per target, the highest token it accepted a write with.
+    fenced: Mutex<HashMap<String, u64>>,
+    violations: Mutex<Vec<String>>,
+    accepted: AtomicU64,
+    refused: AtomicU64,
+    held_events: AtomicU64,
+}
+
+impl Checker {
+    fn violation(&self, what: String) {
+        eprintln!("VIOLATION: {what}");
+        self.violations.lock().unwrap().push(what);
+    }
+
+    /// Invariant 1: per target, a newly shown Held token is larger than every token shown before,
+    /// so no two resources ever show the same token.
+    fn observe(&self, lease: &TargetLease) -> Option<(String, (String, u64))> {
+        let uid = lease.uid()?;
+        let status = lease.status.as_ref()?;
+        if status.phase != Phase::Held {
+            return None;
+        }
+        let token = status.fencing_token?;
+        let target = lease.spec.target.clone();
+        let mut targets = self.targets.lock().unwrap();
+        let view = targets.entry(target.clone()).or_default();
+        if view.seen.insert((uid.clone(), token)) {
+            self.held_events.fetch_add(1, Ordering::Relaxed);
+            if token <= view.max_token {
+                self.violation(format!(
+                    "{target}: {} shows Held with token {token}, not above {} shown before",
+                    lease.name_any(),
+                    view.max_token
+                ));
+            }
+            view.max_token = view.max_token.max(token);
+        }
+        Some((uid, (target, token)))
+    }
+
+    /// Invariant 2: the fenced store accepts a write only with a token >= the highest it accepted;
+    /// a holder whose token is the newest shown for its target is never refused.
+    fn commit(&self, target: &str, token: u64) {
+        let newest = self.targets.lock().unwrap().get(target).map_or(0, |v| v.max_token);
+        let mut fenced = self.fenced.lock().unwrap();
+        let highest = fenced.entry(target.to_owned()).or_default();
+        if token >= *highest {
+            *highest = token;
+            self.accepted.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            if token == newest {
+                self.violation(format!(
+                    "{target}: the newest holder (token {token}) was refused; the store accepted {highest}"
+                ));
+            }
+        }
+    }
+
+    /// Follows every TargetLease status (re-listing after API server restarts).
+    async fn watch(self: Arc<Self>, api: Api<TargetLease>) {
+        let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+        let mut relist: Option<HashMap<String, (String, u64)>> = None;
+        while let Some(event) = stream.next().await {
+            let Ok(event) = event else { continue };
+            match event {
+                watcher::Event::Init => relist = Some(HashMap::new()),
+                watcher::Event::InitApply(lease) => {
+                    if let (Some(buffer), Some((uid, held))) = (relist.as_mut(), self.observe(&lease)) {
+                        buffer.insert(uid, held);
+                    }
+                }
+                watcher::Event::InitDone => {
+                    if let Some(buffer) = relist.take() {
+                        *self.holding.lock().unwrap() = buffer;
+                    }
+                }
+                watcher::Event::Apply(lease) => {
+                    let uid = lease.uid().unwrap_or_default();
+                    match self.observe(&lease) {
+                        Some((uid, held)) => {
+                            self.holding.lock().unwrap().insert(uid, held);
+                        }
+                        None => {
+                            self.holding.lock().unwrap().remove(&uid);
+                        }
+                    }
+                }
+                watcher::Event::Delete(lease) => {
+                    self.holding.lock().unwrap().remove(&lease.uid().unwrap_or_default());
+                }
+            }
+        }
+    }
+
+    /// Holders: every resource whose status says Held writes every 100 ms with its token.
+    async fn holders(self: Arc<Self>, until: Instant) {
+        while Instant::now() < until {
+            let holding: Vec<(String, u64)> = self.holding.lock().unwrap().values().cloned().collect();
+            for (target, token) in holding {
+                self.commit(&target, token);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    ControllerKill,
+    LeaderChange,
+    ValkeyRestartWithData,
+    ValkeyRestartDataLost,
+    ConnectionCut,
+    ConnectionStall,
+    ApiServerCrash,
+}
+
+const FAULTS: [Fault; 7] = [
+    Fault::ControllerKill,
+    Fault::LeaderChange,
+    Fault::ValkeyRestartWithData,
+    Fault::ValkeyRestartDataLost,
+    Fault::ConnectionCut,
+    Fault::ConnectionStall,
+    Fault::ApiServerCrash,
+];
+
+struct World {
+    cluster: Arc<Cluster>,
+    client: Client,
+    valkey: Server,
+    proxy: Proxy,
+    replicas: Vec<Option<ControllerProcess>>,
+}
+
+impl World {
+    fn api(&self) -> Api<TargetLease> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    fn replica(&self, name: &str) -> ControllerProcess {
+        let url = format!("redis://127.0.0.1:{}", self.proxy.port);
+        ControllerProcess::start(
+            &self.cluster,
+            &url,
+            &[
+                "--watch-namespace", NS,
+                "--leader-election",
+                "--leader-election-namespace", NS,
+                "--leader-election-seconds", "3",
+                "--identity", name,
+                "--valkey-timeout", "1s",
+            ],
+        )
+    }
+
+    async fn leader(&self) -> Option<usize> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), NS);
+        let lease = leases.get_opt("targetlease-controller").await.ok()??;
+        let holder = lease.spec?.holder_identity?;
+        holder.strip_prefix("replica-")?.parse().ok()
+    }
+
+    async fn inject(&mut self, fault: Fault, rng: &mut impl Rng) {
+        match fault {
+            Fault::ControllerKill => {
+                let i = rng.random_range(0..self.replicas.len());
+                if let Some(mut p) = self.replicas[i].take() {
+                    p.kill();
+                }
+                tokio::time::sleep(Duration::from_millis(rng.random_range(500..3000))).await;
+                self.replicas[i] = Some(self.replica(&format!("replica-{i}")));
+            }
+            Fault::LeaderChange => {
+                let i = self.leader().await.unwrap_or(0).min(self.replicas.len() - 1);
+                if let Some(mut p) = self.replicas[i].take() {
+                    p.terminate();
+                }
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                self.replicas[i] = Some(self.replica(&format!("replica-{i}")));
+            }
+            Fault::ValkeyRestartWithData => {
+                self.valkey.kill();
+                self.valkey.restart();
+            }
+            Fault::ValkeyRestartDataLost => {
+                self.valkey.kill();
+                for entry in std::fs::read_dir(self.valkey.dir()).expect("valkey dir").flatten() {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if name.starts_with("appendonly") || name.ends_with(".rdb") {
+                        let path = entry.path();
+                        let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+                    }
+                }
+                self.valkey.restart();
+            }
+            Fault::ConnectionCut => self.proxy.cut(),
+            Fault::ConnectionStall => {
+                self.proxy.set(Mode::Stall);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(1000..3000))).await;
+                self.proxy.set(Mode::Pass);
+            }
+            Fault::ApiServerCrash => self.cluster.restart("kube-apiserver", true),
+        }
+    }
+}
+
+/// Targets that have live resources but no resource whose status says Held.
+async fn targets_without_holder(api: &Api<TargetLease>) -> Option<Vec<String>> {
+    let list = api.list(&ListParams::default()).await.ok()?;
+    let mut by_target: BTreeMap<String, bool> = BTreeMap::new();
+    for lease in list.items.iter().filter(|l| l.metadata.deletion_timestamp.is_none() && !l.spec.release) {
+        let held = lease.status.as_ref().is_some_and(|s| s.phase == Phase::Held);
+        *by_target.entry(lease.spec.target.clone()).or_default() |= held;
+    }
+    Some(by_target.into_iter().filter(|(_, held)| !held).map(|(t, _)| t).collect())
+}
+
+async fn recovery_time(api: &Api<TargetLease>, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if targets_without_holder(api).await.is_some_and(|missing| missing.is_empty()) {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    None
+}
+
+/// Creates and deletes TargetLeases at random until `until`.
+async fn workload(api: Api<TargetLease>, until: Instant, ops: Arc<AtomicU64>) {
+    let mut rng = rand::rng();
+    let mut serial = 0u64;
+    while Instant::now() < until {
+        let target = format!("target-{}", rng.random_range(0..TARGETS));
+        let Ok(list) = api.list(&ListParams::default()).await else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        let on_target: Vec<&TargetLease> = list
+            .items
+            .iter()
+            .filter(|l| l.spec.target == target && l.metadata.deletion_timestamp.is_none())
+            .collect();
+        if on_target.len() < PER_TARGET && rng.random_bool(0.6) {
+            serial += 1;
+            let name = format!("{target}-{serial}");
+            let lease = TargetLease::new(
+                &name,
+                targetlease::api::TargetLeaseSpec {
+                    target: target.clone(),
+                    holder: format!("holder-{serial}"),
+                    holder_ref: None,
+                    ttl_seconds: TTL_SECONDS as u32,
+                    max_hold_seconds: None,
+                    release: false,
+                },
+            );
+            if api.create(&PostParams::default(), &lease).await.is_ok() {
+                ops.fetch_add(1, Ordering::Relaxed);
+            }
+        } else if let Some(victim) = on_target.choose(&mut rng) {
+            if api.delete(&victim.name_any(), &DeleteParams::default()).await.is_ok() {
+                ops.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..700))).await;
+    }
+}
+
+async fn chaos(cluster: Arc<Cluster>) {
+    let seconds: u64 = std::env::var("TARGETLEASE_CHAOS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(150);
+    cluster.kubectl_ok(&["create", "namespace", NS]);
+    let client = cluster.client().await;
+    let valkey = Server::start_with(ServerKind::Valkey91, &["--appendonly", "yes", "--appendfsync", "always"]);
+    let proxy = Proxy::start(valkey.port).await;
+    let mut world = World { cluster: cluster.clone(), client: client.clone(), valkey, proxy, replicas: Vec::new() };
+    world.replicas = vec![Some(world.replica("replica-0")), Some(world.replica("replica-1"))];
+    let api = world.api();
+
+    let checker = Arc::new(Checker::default());
+    let fault_phase_end = Instant::now() + Duration::from_secs(seconds);
+    tokio::spawn(checker.clone().watch(api.clone()));
+    let holders_end = fault_phase_end + Duration::from_secs(TTL_SECONDS + 20);
+    tokio::spawn(checker.clone().holders(holders_end));
+    let ops = Arc::new(AtomicU64::new(0));
+    let load = tokio::spawn(workload(api.clone(), fault_phase_end, ops.clone()));
+
+    let mut rng = rand::rng();
+    let mut injected: BTreeMap<Fault, u32> = BTreeMap::new();
+    let mut longest_recovery = Duration::ZERO;
+    let mut unrecovered = Vec::new();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    while Instant::now() + Duration::from_secs(20) < fault_phase_end {
+        let fault = *FAULTS.choose(&mut rng).expect("faults");
+        eprintln!("[{:>5.1}s] fault: {fault:?}", (Instant::now() + Duration::from_secs(seconds) - fault_phase_end).as_secs_f64());
+        world.inject(fault, &mut rng).await;
+        *injected.entry(fault).or_default() += 1;
+        match recovery_time(&api, Duration::from_secs(TTL_SECONDS + 25)).await {
+            Some(took) => longest_recovery = longest_recovery.max(took),
+            None => unrecovered.push(fault),
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(2000..5000))).await;
+    }
+    let _ = load.await;
+
+    // Faults and churn have stopped: within TTL + 10 s every target with waiters has a holder and
+    // no lease is left in Valkey for a deleted resource.
+    let settle = Instant::now();
+    let limit = Duration::from_secs(TTL_SECONDS + 10);
+    let mut missing = Vec::new();
+    let mut leaked = Vec::new();
+    loop {
+        missing = targets_without_holder(&api).await.unwrap_or_else(|| vec!["(list failed)".into()]);
+        leaked = leaked_leases(&world, &api).await;
+        if (missing.is_empty() && leaked.is_empty()) || settle.elapsed() > limit {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for t in &missing {
+        checker.violation(format!("{t}: has waiters but no holder {limit:?} after the faults stopped"));
+    }
+    for l in &leaked {
+        checker.violation(format!("lease left in Valkey for a deleted resource: {l}"));
+    }
+    for fault in &unrecovered {
+        checker.violation(format!("no recovery within {}s after {fault:?}", TTL_SECONDS + 25));
+    }
+
+    let violations = checker.violations.lock().unwrap().clone();
+    println!("chaos summary ({seconds} s of faults, 2 controller replicas, {TARGETS} targets, ttl {TTL_SECONDS} s):");
+    for (fault, n) in &injected {
+        println!("  faults injected: {fault:?} x{n}");
+    }
+    println!("  operations (creates + deletes): {}", ops.load(Ordering::Relaxed));
+    println!("  Held transitions seen: {}", checker.held_events.load(Ordering::Relaxed));
+    println!("  commits accepted: {}, refused: {}", checker.accepted.load(Ordering::Relaxed), checker.refused.load(Ordering::Relaxed));
+    println!("  longest recovery after a fault: {longest_recovery:?}");
+    println!("  settled after the faults in {:?}", settle.elapsed());
+    println!("  violations: {}", violations.len());
+    assert!(!injected.is_empty(), "no fault was injected");
+    assert!(checker.accepted.load(Ordering::Relaxed) > 0, "no holder ever committed: the run proves nothing");
+    assert!(violations.is_empty(), "violations:\n{}", violations.join("\n"));
+}
+
+/// Leases in Valkey whose lease id is not the uid of a live TargetLease.
+async fn leaked_leases(world: &World, api: &Api<TargetLease>) -> Vec<String> {
+    let Ok(list) = api.list(&ListParams::default()).await else {
+        return vec!["(list failed)".into()];
+    };
+    let live: HashSet<String> = list.items.iter().filter_map(|l| l.uid()).collect();
+    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{}", world.valkey.port)) else {
+        return vec!["(valkey unreachable)".into()];
+    };
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+        return vec!["(valkey unreachable)".into()];
+    };
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("tl:{{{NS}/*}}:lease"))
+        .query_async(&mut conn)
+        .await
+        .unwrap_or_default();
+    let mut leaked = Vec::new();
+    for key in keys {
+        let id: Option<String> = redis::cmd("HGET").arg(&key).arg("lease_id").query_async(&mut conn).await.unwrap_or(None);
+        if id.is_some_and(|id| !live.contains(&id)) {
+            leaked.push(key);
+        }
+    }
+    leaked
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let cluster = Arc::new({
+        let cluster = Cluster::start();
+        cluster.install_crd();
+        cluster
+    });
+    let trial = {
+        let cluster = cluster.clone();
+        Trial::test("chaos_with_independent_checker", move || {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                runtime.block_on(chaos(cluster));
+            }));
+            outcome.map_err(|panic| {
+                Failed::from(
+                    panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "chaos panicked".into()),
+                )
+            })
+        })
+    };
+    let conclusion = libtest_mimic::run(&args, vec![trial]);
+    drop(cluster);
+    println!("chaos: {} passed, {} failed", conclusion.num_passed, conclusion.num_failed);
+    if conclusion.num_passed == 0 {
+        std::process::exit(1);
+    }
+    conclusion.exit();
+}

@@ -18,6 +18,7 @@ use targetlease::store::{
     AcquireOutcome, AcquireRequest, ErrorKind, LeaseId, LeaseStore, RequestId, TargetRef,
 };
 
+use support::cases;
 use support::server::{Server, ServerKind};
 
 fn element() -> impl Strategy<Value = String> {
@@ -44,7 +45,7 @@ fn element() -> impl Strategy<Value = String> {
 #[test]
 fn reply_decoders_never_panic() {
     let mut runner = TestRunner::new(Config {
-        cases: 20_000,
+        cases: cases(20_000),
         ..Config::default()
     });
     runner
@@ -64,7 +65,7 @@ fn reply_decoders_never_panic() {
 #[test]
 fn targetlease_documents_never_panic() {
     let mut runner = TestRunner::new(Config {
-        cases: 5_000,
+        cases: cases(5_000),
         ..Config::default()
     });
     runner
@@ -149,7 +150,7 @@ fn arbitrary_lease_records_fail_closed() {
             .expect("connect"),
     );
     let mut runner = TestRunner::new(Config {
-        cases: 400,
+        cases: cases(400),
         ..Config::default()
     });
     let case = std::cell::Cell::new(0u32);

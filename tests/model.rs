@@ -19,6 +19,7 @@ use targetlease::store::{
     LossReason, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId, TargetRef,
 };
 
+use support::cases;
 use support::server::{Server, ServerKind};
 
 const CLIENTS: usize = 3;
@@ -419,7 +420,7 @@ fn memory_store_matches_the_model() {
         .enable_all()
         .build()
         .expect("runtime");
-    check(&runtime, 512, |_| {
+    check(&runtime, cases(512), |_| {
         let clock = ManualClock::new();
         let store =
             MemoryStore::with_clock(Arc::new(clock.clone()), Duration::from_millis(REPLY_TTL_MS));
@@ -440,7 +441,7 @@ fn server_matches_the_model(kind: ServerKind) {
             .expect("connect"),
     );
     // Each case uses its own namespace, so cases do not see each other's keys.
-    check(&runtime, 96, |_| (store.clone(), None));
+    check(&runtime, cases(96), |_| (store.clone(), None));
 }
 
 #[test]

@@ -67,6 +67,16 @@ impl Cli {
     }
 }
 
+/// A Kubernetes client and the namespace to use: `namespace`, else the kubeconfig's (or the
+/// pod's) default.
+pub async fn kube_client(namespace: Option<String>) -> Result<(kube::Client, String), String> {
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("cannot configure the Kubernetes client: {e}"))?;
+    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+    Ok((client, namespace))
+}
+
 /// Parses a duration: a plain number is seconds; otherwise a number with `ms`, `s`, `m` or `h`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();

@@ -11,15 +11,15 @@ use futures::StreamExt;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::wait::await_condition;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::Command;
 use tracing::{info, warn};
 
 use super::controller::wait_for_signal;
-use super::parse_duration;
 use super::wait::is_held;
+use super::{kube_client, parse_duration};
 use crate::api::{HolderRef, Phase, TargetLease, TargetLeaseSpec};
 
 /// Flags of `targetlease run`.
@@ -117,13 +117,7 @@ impl RunArgs {
     }
 
     async fn execute(self) -> Result<ExitCode, String> {
-        let client = Client::try_default()
-            .await
-            .map_err(|e| format!("cannot configure the Kubernetes client: {e}"))?;
-        let namespace = self
-            .namespace
-            .clone()
-            .unwrap_or_else(|| client.default_namespace().to_owned());
+        let (client, namespace) = kube_client(self.namespace.clone()).await?;
         let holder = self.holder.clone().unwrap_or_else(|| {
             hostname::get()
                 .ok()

@@ -4,10 +4,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use kube::Api;
 use kube::runtime::wait::await_condition;
-use kube::{Api, Client};
 
-use super::parse_duration;
+use super::{kube_client, parse_duration};
 use crate::api::{Phase, TargetLease};
 
 /// Flags of `targetlease wait`.
@@ -46,13 +46,7 @@ impl WaitArgs {
     }
 
     async fn wait(&self) -> Result<u64, String> {
-        let client = Client::try_default()
-            .await
-            .map_err(|e| format!("cannot configure the Kubernetes client: {e}"))?;
-        let namespace = self
-            .namespace
-            .clone()
-            .unwrap_or_else(|| client.default_namespace().to_owned());
+        let (client, namespace) = kube_client(self.namespace.clone()).await?;
         let api: Api<TargetLease> = Api::namespaced(client, &namespace);
         let held = await_condition(api, &self.name, is_held);
         let lease = tokio::time::timeout(self.timeout, held)

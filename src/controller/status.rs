@@ -67,24 +67,25 @@ impl Observed {
 
     /// The lease was given up (or never needed) for `reason`.
     pub fn released(reason: &'static str, message: String, last_token: Option<u64>) -> Self {
-        Self {
-            phase: Phase::Released,
-            ready: true,
-            owner: None,
-            token: last_token,
-            acquired_at: None,
-            expires_at: None,
-            held_by: None,
-            reason,
-            message,
-        }
+        Self::not_holding(Phase::Released, true, reason, message, last_token)
     }
 
     /// The lease expired or was taken while this resource believed it held it.
     pub fn lost(reason: &'static str, message: String, last_token: Option<u64>) -> Self {
+        Self::not_holding(Phase::Lost, false, reason, message, last_token)
+    }
+
+    /// A phase without a holder; the last token stays visible, it is the floor of the next one.
+    fn not_holding(
+        phase: Phase,
+        ready: bool,
+        reason: &'static str,
+        message: String,
+        last_token: Option<u64>,
+    ) -> Self {
         Self {
-            phase: Phase::Lost,
-            ready: false,
+            phase,
+            ready,
             owner: None,
             token: last_token,
             acquired_at: None,

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::wait::await_condition;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -19,7 +18,9 @@ use targetlease::store::valkey::keys::TargetKeys;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{LeaseStore, TargetRef};
 
-use support::kube::{Cluster, ControllerProcess, http_get};
+use support::kube::{
+    Cluster, ControllerProcess, await_lease, condition, http_get, lease_yaml, phase_of, token_of,
+};
 use support::server::{Server, ServerKind};
 
 /// One scenario's world.
@@ -79,21 +80,15 @@ impl Scenario {
         limit: Duration,
         pred: impl Fn(&TargetLease) -> bool + Send + 'static,
     ) -> TargetLease {
-        let cond = move |obj: Option<&TargetLease>| obj.is_some_and(&pred);
-        match tokio::time::timeout(limit, await_condition(self.api(), name, cond)).await {
-            Ok(Ok(Some(lease))) => lease,
-            Ok(other) => panic!("{name}: watch ended while waiting for {what}: {other:?}"),
-            Err(_) => {
-                let now = self.api().get_opt(name).await.ok().flatten();
-                panic!(
-                    "{name}: not {what} within {limit:?}; status: {:?}\ncontroller log:\n{}",
-                    now.and_then(|l| l.status),
-                    self.controller
-                        .as_ref()
-                        .map(|c| c.logs())
-                        .unwrap_or_default()
-                )
-            }
+        match await_lease(&self.api(), name, what, limit, pred).await {
+            Ok(lease) => lease,
+            Err(why) => panic!(
+                "{why}\ncontroller log:\n{}",
+                self.controller
+                    .as_ref()
+                    .map(|c| c.logs())
+                    .unwrap_or_default()
+            ),
         }
     }
 
@@ -141,37 +136,6 @@ impl Drop for Scenario {
             .cluster
             .kubectl(&["delete", "namespace", &self.ns, "--wait=false"]);
     }
-}
-
-fn lease_yaml(ns: &str, name: &str, target: &str, holder: &str, extra: &str) -> String {
-    let mut yaml = format!(
-        "apiVersion: targetlease.dev/v1alpha1\nkind: TargetLease\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  target: {target}\n  holder: {holder}\n"
-    );
-    for line in extra.lines().filter(|l| !l.trim().is_empty()) {
-        yaml.push_str("  ");
-        yaml.push_str(line.trim_start());
-        yaml.push('\n');
-    }
-    yaml
-}
-
-fn phase_of(lease: &TargetLease) -> Option<Phase> {
-    lease.status.as_ref().map(|s| s.phase)
-}
-
-fn token_of(lease: &TargetLease) -> u64 {
-    lease
-        .status
-        .as_ref()
-        .and_then(|s| s.fencing_token)
-        .expect("a fencing token")
-}
-
-fn condition<'a>(lease: &'a TargetLease, type_: &str) -> Option<&'a targetlease::api::Condition> {
-    lease
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
 }
 
 const SEC: Duration = Duration::from_secs(1);

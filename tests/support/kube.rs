@@ -1,5 +1,5 @@
-//! A real Kubernetes control plane for the tests (`e2e/cluster up`), and the controller binary
-//! run against it as a child process.
+//! A real Kubernetes control plane for the tests (`e2e/cluster up`), the controller binary run
+//! against it as a child process, and helpers to read TargetLeases.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -8,11 +8,60 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use kube::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::await_condition;
+use targetlease::api::{Condition, Phase, TargetLease};
 
 /// The repository root.
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The folder of the e2e binaries (kubectl, helm, kstatus, ...): `e2e/build.sh` builds them when
+/// they are missing (a no-op when they are there) and prints the folder. Panics when it fails.
+pub fn e2e_bin() -> PathBuf {
+    let output = Command::new("bash")
+        .arg(repo().join("e2e/build.sh"))
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run e2e/build.sh");
+    assert!(
+        output.status.success(),
+        "e2e/build.sh failed ({}); see its messages above",
+        output.status
+    );
+    let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    for tool in ["kubectl", "helm", "kstatus"] {
+        assert!(
+            dir.join(tool).is_file(),
+            "e2e/build.sh printed {} but it has no {tool}",
+            dir.display()
+        );
+    }
+    dir
+}
+
+/// Runs `command` with `input` on stdin (or a closed stdin) and returns its output.
+pub fn run_with_input(mut command: Command, input: Option<&str>) -> Output {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", command.get_program()));
+    if let Some(text) = input {
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("write stdin");
+    } else {
+        drop(child.stdin.take());
+    }
+    child.wait_with_output().expect("command output")
 }
 
 /// A control plane started for this test process, stopped on drop (and by its watchdog if the
@@ -91,25 +140,59 @@ impl Cluster {
 
     /// Runs kubectl with `args` and `input` on stdin.
     pub fn kubectl_with_input(&self, args: &[&str], input: Option<&str>) -> Output {
-        let mut child = Command::new(self.bin().join("kubectl"))
+        self.tool(self.kubeconfig(), "kubectl", args, input)
+    }
+
+    /// Runs a tool of the e2e build (kubectl, helm, kstatus) with `args`, `input` on stdin and
+    /// the credentials of `kubeconfig`.
+    pub fn tool(&self, kubeconfig: &str, tool: &str, args: &[&str], input: Option<&str>) -> Output {
+        let mut command = Command::new(self.bin().join(tool));
+        command
             .args(args)
             .envs(self.envs())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run kubectl");
-        if let Some(text) = input {
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(text.as_bytes())
-                .expect("write stdin");
-        } else {
-            drop(child.stdin.take());
-        }
-        child.wait_with_output().expect("kubectl output")
+            .env("KUBECONFIG", kubeconfig);
+        run_with_input(command, input)
+    }
+
+    /// Runs kubectl with the credentials of `kubeconfig` (e.g. a ServiceAccount's).
+    pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> Output {
+        self.tool(&kubeconfig.display().to_string(), "kubectl", args, None)
+    }
+
+    /// Runs helm with `args` as the admin.
+    pub fn helm(&self, args: &[&str]) -> Output {
+        self.tool(self.kubeconfig(), "helm", args, None)
+    }
+
+    /// Writes a kubeconfig that authenticates as ServiceAccount `namespace/name` with a fresh
+    /// token (`kubectl create token`), the admin kubeconfig's server and CA, and `namespace` as
+    /// its default namespace. The token is never printed.
+    pub fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> PathBuf {
+        let token = self.kubectl_ok(&["create", "token", name, "-n", namespace, "--duration=2h"]);
+        let admin: serde_yaml::Value = serde_yaml::from_str(
+            &std::fs::read_to_string(self.kubeconfig()).expect("read the admin kubeconfig"),
+        )
+        .expect("parse the admin kubeconfig");
+        let cluster = &admin["clusters"][0]["cluster"];
+        let server = cluster["server"]
+            .as_str()
+            .expect("server in the kubeconfig");
+        let ca = cluster["certificate-authority-data"]
+            .as_str()
+            .expect("certificate-authority-data in the kubeconfig");
+        let config = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "e2e", "cluster": {"server": server, "certificate-authority-data": ca}}],
+            "users": [{"name": name, "user": {"token": token.trim()}}],
+            "contexts": [{"name": name, "context": {"cluster": "e2e", "user": name, "namespace": namespace}}],
+            "current-context": name,
+        });
+        let path = self
+            .scratch()
+            .join(format!("{namespace}.{name}.kubeconfig"));
+        std::fs::write(&path, serde_json::to_string(&config).expect("json")).expect("write");
+        path
     }
 
     /// Runs kubectl and panics unless it succeeds; returns stdout.
@@ -203,6 +286,16 @@ pub struct ControllerProcess {
 impl ControllerProcess {
     /// Starts `targetlease controller` with `args` and waits until `/readyz` answers 200.
     pub fn start(cluster: &Cluster, valkey_url: &str, args: &[&str]) -> ControllerProcess {
+        Self::start_as(cluster, Path::new(cluster.kubeconfig()), valkey_url, args)
+    }
+
+    /// Like [`ControllerProcess::start`], with the credentials of `kubeconfig`.
+    pub fn start_as(
+        cluster: &Cluster,
+        kubeconfig: &Path,
+        valkey_url: &str,
+        args: &[&str],
+    ) -> ControllerProcess {
         let port = super::server::free_port();
         let http = format!("127.0.0.1:{port}");
         let log = cluster.scratch().join(format!("controller-{port}.log"));
@@ -212,6 +305,7 @@ impl ControllerProcess {
             .args(["--http-addr", &http])
             .args(args)
             .envs(cluster.envs())
+            .env("KUBECONFIG", kubeconfig)
             .env("TARGETLEASE_VALKEY_URL", valkey_url)
             .env("TARGETLEASE_LOG", "info,targetlease=debug")
             .stdin(Stdio::null())
@@ -283,4 +377,64 @@ pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let status = response.split_whitespace().nth(1)?.parse().ok()?;
     let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
     Some((status, body))
+}
+
+/// A TargetLease manifest; `extra` lines go under `spec`.
+pub fn lease_yaml(ns: &str, name: &str, target: &str, holder: &str, extra: &str) -> String {
+    let mut yaml = format!(
+        "apiVersion: targetlease.dev/v1alpha1\nkind: TargetLease\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  target: {target}\n  holder: {holder}\n"
+    );
+    for line in extra.lines().filter(|l| !l.trim().is_empty()) {
+        yaml.push_str("  ");
+        yaml.push_str(line.trim_start());
+        yaml.push('\n');
+    }
+    yaml
+}
+
+/// The phase in a TargetLease's status.
+pub fn phase_of(lease: &TargetLease) -> Option<Phase> {
+    lease.status.as_ref().map(|s| s.phase)
+}
+
+/// The fencing token in a TargetLease's status; panics when there is none.
+pub fn token_of(lease: &TargetLease) -> u64 {
+    lease
+        .status
+        .as_ref()
+        .and_then(|s| s.fencing_token)
+        .expect("a fencing token")
+}
+
+/// A condition of a TargetLease's status.
+pub fn condition<'a>(lease: &'a TargetLease, type_: &str) -> Option<&'a Condition> {
+    lease
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+}
+
+/// Waits (by watch) up to `limit` until TargetLease `name` satisfies `pred`. `Err` tells why
+/// not, with the last status seen.
+pub async fn await_lease(
+    api: &Api<TargetLease>,
+    name: &str,
+    what: &str,
+    limit: Duration,
+    pred: impl Fn(&TargetLease) -> bool + Send + 'static,
+) -> Result<TargetLease, String> {
+    let cond = move |obj: Option<&TargetLease>| obj.is_some_and(&pred);
+    match tokio::time::timeout(limit, await_condition(api.clone(), name, cond)).await {
+        Ok(Ok(Some(lease))) => Ok(lease),
+        Ok(other) => Err(format!(
+            "{name}: watch ended while waiting for {what}: {other:?}"
+        )),
+        Err(_) => {
+            let now = api.get_opt(name).await.ok().flatten();
+            Err(format!(
+                "{name}: not {what} within {limit:?}; status: {:?}",
+                now.and_then(|l| l.status)
+            ))
+        }
+    }
 }

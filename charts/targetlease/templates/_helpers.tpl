@@ -1,0 +1,107 @@
+{{/*
+Names. The release's resources are named after the release ("<release>-targetlease", or the
+release name alone when it already contains the chart name), cut at 63 characters.
+*/}}
+{{- define "targetlease.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "targetlease.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "targetlease.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels every resource carries. */}}
+{{- define "targetlease.labels" -}}
+helm.sh/chart: {{ include "targetlease.chart" . }}
+{{ include "targetlease.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: targetlease
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels that select the controller's pods; never change them in an upgrade. */}}
+{{- define "targetlease.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "targetlease.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{- define "targetlease.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "targetlease.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The coordination.k8s.io Lease the replicas compete for (in the release namespace). */}}
+{{- define "targetlease.leaderElectionName" -}}
+{{- printf "%s-controller" (include "targetlease.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "targetlease.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the Valkey URL: the user's, or the one this chart makes from valkey.url. */}}
+{{- define "targetlease.valkeySecretName" -}}
+{{- if .Values.valkey.existingSecret.name }}
+{{- .Values.valkey.existingSecret.name }}
+{{- else }}
+{{- printf "%s-valkey" (include "targetlease.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the chart makes the Valkey Secret itself. */}}
+{{- define "targetlease.createValkeySecret" -}}
+{{- if and (eq .Values.controller.backend "valkey") (not .Values.valkey.existingSecret.name) }}true{{ end }}
+{{- end }}
+
+{{/* Whether any value that takes effect with the Valkey hardening is set. */}}
+{{- define "targetlease.hardeningValues" -}}
+{{- $v := .Values.valkey }}
+{{- if or $v.tls.enabled $v.clusterSeeds $v.username (and $v.existingSecret.name $v.existingSecret.passwordKey) (ne $v.durability.mode "none") }}true{{ end }}
+{{- end }}
+
+{{/* Where the Valkey TLS Secret is mounted. */}}
+{{- define "targetlease.valkeyTlsDir" -}}/etc/targetlease/valkey-tls{{- end }}
+
+{{/* Checks that no combination of values would render a broken controller. */}}
+{{- define "targetlease.validate" -}}
+{{- if and (eq .Values.controller.backend "memory") (gt (int .Values.replicaCount) 1) }}
+{{- fail "controller.backend=memory keeps leases in one process: set replicaCount to 1 (or use Valkey)" }}
+{{- end }}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.controller.leaderElection.enabled) }}
+{{- fail "replicaCount > 1 needs controller.leaderElection.enabled=true: two controllers without an elected leader would both renew and release the same leases" }}
+{{- end }}
+{{- if and .Values.valkey.tls.enabled (not .Values.valkey.tls.secretName) }}
+{{- fail "valkey.tls.enabled needs valkey.tls.secretName (a Secret with the CA, and the client certificate and key for mutual TLS)" }}
+{{- end }}
+{{- if ne (empty .Values.valkey.tls.certKey) (empty .Values.valkey.tls.keyKey) }}
+{{- fail "valkey.tls.certKey and valkey.tls.keyKey go together (mutual TLS needs both)" }}
+{{- end }}
+{{- if and (eq .Values.controller.backend "valkey") (not .Values.valkey.existingSecret.name) (not .Values.valkey.url) }}
+{{- fail "controller.backend=valkey needs valkey.url or valkey.existingSecret.name" }}
+{{- end }}
+{{- end }}

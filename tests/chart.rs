@@ -109,7 +109,7 @@ fn strings(value: &Value) -> Vec<String> {
 /// The rules the controller needs, exactly (docs/install.md explains each).
 fn controller_rules() -> Value {
     json!([
-        {"apiGroups": ["targetlease.dev"], "resources": ["targetleases"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": ["targetlease.dev"], "resources": ["targetleases"], "verbs": ["list", "watch", "patch"]},
         {"apiGroups": ["targetlease.dev"], "resources": ["targetleases/status"], "verbs": ["patch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
@@ -614,7 +614,15 @@ fn sample(status: Option<TargetLeaseStatus>) -> Value {
     object
 }
 
-fn argocd_health_of_sample_statuses() {
+/// One sample per row of docs/gitops.md's table: (what, object, Argo CD health, a word its
+/// message must contain, kstatus).
+fn gitops_samples() -> Vec<(
+    &'static str,
+    Value,
+    &'static str,
+    &'static str,
+    &'static str,
+)> {
     let now = Timestamp::now();
     let token = 1_764_423_912_004_117u64;
     let grant = Grant {
@@ -646,51 +654,99 @@ fn argocd_health_of_sample_statuses() {
         cause: "connection refused".into(),
     };
     let retrying = Observed::store_failed(Some(&held), &down).into_status(Some(1), None, now);
-    let pending = TargetLeaseStatus {
-        observed_generation: Some(1),
-        ..TargetLeaseStatus::default()
-    };
+    // Pending as the controller writes it: the store failed before the first acquire.
+    let pending = Observed::store_failed(None, &down).into_status(Some(1), None, now);
 
     let mut stale = sample(Some(held.clone()));
     stale["metadata"]["generation"] = json!(2);
     let mut deleting = sample(Some(held.clone()));
     deleting["metadata"]["deletionTimestamp"] = json!("2026-11-29T20:25:12Z");
 
-    let cases: Vec<(&str, Value, &str, &str)> = vec![
-        ("no status", sample(None), "Progressing", "reconcile"),
-        ("Pending", sample(Some(pending)), "Progressing", "Pending"),
+    vec![
+        // kstatus reads an object without any status as Current (a known gap: docs/gitops.md).
+        (
+            "no status",
+            sample(None),
+            "Progressing",
+            "reconcile",
+            "Current",
+        ),
+        (
+            "Pending",
+            sample(Some(pending)),
+            "Progressing",
+            "Pending",
+            "InProgress",
+        ),
         (
             "Waiting",
             sample(Some(waiting)),
             "Progressing",
             "held by worker-3",
+            "InProgress",
         ),
         // The full 16-digit token, not Lua's %.14g rounding.
-        ("Held", sample(Some(held)), "Healthy", "1764423912004117"),
-        ("Held, new generation", stale, "Progressing", "generation 2"),
+        (
+            "Held",
+            sample(Some(held)),
+            "Healthy",
+            "1764423912004117",
+            "Current",
+        ),
+        (
+            "Held, new generation",
+            stale,
+            "Progressing",
+            "generation 2",
+            "InProgress",
+        ),
         (
             "Released",
             sample(Some(released)),
             "Healthy",
             "spec.release is true",
+            "Current",
         ),
-        ("Lost", sample(Some(lost)), "Degraded", "expired"),
-        ("Failed", sample(Some(failed)), "Degraded", "wrong type"),
+        (
+            "Lost",
+            sample(Some(lost)),
+            "Degraded",
+            "expired",
+            "InProgress",
+        ),
+        (
+            "Failed",
+            sample(Some(failed)),
+            "Degraded",
+            "wrong type",
+            "Failed",
+        ),
         (
             "store down",
             sample(Some(retrying)),
             "Progressing",
             "connection refused",
+            "InProgress",
         ),
-        ("deleted", deleting, "Progressing", "deleted"),
-    ];
-    for (what, object, want, needle) in cases {
+        ("deleted", deleting, "Progressing", "deleted", "Terminating"),
+    ]
+}
+
+fn argocd_health_of_sample_statuses() {
+    for (what, object, want, needle, _) in gitops_samples() {
         let (status, message) = argocd_health(&object);
         assert_eq!(status, want, "{what}: {message}");
         assert!(
             message.contains(needle),
             "{what}: message {message:?} lacks {needle:?}"
         );
+    }
+}
+
+fn kstatus_of_sample_statuses(tools: &Tools) {
+    for (what, object, _, _, want) in gitops_samples() {
+        let (status, message) = tools.kstatus(&object);
+        assert_eq!(status, want, "{what}: {message}");
     }
 }
 
@@ -765,8 +821,10 @@ struct World {
     valkey: Server,
     sa_kubeconfig: PathBuf,
     install: Output,
-    install_started: Instant,
     install_took: Duration,
+    /// From the start of `helm install` until the ReplicaSet had created both pods (None: not
+    /// within 60 s).
+    pods_admitted: Option<Duration>,
     cluster: Cluster,
 }
 
@@ -785,6 +843,16 @@ impl World {
             stdout(&install),
             stderr(&install)
         );
+        let deadline = started + 60 * SEC;
+        let pods_admitted = loop {
+            if release_pods(&cluster, RELEASE_NS, RELEASE).len() == 2 {
+                break Some(started.elapsed());
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
         cluster.kubectl_ok(&[
             "wait",
             "--for=condition=Established",
@@ -793,31 +861,33 @@ impl World {
         ]);
         let sa_kubeconfig = cluster.service_account_kubeconfig(RELEASE_NS, FULLNAME);
         let valkey = Server::start(ServerKind::Valkey91);
-        let controller = ControllerProcess::start_as(
-            &cluster,
-            &sa_kubeconfig,
-            &valkey.url(),
-            &[
-                "--leader-election",
-                "--leader-election-namespace",
-                RELEASE_NS,
-                "--leader-election-name",
-                ELECTION_LEASE,
-                "--leader-election-seconds",
-                "5",
-                "--identity",
-                "host-controller",
-            ],
-        );
+        let controller =
+            host_controller(&cluster, &sa_kubeconfig, &valkey, RELEASE_NS, RELEASE, &[]);
         World {
             controller: Mutex::new(Some(controller)),
             valkey,
             sa_kubeconfig,
             install,
-            install_started: started,
             install_took,
+            pods_admitted,
             cluster,
         }
+    }
+
+    /// Stops the host controller until the guard drops (then it starts again).
+    fn pause_controller(&self) -> PausedController<'_> {
+        if let Some(mut controller) = self.take_controller() {
+            let status = controller.terminate();
+            assert!(status.success(), "controller exit: {status}");
+        }
+        PausedController(self)
+    }
+
+    fn take_controller(&self) -> Option<ControllerProcess> {
+        self.controller
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     fn controller_log(&self) -> String {
@@ -835,9 +905,7 @@ impl World {
     }
 
     fn json(&self, args: &[&str]) -> Value {
-        let mut all = args.to_vec();
-        all.extend(["-o", "json"]);
-        serde_json::from_str(&self.cluster.kubectl_ok(&all)).expect("kubectl JSON")
+        kubectl_json(&self.cluster, args)
     }
 
     /// A fresh namespace for one test.
@@ -845,6 +913,75 @@ impl World {
         self.cluster.kubectl_ok(&["create", "namespace", name]);
         name.to_owned()
     }
+}
+
+/// Restarts the host controller when dropped.
+struct PausedController<'a>(&'a World);
+
+impl Drop for PausedController<'_> {
+    fn drop(&mut self) {
+        let world = self.0;
+        let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            host_controller(
+                &world.cluster,
+                &world.sa_kubeconfig,
+                &world.valkey,
+                RELEASE_NS,
+                RELEASE,
+                &[],
+            )
+        }));
+        match started {
+            Ok(controller) => {
+                *world.controller.lock().unwrap_or_else(|e| e.into_inner()) = Some(controller);
+            }
+            Err(panic) => eprintln!(
+                "could not restart the host controller: {}",
+                panic_message(&*panic)
+            ),
+        }
+    }
+}
+
+/// `targetlease controller` on the host with a release's ServiceAccount kubeconfig, electing a
+/// leader the way the chart's pods do (its Lease in the release namespace); `extra` flags last.
+fn host_controller(
+    cluster: &Cluster,
+    kubeconfig: &Path,
+    valkey: &Server,
+    release_ns: &str,
+    release: &str,
+    extra: &[&str],
+) -> ControllerProcess {
+    let lease = election_lease(release);
+    let identity = format!("host-{release}");
+    let mut args = vec![
+        "--leader-election",
+        "--leader-election-namespace",
+        release_ns,
+        "--leader-election-name",
+        lease.as_str(),
+        "--leader-election-seconds",
+        "5",
+        "--identity",
+        identity.as_str(),
+    ];
+    args.extend_from_slice(extra);
+    ControllerProcess::start_as(cluster, kubeconfig, &valkey.url(), &args)
+}
+
+/// The chart's full name for `release` (what _helpers.tpl computes).
+fn fullname(release: &str) -> String {
+    if release.contains("targetlease") {
+        release.to_owned()
+    } else {
+        format!("{release}-targetlease")
+    }
+}
+
+/// The leader-election Lease of `release`.
+fn election_lease(release: &str) -> String {
+    format!("{}-controller", fullname(release))
 }
 
 /// Labels a namespace to enforce (and warn about) the restricted Pod Security Standard.
@@ -877,13 +1014,20 @@ fn poll<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) ->
 
 /// The controller's pods of a release (the ReplicaSet controller made them; no kubelet runs
 /// them, so they stay Pending).
-fn release_pods(world: &World, ns: &str, release: &str) -> Vec<Value> {
+fn release_pods(cluster: &Cluster, ns: &str, release: &str) -> Vec<Value> {
     let selector =
         format!("app.kubernetes.io/instance={release},app.kubernetes.io/component=controller");
-    world.json(&["get", "pods", "-n", ns, "-l", &selector])["items"]
+    kubectl_json(cluster, &["get", "pods", "-n", ns, "-l", &selector])["items"]
         .as_array()
         .cloned()
         .unwrap_or_default()
+}
+
+/// `kubectl get ... -o json`, parsed.
+fn kubectl_json(cluster: &Cluster, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    serde_json::from_str(&cluster.kubectl_ok(&all)).expect("kubectl JSON")
 }
 
 /// The FailedCreate events in a namespace (both event APIs show them), as "reason: message".
@@ -919,14 +1063,12 @@ fn install_under_restricted_pod_security(world: &World) {
         "{}",
         stdout(&status)
     );
-    let pods = poll(60 * SEC, "the ReplicaSet creates 2 pods", || {
-        let pods = release_pods(world, RELEASE_NS, RELEASE);
-        (pods.len() == 2).then_some(pods)
-    });
-    eprintln!(
-        "measured: 2 controller pods admitted by {:?} after helm install began",
-        world.install_started.elapsed()
-    );
+    let admitted = world
+        .pods_admitted
+        .expect("the ReplicaSet did not create 2 pods within 60 s");
+    eprintln!("measured: both controller pods admitted {admitted:?} after helm install began");
+    let pods = release_pods(&world.cluster, RELEASE_NS, RELEASE);
+    assert_eq!(pods.len(), 2);
     for pod in &pods {
         assert_eq!(pod["spec"]["serviceAccountName"], FULLNAME);
         assert_eq!(
@@ -979,25 +1121,12 @@ fn install_under_restricted_pod_security(world: &World) {
             .any(|r| r.starts_with("ReplicaSet") && r.contains("violates PodSecurity")),
         "{refused:?}"
     );
-    assert!(release_pods(world, &ns, "insecure").is_empty());
+    assert!(release_pods(&world.cluster, &ns, "insecure").is_empty());
     let out = world.cluster.helm(&["uninstall", "insecure", "-n", &ns]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
 async fn chart_rbac_runs_the_controller(world: &World) {
-    let ns = world.namespace("chart-rbac");
-    let client: Client = world.cluster.client().await;
-    let api: Api<TargetLease> = Api::namespaced(client.clone(), &ns);
-    let wait = |name: &'static str, phase: Phase| {
-        let api = api.clone();
-        async move {
-            await_lease(&api, name, &format!("{phase:?}"), 30 * SEC, move |l| {
-                phase_of(l) == Some(phase)
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{e}\ncontroller log:\n{}", world.controller_log()))
-        }
-    };
     // The host controller (as the chart's ServiceAccount) leads through the chart's Role.
     let lease: Value = poll(30 * SEC, "the host controller leads", || {
         let out = world.cluster.kubectl(&[
@@ -1010,10 +1139,31 @@ async fn chart_rbac_runs_the_controller(world: &World) {
             "json",
         ]);
         let lease: Value = serde_json::from_slice(&out.stdout).ok()?;
-        (lease["spec"]["holderIdentity"] == "host-controller").then_some(lease)
+        (lease["spec"]["holderIdentity"] == format!("host-{RELEASE}")).then_some(lease)
     });
     assert_eq!(lease["metadata"]["namespace"], RELEASE_NS);
+    let ns = world.namespace("chart-rbac");
+    lease_scenario(world, &ns, &|| world.controller_log()).await;
+}
 
+/// The controller's end-to-end scenario in `ns`, run by whichever controller watches it
+/// (`log` shows its log): apply -> Held, a second claim Waiting, delete -> hand-over with a
+/// larger token, events (created, and patched into a series), holderRef pods watched, and no
+/// refused API call in the log.
+async fn lease_scenario(world: &World, ns: &str, log: &(dyn Fn() -> String + Sync)) {
+    let ns = ns.to_owned();
+    let client: Client = world.cluster.client().await;
+    let api: Api<TargetLease> = Api::namespaced(client.clone(), &ns);
+    let wait = |name: &'static str, phase: Phase| {
+        let api = api.clone();
+        async move {
+            await_lease(&api, name, &format!("{phase:?}"), 30 * SEC, move |l| {
+                phase_of(l) == Some(phase)
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}\ncontroller log:\n{}", log()))
+        }
+    };
     // apply -> Held; a second claim -> Waiting; delete -> hand-over with a larger token.
     world
         .cluster
@@ -1121,7 +1271,7 @@ async fn chart_rbac_runs_the_controller(world: &World) {
         phase_of(l) == Some(Phase::Released)
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\ncontroller log:\n{}", world.controller_log()));
+    .unwrap_or_else(|e| panic!("{e}\ncontroller log:\n{}", log()));
     eprintln!(
         "measured: holder pod deleted -> Released {:?}",
         started.elapsed()
@@ -1131,7 +1281,7 @@ async fn chart_rbac_runs_the_controller(world: &World) {
         Some("HolderGone")
     );
 
-    let log = world.controller_log();
+    let text = log();
     // Any refused call would show here: a denied watch, patch or event.
     for needle in [
         "forbidden",
@@ -1140,10 +1290,91 @@ async fn chart_rbac_runs_the_controller(world: &World) {
         "pod watch failed",
     ] {
         assert!(
-            !log.contains(needle),
-            "controller log contains {needle:?}:\n{log}"
+            !text.contains(needle),
+            "controller log contains {needle:?}:\n{text}"
         );
     }
+}
+
+/// controller.watchNamespace: the chart grants Roles only (no ClusterRole), and they are enough
+/// for the controller watching that one namespace.
+async fn watch_namespace_mode_needs_only_roles(world: &World) {
+    let release = "team-a";
+    let release_ns = "targetlease-team-a";
+    let watched = world.namespace("team-a");
+    world.namespace(release_ns);
+    restrict(&world.cluster, release_ns);
+    let chart = chart_dir().display().to_string();
+    let out = world.cluster.helm(&[
+        "install",
+        release,
+        &chart,
+        "-n",
+        release_ns,
+        "--set",
+        "crds.enabled=false",
+        "--set",
+        &format!("controller.watchNamespace={watched}"),
+    ]);
+    assert!(out.status.success(), "helm install: {}", stderr(&out));
+    let name = fullname(release);
+    let out = world.cluster.kubectl(&["get", "clusterrole", &name]);
+    assert!(
+        stderr(&out).contains("NotFound"),
+        "a ClusterRole in namespaced mode"
+    );
+    let kubeconfig = world.cluster.service_account_kubeconfig(release_ns, &name);
+    let can = |args: &[&str]| {
+        let mut all = vec!["auth", "can-i"];
+        all.extend_from_slice(args);
+        let out = world.cluster.kubectl_as(&kubeconfig, &all);
+        stdout(&out).trim() == "yes"
+    };
+    for (args, want) in [
+        (
+            &["watch", "targetleases.targetlease.dev", "-n", "team-a"][..],
+            true,
+        ),
+        (
+            &[
+                "patch",
+                "targetleases.targetlease.dev",
+                "--subresource=status",
+                "-n",
+                "team-a",
+            ],
+            true,
+        ),
+        (&["watch", "pods", "-n", "team-a"], true),
+        (&["create", "events.events.k8s.io", "-n", "team-a"], true),
+        (
+            &["watch", "targetleases.targetlease.dev", "--all-namespaces"],
+            false,
+        ),
+        (&["watch", "pods", "--all-namespaces"], false),
+        (&["get", "pods", "-n", "shop"], false),
+        (&["create", "events.events.k8s.io", "-n", "shop"], false),
+        (&["list", "secrets", "-n", "team-a"], false),
+    ] {
+        assert_eq!(can(args), want, "can-i {}", args.join(" "));
+    }
+    // Only this controller may act on team-a's leases while the scenario runs.
+    let paused = world.pause_controller();
+    let controller = host_controller(
+        &world.cluster,
+        &kubeconfig,
+        &world.valkey,
+        release_ns,
+        release,
+        &["--watch-namespace", &watched],
+    );
+    lease_scenario(world, &watched, &|| controller.logs()).await;
+    drop(controller);
+    drop(paused);
+    let out = world
+        .cluster
+        .helm(&["uninstall", release, "-n", release_ns]);
+    assert!(out.status.success(), "helm uninstall: {}", stderr(&out));
 }
 
 /// `kubectl auth can-i` as the chart's ServiceAccount: (arguments, allowed?).
@@ -1166,7 +1397,6 @@ fn can_i(world: &World, args: &[&str]) -> bool {
 const ALLOWED: &[&[&str]] = &[
     &["list", "targetleases.targetlease.dev", "--all-namespaces"],
     &["watch", "targetleases.targetlease.dev", "--all-namespaces"],
-    &["get", "targetleases.targetlease.dev", "-n", "shop"],
     &["patch", "targetleases.targetlease.dev", "-n", "shop"],
     &[
         "patch",
@@ -1208,7 +1438,9 @@ const REFUSED: &[&[&str]] = &[
     &["patch", "pods", "-n", "shop"],
     &["create", "pods", "--subresource=exec", "-n", "shop"],
     &["create", "pods", "--subresource=eviction", "-n", "shop"],
-    // TargetLeases: no create, update, delete; the status only by patch.
+    // TargetLeases: no create, update, delete; the status only by patch. No get either: the
+    // controller reads them through its informer (list + watch) only.
+    &["get", "targetleases.targetlease.dev", "-n", "shop"],
     &["create", "targetleases.targetlease.dev", "-n", "shop"],
     &["delete", "targetleases.targetlease.dev", "-n", "shop"],
     &["update", "targetleases.targetlease.dev", "-n", "shop"],
@@ -1316,7 +1548,7 @@ fn service_account_is_least_privilege(world: &World) {
         "events.events.k8s.io [] [] [create patch]",
         "pods [] [] [get list watch]",
         "targetleases.targetlease.dev/status [] [] [patch]",
-        "targetleases.targetlease.dev [] [] [get list watch patch]",
+        "targetleases.targetlease.dev [] [] [list watch patch]",
     ]
     .into_iter()
     .map(str::to_owned)
@@ -1585,12 +1817,7 @@ async fn uninstall_keeps_crd_and_leases(world: &World) {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     // The controller's ServiceAccount goes with the release: stop the controller first.
-    if let Some(mut controller) = world
-        .controller
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take()
-    {
+    if let Some(mut controller) = world.take_controller() {
         let status = controller.terminate();
         assert!(status.success(), "controller exit: {status}");
     }
@@ -1735,6 +1962,10 @@ fn main() {
             tools_test(|_| argocd_health_of_sample_statuses()),
         ),
         (
+            "kstatus_of_sample_statuses",
+            tools_test(kstatus_of_sample_statuses),
+        ),
+        (
             "examples_are_well_formed",
             tools_test(examples_are_well_formed),
         ),
@@ -1757,6 +1988,10 @@ fn main() {
         (
             "cluster_workload_rbac_example_runs_run_and_wait",
             world_test(|world, _| block_on(LIMIT, workload_rbac_example_runs_run_and_wait(world))),
+        ),
+        (
+            "cluster_watch_namespace_mode_needs_only_roles",
+            world_test(|world, _| block_on(LIMIT, watch_namespace_mode_needs_only_roles(world))),
         ),
         (
             "cluster_upgrade_rolls_the_deployment",

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: what README.md tells you to run and what CI (.ci/run) runs.
 # Installs what it needs, then: format and lint checks, unit tests, the lease-store contract
-# suite on real Valkey/Redis servers, property tests and fuzzing, the controller end to end on a
-# local Kubernetes control plane, the control plane's self-test, and the docs' command blocks.
+# suite on real Valkey/Redis servers, property tests and fuzzing, the controller and the Helm
+# chart end to end on a local Kubernetes control plane, the control plane's self-test, and the
+# docs' command blocks.
 # Ends with one line `N passed, N failed`; exits non-zero on any failure or when nothing ran.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,7 +23,7 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
 
-step "cargo test (unit, lease-store contract, model and fuzz tests on real servers, controller end to end)"
+step "cargo test (unit, lease-store contract, model and fuzz tests on real servers, controller and chart end to end)"
 cargo test --locked 2>&1 | tee "$log_dir/cargo.log"
 
 step "local Kubernetes control plane self-test"

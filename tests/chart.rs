@@ -1393,115 +1393,43 @@ fn can_i(world: &World, args: &[&str]) -> bool {
     }
 }
 
-/// The can-i checks docs/install.md lists: what the ServiceAccount may and may not do.
-const ALLOWED: &[&[&str]] = &[
-    &["list", "targetleases.targetlease.dev", "--all-namespaces"],
-    &["watch", "targetleases.targetlease.dev", "--all-namespaces"],
-    &["patch", "targetleases.targetlease.dev", "-n", "shop"],
-    &[
-        "patch",
-        "targetleases.targetlease.dev",
-        "--subresource=status",
-        "-n",
-        "shop",
-    ],
-    &["list", "pods", "--all-namespaces"],
-    &["watch", "pods", "--all-namespaces"],
-    &["get", "pods", "-n", "shop"],
-    &["create", "events.events.k8s.io", "-n", "shop"],
-    &["patch", "events.events.k8s.io", "-n", "shop"],
-    &["create", "leases.coordination.k8s.io", "-n", RELEASE_NS],
-    &[
-        "get",
-        "leases.coordination.k8s.io/targetlease-controller",
-        "-n",
-        RELEASE_NS,
-    ],
-    &[
-        "patch",
-        "leases.coordination.k8s.io/targetlease-controller",
-        "-n",
-        RELEASE_NS,
-    ],
-];
-
-const REFUSED: &[&[&str]] = &[
-    // No Secrets at all: the kubelet mounts the chart's; the controller never reads one.
-    &["list", "secrets", "--all-namespaces"],
-    &["get", "secrets", "-n", "kube-system"],
-    &["get", "secrets", "-n", "shop"],
-    &["get", "secrets/targetlease-valkey", "-n", RELEASE_NS],
-    &["list", "configmaps", "--all-namespaces"],
-    // No pod writes, no exec, no eviction.
-    &["create", "pods", "-n", "shop"],
-    &["delete", "pods", "-n", "shop"],
-    &["patch", "pods", "-n", "shop"],
-    &["create", "pods", "--subresource=exec", "-n", "shop"],
-    &["create", "pods", "--subresource=eviction", "-n", "shop"],
-    // TargetLeases: no create, update, delete; the status only by patch. No get either: the
-    // controller reads them through its informer (list + watch) only.
-    &["get", "targetleases.targetlease.dev", "-n", "shop"],
-    &["create", "targetleases.targetlease.dev", "-n", "shop"],
-    &["delete", "targetleases.targetlease.dev", "-n", "shop"],
-    &["update", "targetleases.targetlease.dev", "-n", "shop"],
-    &[
-        "update",
-        "targetleases.targetlease.dev",
-        "--subresource=status",
-        "-n",
-        "shop",
-    ],
-    &["delete", "events.events.k8s.io", "-n", "shop"],
-    &["create", "events", "-n", "shop"],
-    // Leader election only on its own Lease, only in the release namespace.
-    &["create", "leases.coordination.k8s.io", "-n", "shop"],
-    &[
-        "get",
-        "leases.coordination.k8s.io/kube-controller-manager",
-        "-n",
-        RELEASE_NS,
-    ],
-    &[
-        "patch",
-        "leases.coordination.k8s.io/other",
-        "-n",
-        RELEASE_NS,
-    ],
-    &[
-        "delete",
-        "leases.coordination.k8s.io/targetlease-controller",
-        "-n",
-        RELEASE_NS,
-    ],
-    &["list", "leases.coordination.k8s.io", "-n", RELEASE_NS],
-    // Nothing cluster-wide beyond its own resources.
-    &["create", "namespaces"],
-    &["create", "clusterroles"],
-    &["create", "clusterrolebindings"],
-    &["bind", "clusterroles"],
-    &["escalate", "clusterroles"],
-    &["impersonate", "serviceaccounts"],
-    &["create", "deployments.apps", "-n", RELEASE_NS],
-    &["patch", "deployments.apps", "-n", RELEASE_NS],
-    &["update", "customresourcedefinitions.apiextensions.k8s.io"],
-    &["delete", "customresourcedefinitions.apiextensions.k8s.io"],
-    &[
-        "create",
-        "serviceaccounts",
-        "--subresource=token",
-        "-n",
-        RELEASE_NS,
-    ],
-    &["create", "rolebindings", "-n", RELEASE_NS],
-];
+/// The can-i checks docs/install.md lists (its `can ...` / `cannot ...` lines): (allowed?,
+/// arguments). The docs are the one list; this suite and the docs test both run it.
+fn documented_can_i_checks() -> Vec<(bool, Vec<String>)> {
+    let doc = std::fs::read_to_string(repo().join("docs/install.md")).expect("docs/install.md");
+    let block = doc
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .find(|block| block.contains("auth can-i"))
+        .expect("docs/install.md has the can-i block");
+    block
+        .lines()
+        .filter_map(|line| {
+            let line = line.split('#').next().unwrap_or_default().trim();
+            let (want, args) = match (line.strip_prefix("can "), line.strip_prefix("cannot ")) {
+                (Some(args), _) => (true, args),
+                (_, Some(args)) => (false, args),
+                _ => return None,
+            };
+            Some((want, args.split_whitespace().map(str::to_owned).collect()))
+        })
+        .collect()
+}
 
 fn service_account_is_least_privilege(world: &World) {
+    let checks = documented_can_i_checks();
+    let allowed = checks.iter().filter(|(want, _)| *want).count();
+    assert!(
+        allowed >= 10 && checks.len() - allowed >= 30,
+        "docs/install.md lists {allowed} allowed and {} refused checks",
+        checks.len() - allowed
+    );
     let mut wrong = Vec::new();
-    for (want, checks) in [(true, ALLOWED), (false, REFUSED)] {
-        for args in checks {
-            if can_i(world, args) != want {
-                wrong.push(format!("can-i {} -> {}", args.join(" "), !want));
-            }
+    for (want, args) in &checks {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        if can_i(world, &args) != *want {
+            wrong.push(format!("can-i {} -> {}", args.join(" "), !want));
         }
     }
     assert!(
@@ -1702,6 +1630,49 @@ async fn workload_rbac_example_runs_run_and_wait(world: &World) {
     );
     let out = world.cluster.kubectl_as(&kubeconfig, &["get", "secrets"]);
     assert!(stderr(&out).contains("Forbidden"), "{}", stderr(&out));
+}
+
+/// The kubectl command docs/gitops.md gives for installing the Argo CD health check, run against
+/// a stand-in argocd-cm: it adds exactly the Lua file under the documented key and keeps the rest.
+fn argocd_cm_command_from_docs(world: &World) {
+    let doc = std::fs::read_to_string(repo().join("docs/gitops.md")).expect("docs/gitops.md");
+    let block = doc
+        .split("```bash\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .find(|block| block.contains("argocd-health.lua"))
+        .expect("docs/gitops.md has the argocd-cm command block");
+    world.namespace("argocd");
+    world.cluster.kubectl_ok(&[
+        "create",
+        "configmap",
+        "argocd-cm",
+        "-n",
+        "argocd",
+        "--from-literal=url=https://argocd.example.com",
+    ]);
+    let mut command = Command::new("bash");
+    command
+        .args(["-euo", "pipefail", "-c", block])
+        .current_dir(repo())
+        .envs(world.cluster.envs());
+    let out = run_with_input(command, None);
+    assert!(
+        out.status.success(),
+        "{block}\n{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let cm = world.json(&["get", "configmap", "argocd-cm", "-n", "argocd"]);
+    let lua = std::fs::read_to_string(repo().join("docs/gitops/argocd-health.lua")).expect("lua");
+    assert_eq!(
+        cm["data"]["resource.customizations.health.targetlease.dev_TargetLease"],
+        lua.as_str()
+    );
+    assert_eq!(
+        cm["data"]["url"], "https://argocd.example.com",
+        "other keys kept"
+    );
 }
 
 fn replica_sets(world: &World) -> Vec<(String, String, i64)> {
@@ -1984,6 +1955,10 @@ fn main() {
         (
             "cluster_gitops_status_of_real_objects",
             world_test(|world, tools| block_on(LIMIT, gitops_status_of_real_objects(world, tools))),
+        ),
+        (
+            "cluster_argocd_cm_command_from_docs",
+            world_test(|world, _| argocd_cm_command_from_docs(world)),
         ),
         (
             "cluster_workload_rbac_example_runs_run_and_wait",

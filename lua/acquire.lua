@@ -2,13 +2,22 @@
 -- KEYS[1] lease hash   KEYS[2] fence   KEYS[3] reply cache of this request id
 -- ARGV[1] lease_id  ARGV[2] owner  ARGV[3] ttl_ms  ARGV[4] min_token  ARGV[5] reply_ttl_ms
 -- Reply: {'acquired', token, pttl_ms, server_ms, acquired_ms} | {'held', owner, pttl_ms}
-local cached, err = cached_reply(KEYS[3])
-if cached then return cached elseif err then return err end
-
 local ttl, min_token, reply_ttl = arg_int(ARGV[3]), arg_int(ARGV[4]), arg_int(ARGV[5])
 if not ttl or ttl < 1 then return invalid('ttl_ms must be a positive integer') end
 if not min_token then return invalid('min_token must be a non-negative integer') end
 if not reply_ttl or reply_ttl < 1 then return invalid('reply_ttl_ms must be a positive integer') end
+
+local cached, err = cached_reply(KEYS[3])
+if cached then
+  -- Every path that answers 'acquired' writes, a replayed reply too: the client's WAITAOF (the
+  -- durability option) waits for this connection's last write, and a retry may arrive on a new
+  -- connection that has written nothing yet. Refreshing the cache entry orders a write after
+  -- the original grant in the replication stream, so the wait covers the grant.
+  redis.call('PEXPIRE', KEYS[3], reply_ttl)
+  return cached
+elseif err then
+  return err
+end
 
 local lease, lease_err = read_lease(KEYS[1])
 if lease_err then return lease_err end

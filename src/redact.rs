@@ -53,6 +53,34 @@ impl SecretUrl {
     pub fn has_password(&self) -> bool {
         url::Url::parse(&self.raw).is_ok_and(|u| u.password().is_some())
     }
+
+    /// Whether the scheme asks for TLS (`rediss://`, `valkeys://`).
+    pub fn is_tls(&self) -> bool {
+        self.raw.starts_with("rediss://") || self.raw.starts_with("valkeys://")
+    }
+}
+
+/// A secret value (a password). `Debug` prints `Secret(***)`; it has no `Display`, so it cannot
+/// end up in a formatted message by accident. [`Secret::expose`] is the only way to the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The value, for the client library only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
 }
 
 impl fmt::Display for SecretUrl {
@@ -85,6 +113,13 @@ mod tests {
         assert_eq!(url.endpoint(), "127.0.0.1:6379");
         assert!(url.expose().contains("hunter2"));
         assert!(url.has_password());
+    }
+
+    #[test]
+    fn secret_is_masked() {
+        let secret = Secret::new("hunter2");
+        assert_eq!(format!("{secret:?}"), "Secret(***)");
+        assert_eq!(secret.expose(), "hunter2");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! else, lost, not the holder, stale token), 1 on a failure.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
@@ -11,8 +12,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::parse_duration;
-use crate::redact::SecretUrl;
-use crate::store::valkey::{DEFAULT_PREFIX, ValkeyConfig, ValkeyStore};
+use super::valkey_args::ValkeyArgs;
 use crate::store::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, LeaseHandle,
     LeaseId, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId,
@@ -105,15 +105,8 @@ pub enum LeaseCommand {
 /// Where the store is and which target to talk about.
 #[derive(Debug, Args)]
 pub struct TargetArgs {
-    /// Valkey URL (redis://, rediss://, valkey://, valkeys://); may carry credentials.
-    #[arg(long, env = "TARGETLEASE_VALKEY_URL", hide_env_values = true)]
-    valkey_url: String,
-    /// Prefix of every Valkey key.
-    #[arg(long, env = "TARGETLEASE_KEY_PREFIX", default_value = DEFAULT_PREFIX)]
-    key_prefix: String,
-    /// Deadline of the call.
-    #[arg(long, value_parser = parse_duration, default_value = "2s")]
-    timeout: Duration,
+    #[command(flatten)]
+    valkey: ValkeyArgs,
     /// Namespace of the target.
     #[arg(long, default_value = "default")]
     namespace: String,
@@ -151,15 +144,9 @@ impl RequestArgs {
 }
 
 impl TargetArgs {
-    async fn open(&self) -> Result<(ValkeyStore, TargetRef), StoreError> {
+    async fn open(&self) -> Result<(Arc<dyn LeaseStore>, TargetRef), StoreError> {
         let target = TargetRef::new(&self.namespace, &self.target)?;
-        let url = SecretUrl::parse(&self.valkey_url)
-            .map_err(|e| StoreError::InvalidRequest(e.to_string()))?;
-        let mut config = ValkeyConfig::new(url);
-        config.key_prefix = self.key_prefix.clone();
-        config.call_timeout = self.timeout;
-        config.connect_timeout = self.timeout;
-        Ok((ValkeyStore::new_lazy(config)?, target))
+        Ok((self.valkey.open().await?, target))
     }
 }
 

@@ -3,7 +3,10 @@
 mod controller;
 mod lease;
 mod run;
+mod valkey_args;
 mod wait;
+
+pub use valkey_args::{PASSWORD_ENV, ValkeyArgs};
 
 use std::process::ExitCode;
 use std::time::Duration;

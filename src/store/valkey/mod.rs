@@ -1,157 +1,321 @@
-//! The Valkey backend: every state change is one Lua script run with EVALSHA (reloaded
-//! transparently on NOSCRIPT), all times come from the server, and a multiplexed connection with
-//! automatic reconnect carries the calls, each under a deadline.
+//! The Valkey backend: every state change is one Lua script run with EVALSHA (falling back to
+//! EVAL when the server does not know the script yet), all times come from the server, and a
+//! small pool of multiplexed connections carries the calls, each under one deadline that
+//! includes reconnects and retries. A single server and a Valkey Cluster are driven by the same
+//! code: all keys of a target share one hash slot, so every script runs on one node.
+//!
+//! Retrying inside a call is safe because every script is idempotent: mutating scripts cache
+//! their reply under the request id, the others only read.
 
+mod classify;
+pub mod config;
+mod connect;
 pub mod keys;
+mod pool;
 pub mod reply;
 pub mod scripts;
 
-use std::future::Future;
-use std::time::Duration;
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind as RedisErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{Cmd, RedisError, RedisResult, Value};
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use self::keys::{TargetKeys, check_prefix};
-use self::scripts::SCRIPTS;
-use super::memory::DEFAULT_REPLY_TTL;
+use self::classify::{breaks_connection, classify, millis};
+pub use self::config::{
+    DEFAULT_PREFIX, Durability, Endpoints, PasswordSource, TlsConfig, ValkeyConfig,
+};
+use self::connect::{Conn, Connector};
+use self::keys::TargetKeys;
+use self::pool::{Backoff, Pool};
+use self::scripts::{LuaScript, SCRIPTS};
 use super::types::{check_guarded_key, check_owner, ttl_millis};
 use super::{
-    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, GuardedValue,
-    Inspection, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, StoreError,
-    TargetRef,
+    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, ErrorKind,
+    GuardedValue, Inspection, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome,
+    RenewRequest, StoreError, TargetRef,
 };
-use crate::redact::SecretUrl;
 
-/// Default key prefix.
-pub const DEFAULT_PREFIX: &str = "tl";
-
-/// How to reach Valkey and how long to wait for it.
-#[derive(Clone, Debug)]
-pub struct ValkeyConfig {
-    /// `redis://`, `rediss://`, `valkey://` or `valkeys://` URL; may hold credentials.
-    pub url: SecretUrl,
-    /// Prefix of every key (default `tl`).
-    pub key_prefix: String,
-    /// Deadline for establishing a connection.
-    pub connect_timeout: Duration,
-    /// Deadline for one call, including any reconnect it waits for.
-    pub call_timeout: Duration,
-    /// How long a reply stays cached for retries with the same request id.
-    pub reply_ttl: Duration,
-}
-
-impl ValkeyConfig {
-    /// Defaults for everything but the URL: prefix `tl`, 2 s to connect, 2 s per call, replies
-    /// cached for 60 s.
-    pub fn new(url: SecretUrl) -> Self {
-        Self {
-            url,
-            key_prefix: DEFAULT_PREFIX.to_owned(),
-            connect_timeout: Duration::from_secs(2),
-            call_timeout: Duration::from_secs(2),
-            reply_ttl: DEFAULT_REPLY_TTL,
-        }
-    }
-}
-
-/// The Valkey lease store. Cheap to clone; clones share the connection.
+/// The Valkey lease store. Cheap to clone; clones share the pool.
 #[derive(Clone)]
 pub struct ValkeyStore {
-    connection: ConnectionManager,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     config: ValkeyConfig,
-    reply_ttl_ms: u64,
+    pool: Pool,
+    reply_ttl_ms: String,
 }
 
 impl std::fmt::Debug for ValkeyStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ValkeyStore")
-            .field("config", &self.config)
+            .field("config", &self.inner.config)
             .finish_non_exhaustive()
     }
+}
+
+/// What one script call sends: the script, its keys and arguments.
+struct ScriptCall<'a> {
+    script: &'a LuaScript,
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+impl<'a> ScriptCall<'a> {
+    fn new(script: &'a LuaScript, keys: Vec<String>, args: &[&str]) -> Self {
+        Self {
+            script,
+            keys,
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+        }
+    }
+
+    /// `EVALSHA` first; `EVAL` with the source when the server answers NOSCRIPT (after a
+    /// restart, a failover or SCRIPT FLUSH). EVAL goes to the node that owns the keys, which a
+    /// cluster-wide SCRIPT LOAD would not do during a failover.
+    fn command(&self, by_source: bool) -> Cmd {
+        let mut cmd = if by_source {
+            let mut c = redis::cmd("EVAL");
+            c.arg(self.script.source);
+            c
+        } else {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(self.script.script.get_hash());
+            c
+        };
+        cmd.arg(self.keys.len()).arg(&self.keys).arg(&self.args);
+        cmd
+    }
+}
+
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
 }
 
 impl ValkeyStore {
     /// Prepares a store without connecting; the first call connects. A controller can start
     /// (and report itself not ready) while Valkey is down.
     pub fn new_lazy(config: ValkeyConfig) -> Result<Self, StoreError> {
-        check_prefix(&config.key_prefix)?;
-        let reply_ttl_ms = ttl_millis(config.reply_ttl)?;
-        let endpoint = config.url.endpoint().to_owned();
-        let client = redis::Client::open(config.url.expose())
-            .map_err(|e| classify(&endpoint, config.call_timeout, e))?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.call_timeout))
-            .set_number_of_retries(3)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_secs(2));
-        let connection = ConnectionManager::new_lazy_with_config(client, manager_config)
-            .map_err(|e| classify(&endpoint, config.call_timeout, e))?;
+        config.validate()?;
+        let reply_ttl_ms = ttl_millis(config.reply_ttl)?.to_string();
+        let pool = Pool::new(
+            Connector::new(config.clone()),
+            config.pool_size,
+            config.connect_timeout,
+            Backoff {
+                min: config.reconnect_min_delay,
+                max: config.reconnect_max_delay,
+            },
+        );
         Ok(Self {
-            connection,
-            config,
-            reply_ttl_ms,
+            inner: Arc::new(Inner {
+                config,
+                pool,
+                reply_ttl_ms,
+            }),
         })
     }
 
-    /// Prepares a store and checks that Valkey answers.
+    /// Prepares a store, checks that Valkey answers and that it can provide the configured
+    /// durability (`WAITAOF`, and `appendonly yes` for `local`): a server that cannot is refused
+    /// here, at start-up, rather than at the first acquire.
     pub async fn connect(config: ValkeyConfig) -> Result<Self, StoreError> {
         let store = Self::new_lazy(config)?;
         store.health().await?;
+        store.check_durability().await?;
         Ok(store)
     }
 
-    fn keys(&self, target: &TargetRef) -> TargetKeys {
-        TargetKeys::new(&self.config.key_prefix, target)
+    fn config(&self) -> &ValkeyConfig {
+        &self.inner.config
     }
 
     fn endpoint(&self) -> &str {
-        self.config.url.endpoint()
+        self.inner.pool.endpoint()
     }
 
-    /// Runs `call` under the call deadline and maps any failure to a [`StoreError`].
-    async fn deadline<T>(
-        &self,
-        call: impl Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, StoreError> {
-        let limit = self.config.call_timeout;
-        match tokio::time::timeout(limit, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(classify(self.endpoint(), limit, e)),
-            Err(_) => Err(StoreError::Timeout {
-                endpoint: self.endpoint().to_owned(),
-                after_ms: millis(limit),
-            }),
+    fn keys(&self, target: &TargetRef) -> TargetKeys {
+        TargetKeys::new(&self.config().key_prefix, target)
+    }
+
+    /// Sends `request` on a pooled connection under the call deadline. Transient failures
+    /// (connection refused or lost, cluster down, failover) are retried on a fresh connection
+    /// with backoff while the deadline allows, which is safe because every request is
+    /// idempotent: scripts by their request id, the rest are reads.
+    async fn call(&self, request: Request<'_>) -> Result<Value, StoreError> {
+        let limit = self.config().call_timeout;
+        let deadline = Instant::now() + limit;
+        let backoff = Backoff {
+            min: self.config().reconnect_min_delay,
+            max: self.config().reconnect_max_delay,
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let failure = match self.inner.pool.checkout(deadline).await {
+                Err(e) => e,
+                Ok(mut checkout) => {
+                    let sent = request.send(&mut checkout.conn, deadline);
+                    match tokio::time::timeout_at(deadline, sent).await {
+                        Ok(Ok(value)) => return Ok(value),
+                        Ok(Err(e)) => {
+                            if breaks_connection(&e) {
+                                self.inner.pool.discard(&checkout).await;
+                            }
+                            classify(self.endpoint(), &e, limit, false)
+                        }
+                        Err(_) => {
+                            // The connection may be stalled; do not hand it out again.
+                            self.inner.pool.discard(&checkout).await;
+                            return Err(StoreError::Timeout {
+                                endpoint: self.endpoint().to_owned(),
+                                after_ms: millis(limit),
+                            });
+                        }
+                    }
+                }
+            };
+            let pause = backoff.delay(attempt);
+            if failure.kind() == ErrorKind::Timeout
+                || !failure.is_transient()
+                || Instant::now() + pause >= deadline
+            {
+                return Err(failure);
+            }
+            debug!(endpoint = %self.endpoint(), error = %failure, attempt, "retrying within the call deadline");
+            tokio::time::sleep(pause).await;
         }
     }
 
     /// Runs one script and returns its reply as strings.
-    async fn run(
-        &self,
-        script: &redis::Script,
-        keys: &[String],
-        args: &[&str],
-    ) -> Result<Vec<String>, StoreError> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(key);
+    async fn run(&self, call: ScriptCall<'_>) -> Result<Vec<String>, StoreError> {
+        strings(self.call(Request::Script(&call)).await?)
+    }
+
+    /// Runs the acquire script followed by `WAITAOF` (see [`Request::DurableScript`]) and
+    /// refuses to report a grant the server did not confirm durable.
+    async fn run_durable(&self, call: ScriptCall<'_>) -> Result<Vec<String>, StoreError> {
+        let durability = self.config().durability;
+        let both = self.call(Request::DurableScript(&call, durability)).await?;
+        let (value, acks): (Value, Value) = redis::from_redis_value(both).map_err(|_| {
+            StoreError::UnexpectedReply("durable acquire: no pair of replies".into())
+        })?;
+        let reply = strings(value)?;
+        if reply.first().map(String::as_str) == Some("acquired") {
+            self.confirm(durability, acks)?;
         }
-        for arg in args {
-            invocation.arg(*arg);
+        Ok(reply)
+    }
+
+    /// Checks WAITAOF's answer `[local fsyncs, replica fsyncs]` against what was asked.
+    fn confirm(&self, durability: Durability, acks: Value) -> Result<(), StoreError> {
+        let (local, replicas): (i64, i64) = redis::from_redis_value(acks).map_err(|_| {
+            StoreError::UnexpectedReply("WAITAOF did not answer two integers".into())
+        })?;
+        let (want_local, want_replicas) =
+            (i64::from(durability.local), i64::from(durability.replicas));
+        if local >= want_local && replicas >= want_replicas {
+            return Ok(());
         }
-        let mut connection = self.connection.clone();
-        let value: Value = self
-            .deadline(invocation.invoke_async(&mut connection))
-            .await?;
-        strings(value)
+        Err(StoreError::NotDurable {
+            endpoint: self.endpoint().to_owned(),
+            after_ms: millis(self.config().call_timeout),
+            detail: format!(
+                "asked for {durability}; AOF fsync confirmed on the primary: {local} of \
+                 {want_local}, on replicas: {replicas} of {want_replicas}"
+            ),
+        })
+    }
+
+    /// Refuses a durability level the server cannot provide: WAITAOF missing (Redis before 7.2,
+    /// Valkey before 8.0) or `local` without `appendonly yes`.
+    async fn check_durability(&self) -> Result<(), StoreError> {
+        let durability = self.config().durability;
+        if durability.is_none() {
+            return Ok(());
+        }
+        let mut probe = redis::cmd("WAITAOF");
+        probe.arg(i64::from(durability.local)).arg(0).arg(1);
+        let endpoint = self.endpoint();
+        match self.call(Request::Command(&probe)).await {
+            Ok(_) => Ok(()),
+            Err(StoreError::UnexpectedReply(text))
+                if text.to_ascii_lowercase().contains("unknown command") =>
+            {
+                Err(StoreError::InvalidConfig(format!(
+                    "durability {durability} needs WAITAOF (Valkey 8.0+ or Redis 7.2+), which \
+                     the server at {endpoint} does not have ({text})"
+                )))
+            }
+            Err(StoreError::UnexpectedReply(text)) if text.contains("appendonly") => {
+                Err(StoreError::InvalidConfig(format!(
+                    "durability {durability} needs `appendonly yes` on the server at {endpoint} \
+                     ({text})"
+                )))
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+/// What one call sends on one connection.
+enum Request<'a> {
+    /// One script.
+    Script(&'a ScriptCall<'a>),
+    /// The acquire script and, on the same connection and in the same round trip, `WAITAOF`.
+    /// WAITAOF waits for every write this connection made so far; acquire.lua writes on every
+    /// path that answers `acquired` (a retry answered from the reply cache too), so the wait
+    /// always covers the grant it answers. Answers `[script reply, WAITAOF reply]`.
+    DurableScript(&'a ScriptCall<'a>, Durability),
+    /// A plain command (PING, the WAITAOF probe).
+    Command(&'a Cmd),
+}
+
+impl Request<'_> {
+    async fn send(&self, conn: &mut Conn, deadline: Instant) -> RedisResult<Value> {
+        match self {
+            Request::Command(cmd) => cmd.query_async(conn).await,
+            Request::Script(call) => match call.command(false).query_async(conn).await {
+                Err(e) if is_noscript(&e) => call.command(true).query_async(conn).await,
+                other => other,
+            },
+            Request::DurableScript(call, durability) => {
+                let mut by_source = false;
+                loop {
+                    let mut pipe = redis::pipe();
+                    pipe.add_command(call.command(by_source))
+                        .add_command(waitaof(*durability, deadline))
+                        .ignore_errors();
+                    let mut replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
+                    let (Some(wait), Some(script)) = (replies.pop(), replies.pop()) else {
+                        return Err(RedisError::from((
+                            redis::ErrorKind::UnexpectedReturnType,
+                            "a pipeline of two commands did not answer twice",
+                        )));
+                    };
+                    match script {
+                        Err(e) if is_noscript(&e) && !by_source => by_source = true,
+                        script => return Ok(Value::Array(vec![script?, wait?])),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `WAITAOF numlocal numreplicas timeout`, the timeout leaving room for the reply to arrive
+/// before the call deadline.
+fn waitaof(durability: Durability, deadline: Instant) -> Cmd {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let wait_ms = millis(left).saturating_mul(9) / 10;
+    let mut cmd = redis::cmd("WAITAOF");
+    cmd.arg(i64::from(durability.local))
+        .arg(durability.replicas)
+        .arg(wait_ms.max(1));
+    cmd
 }
 
 /// Flattens a script reply into strings; scripts only ever answer arrays of strings.
@@ -175,33 +339,6 @@ fn strings(value: Value) -> Result<Vec<String>, StoreError> {
         .collect()
 }
 
-/// Maps a client error to a [`StoreError`] that names the endpoint and the cause.
-fn classify(endpoint: &str, limit: Duration, e: RedisError) -> StoreError {
-    let endpoint = endpoint.to_owned();
-    let detail = e.detail().unwrap_or_default().to_owned();
-    match (e.kind(), e.code()) {
-        (_, Some("TLCORRUPT")) => StoreError::Corrupt { detail },
-        (_, Some("TLINVALID")) => StoreError::InvalidRequest(detail),
-        (RedisErrorKind::AuthenticationFailed, _)
-        | (RedisErrorKind::Server(ServerErrorKind::NoPerm), _)
-        | (_, Some("WRONGPASS" | "NOAUTH" | "NOPERM")) => StoreError::AccessDenied {
-            endpoint,
-            cause: e.to_string(),
-        },
-        _ if e.is_timeout() => StoreError::Timeout {
-            endpoint,
-            after_ms: millis(limit),
-        },
-        (RedisErrorKind::Parse | RedisErrorKind::UnexpectedReturnType, _) => {
-            StoreError::UnexpectedReply(e.to_string())
-        }
-        _ => StoreError::Unavailable {
-            endpoint,
-            cause: e.to_string(),
-        },
-    }
-}
-
 /// Logs a failed call once, with the target but without any secret.
 fn logged<T>(op: &str, target: &TargetRef, result: Result<T, StoreError>) -> Result<T, StoreError> {
     if let Err(e) = &result {
@@ -216,20 +353,23 @@ impl LeaseStore for ValkeyStore {
         let ttl_ms = ttl_millis(req.ttl)?.to_string();
         check_owner(&req.owner)?;
         let keys = self.keys(&req.target);
-        let result = self
-            .run(
-                &SCRIPTS.acquire.script,
-                &[keys.lease(), keys.fence(), keys.reply(&req.request_id)],
-                &[
-                    req.lease_id.expose(),
-                    &req.owner,
-                    &ttl_ms,
-                    &req.min_token.to_string(),
-                    &self.reply_ttl_ms.to_string(),
-                ],
-            )
-            .await
-            .and_then(|r| reply::acquire(&r));
+        let call = ScriptCall::new(
+            &SCRIPTS.acquire,
+            vec![keys.lease(), keys.fence(), keys.reply(&req.request_id)],
+            &[
+                req.lease_id.expose(),
+                &req.owner,
+                &ttl_ms,
+                &req.min_token.to_string(),
+                &self.inner.reply_ttl_ms,
+            ],
+        );
+        let result = if self.config().durability.is_none() {
+            self.run(call).await
+        } else {
+            self.run_durable(call).await
+        }
+        .and_then(|r| reply::acquire(&r));
         debug!(target = %req.target, lease = %req.lease_id, ?result, "acquire");
         logged("acquire", &req.target, result)
     }
@@ -239,17 +379,17 @@ impl LeaseStore for ValkeyStore {
         let lease = &req.lease;
         let keys = self.keys(&lease.target);
         let result = self
-            .run(
-                &SCRIPTS.renew.script,
-                &[keys.lease(), keys.reply(&req.request_id)],
+            .run(ScriptCall::new(
+                &SCRIPTS.renew,
+                vec![keys.lease(), keys.reply(&req.request_id)],
                 &[
                     lease.lease_id.expose(),
                     &lease.owner,
                     &lease.token.to_string(),
                     &ttl_ms,
-                    &self.reply_ttl_ms.to_string(),
+                    &self.inner.reply_ttl_ms,
                 ],
-            )
+            ))
             .await
             .and_then(|r| reply::renew(&r));
         debug!(target = %lease.target, lease = %lease.lease_id, ?result, "renew");
@@ -260,16 +400,16 @@ impl LeaseStore for ValkeyStore {
         let lease = &req.lease;
         let keys = self.keys(&lease.target);
         let result = self
-            .run(
-                &SCRIPTS.release.script,
-                &[keys.lease(), keys.reply(&req.request_id)],
+            .run(ScriptCall::new(
+                &SCRIPTS.release,
+                vec![keys.lease(), keys.reply(&req.request_id)],
                 &[
                     lease.lease_id.expose(),
                     &lease.owner,
                     &lease.token.to_string(),
-                    &self.reply_ttl_ms.to_string(),
+                    &self.inner.reply_ttl_ms,
                 ],
-            )
+            ))
             .await
             .and_then(|r| reply::release(&r));
         debug!(target = %lease.target, lease = %lease.lease_id, ?result, "release");
@@ -280,19 +420,15 @@ impl LeaseStore for ValkeyStore {
         check_guarded_key(&req.key)?;
         let keys = self.keys(&req.target);
         let result = self
-            .run(
-                &SCRIPTS.commit.script,
-                &[
+            .run(ScriptCall::new(
+                &SCRIPTS.commit,
+                vec![
                     keys.fence(),
                     keys.guarded(&req.key),
                     keys.reply(&req.request_id),
                 ],
-                &[
-                    &req.token.to_string(),
-                    &req.value,
-                    &self.reply_ttl_ms.to_string(),
-                ],
-            )
+                &[&req.token.to_string(), &req.value, &self.inner.reply_ttl_ms],
+            ))
             .await
             .and_then(|r| reply::commit(&r));
         debug!(target = %req.target, token = req.token, ?result, "commit");
@@ -307,7 +443,7 @@ impl LeaseStore for ValkeyStore {
         check_guarded_key(key)?;
         let keys = self.keys(target);
         let result = self
-            .run(&SCRIPTS.read.script, &[keys.guarded(key)], &[])
+            .run(ScriptCall::new(&SCRIPTS.read, vec![keys.guarded(key)], &[]))
             .await
             .and_then(|r| reply::read(&r));
         logged("read", target, result)
@@ -316,11 +452,11 @@ impl LeaseStore for ValkeyStore {
     async fn check(&self, target: &TargetRef, token: u64) -> Result<CheckOutcome, StoreError> {
         let keys = self.keys(target);
         let result = self
-            .run(
-                &SCRIPTS.check.script,
-                &[keys.fence()],
+            .run(ScriptCall::new(
+                &SCRIPTS.check,
+                vec![keys.fence()],
                 &[&token.to_string()],
-            )
+            ))
             .await
             .and_then(|r| reply::check(&r));
         logged("check", target, result)
@@ -329,18 +465,21 @@ impl LeaseStore for ValkeyStore {
     async fn inspect(&self, target: &TargetRef) -> Result<Inspection, StoreError> {
         let keys = self.keys(target);
         let result = self
-            .run(&SCRIPTS.inspect.script, &[keys.lease(), keys.fence()], &[])
+            .run(ScriptCall::new(
+                &SCRIPTS.inspect,
+                vec![keys.lease(), keys.fence()],
+                &[],
+            ))
             .await
             .and_then(|r| reply::inspect(&r));
         logged("inspect", target, result)
     }
 
+    /// `PING` under the call deadline (on a cluster: every primary), through the pool, so a
+    /// readiness probe also drives reconnects.
     async fn health(&self) -> Result<(), StoreError> {
-        let mut connection = self.connection.clone();
-        let pong: String = self
-            .deadline(redis::cmd("PING").query_async(&mut connection))
-            .await?;
-        if pong == "PONG" {
+        let pong = self.call(Request::Command(&redis::cmd("PING"))).await?;
+        if redis::from_redis_value::<String>(pong.clone()).is_ok_and(|p| p == "PONG") {
             Ok(())
         } else {
             Err(StoreError::UnexpectedReply(format!(

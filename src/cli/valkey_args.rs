@@ -1,0 +1,279 @@
+//! `--valkey-*` flags (and `TARGETLEASE_VALKEY_*` variables): how every subcommand that talks to
+//! the lease store reaches Valkey. Flatten [`ValkeyArgs`] into a command and call
+//! [`ValkeyArgs::open`].
+//!
+//! The password is never a flag: it comes from a file (`--valkey-password-file`, how a
+//! Kubernetes Secret arrives) or from `TARGETLEASE_VALKEY_PASSWORD`, so it shows neither in
+//! `--help` nor in the process list.
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::builder::TypedValueParser;
+use clap::error::ErrorKind as ClapErrorKind;
+use clap::{Arg, Args, Command};
+
+use super::parse_duration;
+use crate::redact::{Secret, SecretUrl};
+use crate::store::valkey::{
+    DEFAULT_PREFIX, Durability, PasswordSource, TlsConfig, ValkeyConfig, ValkeyStore,
+};
+use crate::store::{LeaseStore, StoreError};
+
+/// The variable that may hold the Valkey password.
+pub const PASSWORD_ENV: &str = "TARGETLEASE_VALKEY_PASSWORD";
+
+/// How to reach the lease store (Valkey).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Valkey connection")]
+pub struct ValkeyArgs {
+    /// Valkey URL: redis://, rediss://, valkey:// or valkeys:// (the `s` schemes use TLS).
+    /// Prefer --valkey-username and --valkey-password-file over credentials in the URL.
+    #[arg(
+        long,
+        env = "TARGETLEASE_VALKEY_URL",
+        hide_env_values = true,
+        value_parser = SecretUrlParser,
+        required_unless_present = "valkey_cluster_nodes",
+        conflicts_with = "valkey_cluster_nodes"
+    )]
+    pub valkey_url: Option<SecretUrl>,
+
+    /// Valkey Cluster seed nodes, comma-separated URLs or host:port pairs; the rest of the
+    /// topology is discovered.
+    #[arg(
+        long,
+        env = "TARGETLEASE_VALKEY_CLUSTER_NODES",
+        hide_env_values = true,
+        value_delimiter = ',',
+        value_parser = SecretUrlParser
+    )]
+    pub valkey_cluster_nodes: Vec<SecretUrl>,
+
+    /// ACL user name.
+    #[arg(long, env = "TARGETLEASE_VALKEY_USERNAME")]
+    pub valkey_username: Option<String>,
+
+    /// File holding the password (a mounted Secret; re-read at every reconnect). Without it,
+    /// the password is taken from TARGETLEASE_VALKEY_PASSWORD when set.
+    #[arg(long, env = "TARGETLEASE_VALKEY_PASSWORD_FILE")]
+    pub valkey_password_file: Option<PathBuf>,
+
+    /// Use TLS (also implied by rediss:// and valkeys:// URLs and by any --valkey-tls-* file).
+    #[arg(long, env = "TARGETLEASE_VALKEY_TLS")]
+    pub valkey_tls: bool,
+
+    /// PEM bundle of the CAs that sign the server certificate (default: the system roots).
+    #[arg(long, env = "TARGETLEASE_VALKEY_TLS_CA_FILE")]
+    pub valkey_tls_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for mutual TLS.
+    #[arg(
+        long,
+        env = "TARGETLEASE_VALKEY_TLS_CERT_FILE",
+        requires = "valkey_tls_key_file"
+    )]
+    pub valkey_tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of the client certificate.
+    #[arg(
+        long,
+        env = "TARGETLEASE_VALKEY_TLS_KEY_FILE",
+        requires = "valkey_tls_cert_file"
+    )]
+    pub valkey_tls_key_file: Option<PathBuf>,
+
+    /// Name the server certificate must carry when it differs from the URL's host.
+    #[arg(long, env = "TARGETLEASE_VALKEY_TLS_SERVER_NAME")]
+    pub valkey_tls_server_name: Option<String>,
+
+    /// Accept any server certificate (logged as a warning). For experiments only.
+    #[arg(long, env = "TARGETLEASE_VALKEY_TLS_INSECURE")]
+    pub valkey_tls_insecure: bool,
+
+    /// Prefix of every Valkey key (the ACL user's key pattern must cover `<prefix>:*`).
+    #[arg(long, env = "TARGETLEASE_VALKEY_KEY_PREFIX", default_value = DEFAULT_PREFIX)]
+    pub valkey_key_prefix: String,
+
+    /// Number of multiplexed connections.
+    #[arg(long, env = "TARGETLEASE_VALKEY_POOL_SIZE", default_value_t = 4)]
+    pub valkey_pool_size: usize,
+
+    /// Deadline for making one connection (TCP, TLS, authentication).
+    #[arg(long, env = "TARGETLEASE_VALKEY_CONNECT_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
+    pub valkey_connect_timeout: Duration,
+
+    /// Deadline of one call, reconnects and retries included.
+    #[arg(long, env = "TARGETLEASE_VALKEY_CALL_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
+    pub valkey_call_timeout: Duration,
+
+    /// First delay between reconnect attempts (doubles per failure, with jitter).
+    #[arg(long, env = "TARGETLEASE_VALKEY_RECONNECT_MIN_DELAY", value_parser = parse_duration, default_value = "50ms")]
+    pub valkey_reconnect_min_delay: Duration,
+
+    /// Longest delay between reconnect attempts.
+    #[arg(long, env = "TARGETLEASE_VALKEY_RECONNECT_MAX_DELAY", value_parser = parse_duration, default_value = "2s")]
+    pub valkey_reconnect_max_delay: Duration,
+
+    /// What an acquire waits for before it returns: none, local (AOF fsync on the primary),
+    /// replicas=N (AOF fsync on N replicas) or local,replicas=N. Needs WAITAOF (Valkey 8+).
+    #[arg(long, env = "TARGETLEASE_VALKEY_DURABILITY", default_value = "none")]
+    pub valkey_durability: Durability,
+}
+
+impl ValkeyArgs {
+    /// The backend settings these flags describe, with the password from
+    /// [`PASSWORD_ENV`] when no password file is given.
+    pub fn config(&self) -> Result<ValkeyConfig, StoreError> {
+        self.config_with_env_password(std::env::var(PASSWORD_ENV).ok())
+    }
+
+    fn config_with_env_password(
+        &self,
+        env_password: Option<String>,
+    ) -> Result<ValkeyConfig, StoreError> {
+        let tls_files = self.valkey_tls_ca_file.is_some() || self.valkey_tls_cert_file.is_some();
+        let tls_wanted = self.valkey_tls
+            || tls_files
+            || self.valkey_tls_server_name.is_some()
+            || self.valkey_tls_insecure;
+        let mut config = match (&self.valkey_url, self.valkey_cluster_nodes.as_slice()) {
+            (Some(url), []) => ValkeyConfig::new(url.clone()),
+            (None, seeds) if !seeds.is_empty() => ValkeyConfig::cluster(seeds.to_vec()),
+            _ => {
+                return Err(StoreError::InvalidConfig(
+                    "give either --valkey-url or --valkey-cluster-nodes".into(),
+                ));
+            }
+        };
+        config.username = self.valkey_username.clone();
+        config.password = match (&self.valkey_password_file, env_password) {
+            (Some(path), _) => Some(PasswordSource::File(path.clone())),
+            (None, Some(value)) if !value.is_empty() => {
+                Some(PasswordSource::Value(Secret::new(value)))
+            }
+            (None, _) => None,
+        };
+        config.tls = tls_wanted.then(|| TlsConfig {
+            ca_file: self.valkey_tls_ca_file.clone(),
+            client_cert_file: self.valkey_tls_cert_file.clone(),
+            client_key_file: self.valkey_tls_key_file.clone(),
+            server_name: self.valkey_tls_server_name.clone(),
+            insecure: self.valkey_tls_insecure,
+        });
+        config.key_prefix = self.valkey_key_prefix.clone();
+        config.pool_size = self.valkey_pool_size;
+        config.connect_timeout = self.valkey_connect_timeout;
+        config.call_timeout = self.valkey_call_timeout;
+        config.reconnect_min_delay = self.valkey_reconnect_min_delay;
+        config.reconnect_max_delay = self.valkey_reconnect_max_delay;
+        config.durability = self.valkey_durability;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Connects (checking health and durability support) and returns the store.
+    pub async fn open(&self) -> Result<Arc<dyn LeaseStore>, StoreError> {
+        Ok(Arc::new(ValkeyStore::connect(self.config()?).await?))
+    }
+}
+
+/// Parses a Valkey URL (or a bare `host:port`, taken as `redis://host:port`) without ever
+/// echoing it: clap's own error would print the value, password included.
+#[derive(Clone, Copy, Debug)]
+struct SecretUrlParser;
+
+impl TypedValueParser for SecretUrlParser {
+    type Value = SecretUrl;
+
+    fn parse_ref(
+        &self,
+        cmd: &Command,
+        arg: Option<&Arg>,
+        value: &OsStr,
+    ) -> Result<SecretUrl, clap::Error> {
+        let name = arg.map_or_else(|| "URL".to_owned(), |a| format!("--{}", a.get_id()));
+        let fail = |why: String| {
+            clap::Error::raw(ClapErrorKind::ValueValidation, format!("{name}: {why}\n"))
+                .with_cmd(cmd)
+        };
+        let text = value
+            .to_str()
+            .ok_or_else(|| fail("not UTF-8".into()))?
+            .trim();
+        let text = if text.contains("://") {
+            text.to_owned()
+        } else {
+            format!("redis://{text}")
+        };
+        let url = SecretUrl::parse(&text).map_err(|e| fail(e.to_string()))?;
+        let scheme_ok = ["redis://", "rediss://", "valkey://", "valkeys://"]
+            .iter()
+            .any(|s| text.starts_with(s));
+        if !scheme_ok {
+            return Err(fail(
+                "the scheme must be redis://, rediss://, valkey:// or valkeys://".into(),
+            ));
+        }
+        Ok(url)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        valkey: ValkeyArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn flags_become_one_config() {
+        let cli = parse(&[
+            "--valkey-url=redis://10.0.0.1:6379",
+            "--valkey-username=targetlease",
+            "--valkey-tls-ca-file=/ca.pem",
+            "--valkey-durability=replicas=1",
+            "--valkey-call-timeout=750ms",
+        ])
+        .unwrap();
+        let config = cli
+            .valkey
+            .config_with_env_password(Some("from-env".into()))
+            .unwrap();
+        assert!(config.tls.is_some(), "a CA file turns TLS on");
+        assert_eq!(config.durability.replicas, 1);
+        assert_eq!(config.call_timeout, Duration::from_millis(750));
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("from-env"), "{shown}");
+    }
+
+    #[test]
+    fn cluster_seeds_and_url_exclude_each_other() {
+        let cli = parse(&["--valkey-cluster-nodes=10.0.0.1:7000,10.0.0.2:7000"]).unwrap();
+        let config = cli.valkey.config_with_env_password(None).unwrap();
+        assert_eq!(
+            config.endpoints.describe(),
+            "cluster 10.0.0.1:7000,10.0.0.2:7000"
+        );
+        assert!(parse(&["--valkey-url=redis://a:1", "--valkey-cluster-nodes=b:2"]).is_err());
+    }
+
+    #[test]
+    fn a_bad_url_is_not_echoed() {
+        let err = parse(&["--valkey-url=redis://u:hunter2@[bad"]).unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        let err = parse(&["--valkey-url=http://u:hunter2@h:1"]).unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+}

@@ -1,0 +1,374 @@
+//! Connection settings of the Valkey backend: where Valkey is, who we are, how we talk TLS, how
+//! long we wait, how we reconnect and how durable an acquire must be before it returns.
+//!
+//! Secrets are read when a connection is made, not when the settings are built: a Kubernetes
+//! Secret mounted as a file is updated in place, so a rotated password or client certificate is
+//! picked up by the next reconnect without a restart.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::redact::{Secret, SecretUrl};
+use crate::store::StoreError;
+use crate::store::memory::DEFAULT_REPLY_TTL;
+
+use super::keys::check_prefix;
+
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "tl";
+
+/// Where Valkey is.
+#[derive(Clone, Debug)]
+pub enum Endpoints {
+    /// One server (or a primary behind a stable name), by URL.
+    Single(SecretUrl),
+    /// A Valkey Cluster, by seed nodes; the topology is discovered from them.
+    Cluster(Vec<SecretUrl>),
+}
+
+impl Endpoints {
+    /// `host:port` of every configured node, without credentials, for error messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Endpoints::Single(url) => url.endpoint().to_owned(),
+            Endpoints::Cluster(seeds) => {
+                let nodes: Vec<&str> = seeds.iter().map(SecretUrl::endpoint).collect();
+                format!("cluster {}", nodes.join(","))
+            }
+        }
+    }
+
+    fn urls(&self) -> &[SecretUrl] {
+        match self {
+            Endpoints::Single(url) => std::slice::from_ref(url),
+            Endpoints::Cluster(seeds) => seeds,
+        }
+    }
+}
+
+/// Where the password comes from. Read at every connect, so a rotated Secret is picked up.
+#[derive(Clone)]
+pub enum PasswordSource {
+    /// A value given once (from the environment).
+    Value(Secret),
+    /// A file (a mounted Kubernetes Secret); one trailing newline is ignored.
+    File(PathBuf),
+}
+
+impl fmt::Debug for PasswordSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PasswordSource::Value(_) => f.write_str("Value(***)"),
+            PasswordSource::File(path) => write!(f, "File({})", path.display()),
+        }
+    }
+}
+
+impl PasswordSource {
+    /// The password as of now.
+    pub fn load(&self) -> Result<Secret, StoreError> {
+        match self {
+            PasswordSource::Value(secret) => Ok(secret.clone()),
+            PasswordSource::File(path) => {
+                let text = read_file(path, "password file")?;
+                let text = String::from_utf8(text).map_err(|_| {
+                    StoreError::InvalidConfig(format!(
+                        "password file {} is not UTF-8",
+                        path.display()
+                    ))
+                })?;
+                let value = text
+                    .strip_suffix('\n')
+                    .map(|t| t.strip_suffix('\r').unwrap_or(t))
+                    .unwrap_or(&text);
+                if value.is_empty() {
+                    return Err(StoreError::InvalidConfig(format!(
+                        "password file {} is empty",
+                        path.display()
+                    )));
+                }
+                Ok(Secret::new(value))
+            }
+        }
+    }
+}
+
+/// TLS settings. Certificates are always verified unless [`TlsConfig::insecure`] is set.
+#[derive(Clone, Debug, Default)]
+pub struct TlsConfig {
+    /// PEM bundle of the CAs that may sign the server certificate; the system roots when unset.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for mutual TLS; needs [`TlsConfig::client_key_file`].
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM private key of the client certificate.
+    pub client_key_file: Option<PathBuf>,
+    /// The name the server certificate must carry, when it differs from the host connected to
+    /// (connecting by IP or through a tunnel). Single-server connections only.
+    pub server_name: Option<String>,
+    /// Accept any server certificate. Logged as a warning; for experiments only.
+    pub insecure: bool,
+}
+
+/// The PEM material of a [`TlsConfig`], read from its files.
+pub(super) struct TlsMaterial {
+    pub ca: Option<Vec<u8>>,
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl TlsConfig {
+    /// Reads the certificate files (at every connect, so rotated files are picked up).
+    pub(super) fn load(&self) -> Result<TlsMaterial, StoreError> {
+        let ca = self
+            .ca_file
+            .as_deref()
+            .map(|p| read_file(p, "TLS CA file"))
+            .transpose()?;
+        let client = match (&self.client_cert_file, &self.client_key_file) {
+            (Some(cert), Some(key)) => Some((
+                read_file(cert, "TLS client certificate file")?,
+                read_file(key, "TLS client key file")?,
+            )),
+            (None, None) => None,
+            _ => {
+                return Err(StoreError::InvalidConfig(
+                    "a TLS client certificate needs both the certificate and the key file".into(),
+                ));
+            }
+        };
+        Ok(TlsMaterial { ca, client })
+    }
+}
+
+fn read_file(path: &Path, what: &str) -> Result<Vec<u8>, StoreError> {
+    std::fs::read(path).map_err(|e| {
+        StoreError::InvalidConfig(format!("cannot read {what} {}: {e}", path.display()))
+    })
+}
+
+/// How durable an acquire must be before it returns. Enforced with `WAITAOF` on the connection
+/// that ran the acquire script, so it needs Valkey 8.0+ (or Redis 7.2+); checked at connect.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Durability {
+    /// Wait until the primary fsynced the acquire to its append-only file (`appendonly yes`).
+    pub local: bool,
+    /// Wait until this many replicas fsynced it to their append-only files.
+    pub replicas: u32,
+}
+
+impl Durability {
+    /// No waiting: the acquire returns when the primary ran it (the default).
+    pub const NONE: Durability = Durability {
+        local: false,
+        replicas: 0,
+    };
+
+    /// Whether an acquire waits for anything.
+    pub fn is_none(self) -> bool {
+        self == Self::NONE
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.local, self.replicas) {
+            (false, 0) => f.write_str("none"),
+            (true, 0) => f.write_str("local"),
+            (false, n) => write!(f, "replicas={n}"),
+            (true, n) => write!(f, "local,replicas={n}"),
+        }
+    }
+}
+
+impl FromStr for Durability {
+    type Err = String;
+
+    /// `none`, `local`, `replicas=N` or `local,replicas=N`.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let usage =
+            || format!("durability {text:?}: expected none, local, replicas=N or local,replicas=N");
+        if text == "none" {
+            return Ok(Self::NONE);
+        }
+        let mut durability = Self::NONE;
+        for part in text.split(',') {
+            match part.split_once('=') {
+                None if part == "local" && !durability.local => durability.local = true,
+                Some(("replicas", n)) if durability.replicas == 0 => {
+                    durability.replicas = n.parse().ok().filter(|n| *n > 0).ok_or_else(usage)?;
+                }
+                _ => return Err(usage()),
+            }
+        }
+        Ok(durability)
+    }
+}
+
+/// Everything the Valkey backend needs to know.
+#[derive(Clone, Debug)]
+pub struct ValkeyConfig {
+    /// Where Valkey is. `rediss://` and `valkeys://` URLs turn TLS on.
+    pub endpoints: Endpoints,
+    /// ACL user; overrides a user in the URL.
+    pub username: Option<String>,
+    /// Password; overrides a password in the URL.
+    pub password: Option<PasswordSource>,
+    /// TLS settings; `Some` turns TLS on even for `redis://` URLs.
+    pub tls: Option<TlsConfig>,
+    /// Prefix of every key (default `tl`).
+    pub key_prefix: String,
+    /// Number of multiplexed connections (each to a single server, or each a cluster client).
+    pub pool_size: usize,
+    /// Deadline for establishing one connection (TCP, TLS and authentication).
+    pub connect_timeout: Duration,
+    /// Deadline for one call, including reconnects and retries within it.
+    pub call_timeout: Duration,
+    /// First delay between reconnect attempts; doubles per failure, with jitter.
+    pub reconnect_min_delay: Duration,
+    /// Longest delay between reconnect attempts.
+    pub reconnect_max_delay: Duration,
+    /// What an acquire waits for before it returns.
+    pub durability: Durability,
+    /// How long a reply stays cached for retries with the same request id.
+    pub reply_ttl: Duration,
+}
+
+impl ValkeyConfig {
+    /// Defaults for everything but the endpoint: prefix `tl`, 4 connections, 2 s to connect,
+    /// 2 s per call, reconnect delays from 50 ms to 2 s, no durability wait, replies cached for
+    /// 60 s.
+    pub fn new(url: SecretUrl) -> Self {
+        Self::with_endpoints(Endpoints::Single(url))
+    }
+
+    /// The same defaults for a Valkey Cluster reached through `seeds`.
+    pub fn cluster(seeds: Vec<SecretUrl>) -> Self {
+        Self::with_endpoints(Endpoints::Cluster(seeds))
+    }
+
+    fn with_endpoints(endpoints: Endpoints) -> Self {
+        Self {
+            endpoints,
+            username: None,
+            password: None,
+            tls: None,
+            key_prefix: DEFAULT_PREFIX.to_owned(),
+            pool_size: 4,
+            connect_timeout: Duration::from_secs(2),
+            call_timeout: Duration::from_secs(2),
+            reconnect_min_delay: Duration::from_millis(50),
+            reconnect_max_delay: Duration::from_secs(2),
+            durability: Durability::NONE,
+            reply_ttl: DEFAULT_REPLY_TTL,
+        }
+    }
+
+    /// The TLS settings in force: the configured ones, or the defaults (system roots, full
+    /// verification) when only the URL scheme asks for TLS.
+    pub fn effective_tls(&self) -> Option<TlsConfig> {
+        match &self.tls {
+            Some(tls) => Some(tls.clone()),
+            None if self.endpoints.urls().iter().any(SecretUrl::is_tls) => {
+                Some(TlsConfig::default())
+            }
+            None => None,
+        }
+    }
+
+    /// Checks the settings that can be checked without a server.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        check_prefix(&self.key_prefix)?;
+        let invalid = |m: &str| Err(StoreError::InvalidConfig(m.to_owned()));
+        if self.endpoints.urls().is_empty() {
+            return invalid("no Valkey endpoint configured");
+        }
+        if self.pool_size == 0 || self.pool_size > 64 {
+            return invalid("the pool size must be between 1 and 64");
+        }
+        if self.connect_timeout.is_zero() || self.call_timeout.is_zero() {
+            return invalid("timeouts must be positive");
+        }
+        if self.reconnect_min_delay.is_zero() || self.reconnect_min_delay > self.reconnect_max_delay
+        {
+            return invalid("reconnect delays must satisfy 0 < min <= max");
+        }
+        let tls = self.effective_tls();
+        if let (
+            Endpoints::Cluster(_),
+            Some(TlsConfig {
+                server_name: Some(_),
+                ..
+            }),
+        ) = (&self.endpoints, &tls)
+        {
+            return invalid(
+                "a TLS server name cannot be used with a cluster: every node is verified against \
+                 the address it announces",
+            );
+        }
+        if let Some(tls) = &tls
+            && tls.client_cert_file.is_some() != tls.client_key_file.is_some()
+        {
+            return invalid("a TLS client certificate needs both the certificate and the key file");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durability_round_trips() {
+        for text in ["none", "local", "replicas=2", "local,replicas=1"] {
+            let d: Durability = text.parse().unwrap();
+            assert_eq!(d.to_string(), text);
+        }
+        for bad in [
+            "",
+            "replicas=0",
+            "replicas=x",
+            "local,local",
+            "all",
+            "replicas=1,replicas=2",
+        ] {
+            assert!(bad.parse::<Durability>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn password_file_drops_one_trailing_newline() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pw");
+        std::fs::write(&path, "s3cret\n").unwrap();
+        let source = PasswordSource::File(path.clone());
+        assert_eq!(source.load().unwrap().expose(), "s3cret");
+        std::fs::write(&path, "\n").unwrap();
+        assert_eq!(source.load().unwrap_err().kind().as_str(), "invalid_config");
+        assert!(!format!("{:?}", PasswordSource::Value(Secret::new("x1"))).contains("x1"));
+    }
+
+    #[test]
+    fn scheme_turns_tls_on_and_server_name_is_single_only() {
+        let url = |u: &str| SecretUrl::parse(u).unwrap();
+        assert!(
+            ValkeyConfig::new(url("rediss://h:1"))
+                .effective_tls()
+                .is_some()
+        );
+        assert!(
+            ValkeyConfig::new(url("redis://h:1"))
+                .effective_tls()
+                .is_none()
+        );
+        let mut cluster = ValkeyConfig::cluster(vec![url("redis://a:1"), url("redis://b:2")]);
+        assert_eq!(cluster.endpoints.describe(), "cluster a:1,b:2");
+        cluster.tls = Some(TlsConfig {
+            server_name: Some("valkey.example".into()),
+            ..TlsConfig::default()
+        });
+        assert!(cluster.validate().is_err());
+    }
+}

@@ -1,0 +1,279 @@
+//! Making one connection from a [`ValkeyConfig`]: URL, credentials, TLS (rustls), server name,
+//! single server or cluster. Nothing of redis-rs leaves the backend: callers see
+//! [`crate::store::LeaseStore`] and [`StoreError`].
+
+use std::net::SocketAddr;
+use std::sync::Once;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::io::AsyncDNSResolver;
+use redis::{
+    AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, ConnectionInfo, IntoConnectionInfo,
+    Pipeline, RedisFuture, RedisResult, TlsCertificates, TlsMode, Value,
+};
+use tracing::warn;
+
+use super::classify::classify;
+use super::config::{Endpoints, TlsConfig, TlsMaterial, ValkeyConfig};
+use crate::redact::SecretUrl;
+use crate::store::StoreError;
+
+/// One multiplexed connection: to a single server, or a cluster client that routes by key
+/// (following MOVED/ASK and refreshing its slot map itself).
+#[derive(Clone)]
+pub(super) enum Conn {
+    /// A single server.
+    Single(MultiplexedConnection),
+    /// A Valkey Cluster.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Makes connections. Secrets and certificates are read at every connect.
+pub(super) struct Connector {
+    config: ValkeyConfig,
+    tls: Option<TlsConfig>,
+    endpoint: String,
+}
+
+impl Connector {
+    /// Prepares a connector; warns once when certificate checks are off.
+    pub(super) fn new(config: ValkeyConfig) -> Self {
+        let tls = config.effective_tls();
+        let endpoint = config.endpoints.describe();
+        if tls.as_ref().is_some_and(|t| t.insecure) {
+            warn!(
+                endpoint = %endpoint,
+                "TLS certificate verification is DISABLED (insecure): anyone on the network path \
+                 can impersonate the server and read the lease traffic; use a CA bundle instead"
+            );
+        }
+        Self {
+            config,
+            tls,
+            endpoint,
+        }
+    }
+
+    /// The configured endpoint(s), for messages.
+    pub(super) fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Opens one connection, bounded by the connect timeout.
+    pub(super) async fn connect(&self, limit: Duration) -> Result<Conn, StoreError> {
+        install_crypto_provider();
+        let material = self.tls.as_ref().map(TlsConfig::load).transpose()?;
+        let password = self
+            .config
+            .password
+            .as_ref()
+            .map(|p| p.load())
+            .transpose()?;
+        let fail = |e: redis::RedisError| classify(&self.endpoint, &e, limit, true);
+        let attempt = async {
+            match &self.config.endpoints {
+                Endpoints::Single(url) => {
+                    let info = self.connection_info(url, password.as_ref())?;
+                    let client = match material.as_ref().and_then(certificates) {
+                        Some(certs) => Client::build_with_tls(info, certs),
+                        None => Client::open(info),
+                    }
+                    .map_err(fail)?;
+                    let mut options = AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(limit))
+                        // Deadlines are the store's: every call is wrapped in its own.
+                        .set_response_timeout(None);
+                    if let Some(name) = self.tls.as_ref().and_then(|t| t.server_name.clone()) {
+                        options = options.set_dns_resolver(ServerNameResolver {
+                            name,
+                            host: url_host(url),
+                        });
+                    }
+                    client
+                        .get_multiplexed_async_connection_with_config(&options)
+                        .await
+                        .map(Conn::Single)
+                        .map_err(fail)
+                }
+                Endpoints::Cluster(seeds) => {
+                    let infos = seeds
+                        .iter()
+                        .map(|seed| self.connection_info(seed, password.as_ref()))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let mut builder = ClusterClientBuilder::new(infos)
+                        .connection_timeout(limit)
+                        .response_timeout(self.config.call_timeout)
+                        .retries(3)
+                        .min_retry_wait(millis_u64(self.config.reconnect_min_delay))
+                        .max_retry_wait(millis_u64(self.config.reconnect_max_delay));
+                    if let Some(user) = &self.config.username {
+                        builder = builder.username(user);
+                    }
+                    if let Some(password) = &password {
+                        builder = builder.password(password.expose());
+                    }
+                    if let Some(tls) = &self.tls {
+                        builder = builder.tls(if tls.insecure {
+                            TlsMode::Insecure
+                        } else {
+                            TlsMode::Secure
+                        });
+                        if let Some(certs) = material.as_ref().and_then(certificates) {
+                            builder = builder.certs(certs);
+                        }
+                    }
+                    let client = builder.build().map_err(fail)?;
+                    client
+                        .get_async_connection()
+                        .await
+                        .map(Conn::Cluster)
+                        .map_err(fail)
+                }
+            }
+        };
+        match tokio::time::timeout(limit, attempt).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable {
+                endpoint: self.endpoint.clone(),
+                cause: format!("connect timed out after {} ms", millis_u64(limit)),
+            }),
+        }
+    }
+
+    /// The client library's view of one URL, with TLS and credentials applied.
+    fn connection_info(
+        &self,
+        url: &SecretUrl,
+        password: Option<&crate::redact::Secret>,
+    ) -> Result<ConnectionInfo, StoreError> {
+        let invalid = |what: &str| {
+            StoreError::InvalidConfig(format!("Valkey URL for {}: {what}", url.endpoint()))
+        };
+        let mut parsed = url::Url::parse(url.expose()).map_err(|_| invalid("not a URL"))?;
+        if let Some(tls) = &self.tls {
+            let scheme = match parsed.scheme() {
+                "redis" | "rediss" => "rediss",
+                "valkey" | "valkeys" => "valkeys",
+                _ => return Err(invalid("scheme must be redis, rediss, valkey or valkeys")),
+            };
+            parsed
+                .set_scheme(scheme)
+                .map_err(|()| invalid("cannot switch the URL to TLS"))?;
+            if let Some(name) = &tls.server_name {
+                // redis-rs verifies the certificate against the URL's host; the resolver below
+                // still connects to the configured address.
+                parsed
+                    .set_host(Some(name))
+                    .map_err(|_| invalid("the TLS server name is not a valid host name"))?;
+            }
+            parsed.set_fragment(tls.insecure.then_some("insecure"));
+        }
+        let info = parsed
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| invalid(&e.to_string()))?;
+        let mut redis = info
+            .redis_settings()
+            .clone()
+            .set_lib_name("targetlease", env!("CARGO_PKG_VERSION"));
+        if let Some(user) = &self.config.username {
+            redis = redis.set_username(user);
+        }
+        if let Some(password) = password {
+            redis = redis.set_password(password.expose());
+        }
+        Ok(info.set_redis_settings(redis))
+    }
+}
+
+fn millis_u64(d: Duration) -> u64 {
+    super::classify::millis(d)
+}
+
+fn url_host(url: &SecretUrl) -> String {
+    url::Url::parse(url.expose())
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// redis-rs' form of the PEM material; `None` when only the system roots are needed.
+fn certificates(material: &TlsMaterial) -> Option<TlsCertificates> {
+    if material.ca.is_none() && material.client.is_none() {
+        return None;
+    }
+    Some(TlsCertificates {
+        client_tls: material.client.as_ref().map(|(cert, key)| ClientTlsConfig {
+            client_cert: cert.clone(),
+            client_key: key.clone(),
+        }),
+        root_cert: material.ca.clone(),
+    })
+}
+
+/// Resolves the TLS server name to the configured host, so the certificate is checked against
+/// the server name while the connection goes to the configured address.
+struct ServerNameResolver {
+    name: String,
+    host: String,
+}
+
+impl AsyncDNSResolver for ServerNameResolver {
+    fn resolve<'a, 'b: 'a>(
+        &'a self,
+        host: &'b str,
+        port: u16,
+    ) -> RedisFuture<'a, Box<dyn Iterator<Item = SocketAddr> + Send + 'a>> {
+        let target = if host == self.name {
+            self.host.clone()
+        } else {
+            host.to_owned()
+        };
+        Box::pin(async move {
+            let addrs = tokio::net::lookup_host((target.as_str(), port)).await?;
+            let addrs: Box<dyn Iterator<Item = SocketAddr> + Send + 'a> =
+                Box::new(addrs.collect::<Vec<_>>().into_iter());
+            RedisResult::Ok(addrs)
+        })
+    }
+}
+
+/// redis-rs uses rustls without choosing a crypto provider; choose ring once per process. If
+/// another part of the process installed one first, that one is used.
+fn install_crypto_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}

@@ -1,0 +1,229 @@
+//! A small pool of multiplexed connections with bounded reconnects.
+//!
+//! Connections are made lazily, one per slot, and handed out round-robin. A connection that
+//! broke, stalled past a deadline or reached a read-only node is dropped from its slot; the next
+//! call on that slot reconnects. Reconnect attempts of the whole pool share one backoff:
+//! exponential from the minimum delay, capped at the maximum, with jitter so that many
+//! controllers do not reconnect in lockstep. While the next attempt is further away than a
+//! call's deadline, the call fails at once with the last cause instead of waiting in vain.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::classify::millis;
+use super::connect::{Conn, Connector};
+use crate::store::StoreError;
+
+/// Exponential backoff with jitter, bounded by `max`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Backoff {
+    /// The first delay.
+    pub min: Duration,
+    /// The longest delay.
+    pub max: Duration,
+}
+
+impl Backoff {
+    /// The delay before attempt `failures + 1`: `min * 2^(failures-1)` capped at `max`, then
+    /// drawn uniformly from its upper half ("equal jitter": never zero, never above `max`).
+    pub(super) fn delay(self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(20);
+        let ceiling = self.min.saturating_mul(1 << exp).min(self.max);
+        let half = ceiling / 2;
+        let jitter = rand::rng().random_range(0..=millis(half));
+        half + Duration::from_millis(jitter)
+    }
+}
+
+/// A connection handed out for one attempt of one call.
+pub(super) struct Checkout {
+    /// The connection (a cheap clone of the pooled one).
+    pub conn: Conn,
+    slot: usize,
+    id: u64,
+}
+
+struct Live {
+    conn: Conn,
+    id: u64,
+}
+
+/// Shared reconnect state of the pool.
+#[derive(Default)]
+struct Reconnect {
+    failures: u32,
+    retry_at: Option<Instant>,
+    last_error: Option<StoreError>,
+    down_since: Option<Instant>,
+}
+
+/// The pool.
+pub(super) struct Pool {
+    connector: Connector,
+    slots: Box<[tokio::sync::Mutex<Option<Live>>]>,
+    next_slot: AtomicUsize,
+    next_id: AtomicU64,
+    backoff: Backoff,
+    connect_timeout: Duration,
+    reconnect: Mutex<Reconnect>,
+}
+
+impl Pool {
+    /// A pool of `size` lazily made connections.
+    pub(super) fn new(
+        connector: Connector,
+        size: usize,
+        connect_timeout: Duration,
+        backoff: Backoff,
+    ) -> Self {
+        Self {
+            connector,
+            slots: (0..size.max(1))
+                .map(|_| tokio::sync::Mutex::new(None))
+                .collect(),
+            next_slot: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+            backoff,
+            connect_timeout,
+            reconnect: Mutex::new(Reconnect::default()),
+        }
+    }
+
+    /// The configured endpoint(s), for messages.
+    pub(super) fn endpoint(&self) -> &str {
+        self.connector.endpoint()
+    }
+
+    /// A connection for one attempt, connecting if its slot is empty. Gives up at `deadline`.
+    pub(super) async fn checkout(&self, deadline: Instant) -> Result<Checkout, StoreError> {
+        let slot = self.next_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let waited = tokio::time::timeout_at(deadline, self.checkout_slot(slot, deadline)).await;
+        waited.unwrap_or_else(|_| {
+            Err(self
+                .last_error()
+                .unwrap_or_else(|| StoreError::Unavailable {
+                    endpoint: self.endpoint().to_owned(),
+                    cause: "no connection became available before the call deadline".into(),
+                }))
+        })
+    }
+
+    async fn checkout_slot(&self, slot: usize, deadline: Instant) -> Result<Checkout, StoreError> {
+        // Held while connecting, so concurrent calls on this slot wait for one attempt.
+        let mut guard = self.slots[slot].lock().await;
+        if let Some(live) = guard.as_ref() {
+            return Ok(Checkout {
+                conn: live.conn.clone(),
+                slot,
+                id: live.id,
+            });
+        }
+        if let Some((retry_at, last)) = self.backing_off() {
+            if retry_at >= deadline {
+                return Err(last);
+            }
+            tokio::time::sleep_until(retry_at).await;
+        }
+        let limit = self
+            .connect_timeout
+            .min(deadline.saturating_duration_since(Instant::now()));
+        match self.connector.connect(limit).await {
+            Ok(conn) => {
+                self.connected();
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                *guard = Some(Live {
+                    conn: conn.clone(),
+                    id,
+                });
+                Ok(Checkout { conn, slot, id })
+            }
+            Err(e) => {
+                self.failed(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Drops the connection of `checkout` from its slot (if it is still there): it broke,
+    /// stalled or reached a node that cannot take writes. In-flight calls on it finish or fail
+    /// on their own clones.
+    pub(super) async fn discard(&self, checkout: &Checkout) {
+        let mut guard = self.slots[checkout.slot].lock().await;
+        if guard.as_ref().is_some_and(|live| live.id == checkout.id) {
+            *guard = None;
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, Reconnect> {
+        self.reconnect.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn last_error(&self) -> Option<StoreError> {
+        self.state().last_error.clone()
+    }
+
+    /// When the next attempt may start and the error of the last one, while backing off.
+    fn backing_off(&self) -> Option<(Instant, StoreError)> {
+        let state = self.state();
+        match (state.retry_at, &state.last_error) {
+            (Some(at), Some(e)) if at > Instant::now() => Some((at, e.clone())),
+            _ => None,
+        }
+    }
+
+    fn connected(&self) {
+        let mut state = self.state();
+        if let Some(since) = state.down_since.take() {
+            info!(
+                endpoint = %self.endpoint(),
+                failed_attempts = state.failures,
+                down_ms = millis(since.elapsed()),
+                "reconnected to the lease store"
+            );
+        }
+        *state = Reconnect::default();
+    }
+
+    fn failed(&self, error: &StoreError) {
+        let mut state = self.state();
+        state.failures = state.failures.saturating_add(1);
+        let delay = self.backoff.delay(state.failures);
+        state.retry_at = Some(Instant::now() + delay);
+        state.down_since.get_or_insert_with(Instant::now);
+        state.last_error = Some(error.clone());
+        warn!(
+            endpoint = %self.endpoint(),
+            kind = error.kind().as_str(),
+            error = %error,
+            attempt = state.failures,
+            next_attempt_in_ms = millis(delay),
+            "cannot connect to the lease store"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_with_jitter_and_stays_bounded() {
+        let b = Backoff {
+            min: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+        };
+        for _ in 0..200 {
+            let first = b.delay(1);
+            assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+            let fourth = b.delay(4);
+            assert!(fourth >= Duration::from_millis(400) && fourth <= Duration::from_millis(800));
+            let late = b.delay(60);
+            assert!(late >= Duration::from_secs(1) && late <= Duration::from_secs(2));
+        }
+    }
+}

@@ -1,8 +1,16 @@
-//! Test support shared by the integration suites: real servers on loopback ports.
+//! Test support shared by the integration suites: real servers on loopback ports, clusters,
+//! certificates, a misbehaving proxy, a Kubernetes control plane, the contract's test bodies and
+//! the suite runner.
 #![allow(dead_code)]
 
+pub mod admin;
+pub mod cluster;
+pub mod contract_cases;
 pub mod kube;
+pub mod proxy;
 pub mod server;
+pub mod suite;
+pub mod tls;
 
 /// The number of random cases of a property or fuzz test: `default`, or `TARGETLEASE_CASES` for
 /// longer runs.

@@ -104,10 +104,20 @@ impl ServerKind {
     }
 }
 
+/// How a server listens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listen {
+    /// Plain TCP on the server's port.
+    Plain,
+    /// TLS only (`--port 0 --tls-port <port>`); the TLS files come in the extra arguments.
+    Tls,
+}
+
 /// A running server; killed and its folder removed on drop.
 pub struct Server {
     pub kind: ServerKind,
     pub port: u16,
+    pub listen: Listen,
     child: Child,
     dir: tempfile::TempDir,
     password: Option<String>,
@@ -122,6 +132,11 @@ impl Server {
 
     /// Starts a server with extra `--name value` arguments (e.g. `["--requirepass", "pw"]`).
     pub fn start_with(kind: ServerKind, extra: &[&str]) -> Server {
+        Self::start_listening(kind, Listen::Plain, extra)
+    }
+
+    /// Starts a server listening as `listen`, with extra arguments.
+    pub fn start_listening(kind: ServerKind, listen: Listen, extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let password = extra
@@ -131,11 +146,12 @@ impl Server {
         let mut last_error = String::new();
         for _ in 0..5 {
             let port = free_port();
-            match spawn(kind, port, dir.path(), &extra) {
+            match spawn(kind, port, listen, dir.path(), &extra) {
                 Ok(child) => {
                     return Server {
                         kind,
                         port,
+                        listen,
                         child,
                         dir,
                         password,
@@ -146,6 +162,21 @@ impl Server {
             }
         }
         panic!("{}: could not start: {last_error}", kind.name());
+    }
+
+    /// The password of the default user, if the server has one.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The server's log file.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
     /// `redis://` URL of this server, with the password if it has one.
@@ -173,11 +204,18 @@ impl Server {
         let _ = self.child.wait();
     }
 
-    /// Starts the server again on the same port and folder (after [`Server::kill`]).
+    /// Starts the server again on the same port and folder (after [`Server::kill`]); returns
+    /// once it answers.
     pub fn restart(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match spawn(self.kind, self.port, self.dir.path(), &self.extra) {
+            match spawn(
+                self.kind,
+                self.port,
+                self.listen,
+                self.dir.path(),
+                &self.extra,
+            ) {
                 Ok(child) => {
                     self.child = child;
                     return;
@@ -201,17 +239,26 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
-fn spawn(kind: ServerKind, port: u16, dir: &Path, extra: &[String]) -> Result<Child, String> {
+fn spawn(
+    kind: ServerKind,
+    port: u16,
+    listen: Listen,
+    dir: &Path,
+    extra: &[String],
+) -> Result<Child, String> {
     let log = dir.join("server.log");
+    let port_args = match listen {
+        Listen::Plain => vec!["--port".to_owned(), port.to_string()],
+        Listen::Tls => vec![
+            "--port".into(),
+            "0".into(),
+            "--tls-port".into(),
+            port.to_string(),
+        ],
+    };
     let mut child = Command::new(kind.binary())
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
+        .args(&port_args)
+        .args(["--bind", "127.0.0.1", "--save", ""])
         .args(["--dir", &dir.display().to_string()])
         .args(["--logfile", &log.display().to_string()])
         .args(
@@ -239,14 +286,21 @@ fn spawn(kind: ServerKind, port: u16, dir: &Path, extra: &[String]) -> Result<Ch
                 tail.lines().last().unwrap_or("")
             ));
         }
-        match raw_command(port, password, &["PING"]) {
-            Ok(reply) if reply.starts_with("+PONG") => return Ok(child),
-            _ if Instant::now() > deadline => {
-                let _ = child.kill();
-                return Err("did not answer PING within 10 s".into());
+        let ready = match listen {
+            Listen::Plain => {
+                raw_command(port, password, &["PING"]).is_ok_and(|r| r.starts_with("+PONG"))
             }
-            _ => std::thread::sleep(Duration::from_millis(20)),
+            // Without a TLS client at hand, a listening socket is the readiness signal.
+            Listen::Tls => TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        };
+        if ready {
+            return Ok(child);
         }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err("did not become ready within 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -1,0 +1,168 @@
+//! A real Valkey Cluster on loopback ports: three primaries, each with one replica, built by
+//! hand (CLUSTER MEET, ADDSLOTSRANGE, REPLICATE) so no `valkey-cli` is needed. A short
+//! `cluster-node-timeout` (1000 ms) makes a killed primary's replica take over within seconds.
+
+use std::time::{Duration, Instant};
+
+use super::server::{Server, ServerKind};
+
+/// Slot ranges of the three primaries.
+pub const RANGES: [(u16, u16); 3] = [(0, 5460), (5461, 10922), (10923, 16383)];
+
+/// A running cluster; every node is killed on drop.
+pub struct Cluster {
+    /// Nodes 0..3 start as primaries (owning [`RANGES`]), node 3+i replicates node i.
+    pub nodes: Vec<Server>,
+    ids: Vec<String>,
+}
+
+impl Cluster {
+    /// Starts and forms a cluster; returns once every node reports `cluster_state:ok` and every
+    /// replica is in sync. Panics with the nodes' view when that takes longer than 30 s.
+    pub fn start(kind: ServerKind, extra: &[&str]) -> Cluster {
+        let mut args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1000",
+            // Failover must not wait for the replica to have been connected recently.
+            "--cluster-replica-validity-factor",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        let nodes: Vec<Server> = (0..6).map(|_| Server::start_with(kind, &args)).collect();
+        let ids: Vec<String> = nodes
+            .iter()
+            .map(|n| bulk(&n.raw(&["CLUSTER", "MYID"])))
+            .collect();
+        for node in &nodes[1..] {
+            let reply = nodes[0].raw(&["CLUSTER", "MEET", "127.0.0.1", &node.port.to_string()]);
+            assert!(reply.starts_with("+OK"), "CLUSTER MEET: {reply}");
+        }
+        for (node, (from, to)) in nodes.iter().zip(RANGES) {
+            let reply = node.raw(&[
+                "CLUSTER",
+                "ADDSLOTSRANGE",
+                &from.to_string(),
+                &to.to_string(),
+            ]);
+            assert!(reply.starts_with("+OK"), "ADDSLOTSRANGE: {reply}");
+        }
+        let cluster = Cluster { nodes, ids };
+        cluster.wait(
+            "every node knows every other",
+            Duration::from_secs(30),
+            |c| {
+                c.nodes
+                    .iter()
+                    .all(|n| n.raw(&["CLUSTER", "NODES"]).lines().count() >= 6)
+            },
+        );
+        for i in 0..3 {
+            let reply = cluster.nodes[3 + i].raw(&["CLUSTER", "REPLICATE", &cluster.ids[i]]);
+            assert!(reply.starts_with("+OK"), "CLUSTER REPLICATE: {reply}");
+        }
+        cluster.wait(
+            "cluster ok and replicas in sync",
+            Duration::from_secs(30),
+            |c| {
+                c.nodes
+                    .iter()
+                    .all(|n| n.raw(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+                    && c.nodes[3..].iter().all(|n| {
+                        n.raw(&["INFO", "replication"])
+                            .contains("master_link_status:up")
+                    })
+            },
+        );
+        cluster
+    }
+
+    /// Seed URLs (every node).
+    pub fn seeds(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| format!("redis://127.0.0.1:{}", n.port))
+            .collect()
+    }
+
+    /// The node currently serving `slot` as primary, by asking a live node.
+    pub fn primary_of_slot(&mut self, slot: u16) -> usize {
+        let nodes = self.live_node().raw(&["CLUSTER", "NODES"]);
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let owns = fields[8..].iter().any(|range| {
+                let (from, to) = range.split_once('-').unwrap_or((range, range));
+                matches!((from.parse::<u16>(), to.parse::<u16>()), (Ok(a), Ok(b)) if a <= slot && slot <= b)
+            });
+            if owns {
+                let id = fields[0];
+                return self
+                    .ids
+                    .iter()
+                    .position(|i| i == id)
+                    .expect("known node id");
+            }
+        }
+        panic!("no live primary serves slot {slot}:\n{nodes}");
+    }
+
+    /// The slot of a key, as the cluster computes it.
+    pub fn keyslot(&mut self, key: &str) -> u16 {
+        let reply = self.live_node().raw(&["CLUSTER", "KEYSLOT", key]);
+        reply
+            .trim()
+            .trim_start_matches(':')
+            .parse()
+            .unwrap_or_else(|_| panic!("CLUSTER KEYSLOT answered {reply:?}"))
+    }
+
+    /// Whether every live node reports the cluster healthy.
+    pub fn is_ok(&mut self) -> bool {
+        self.nodes
+            .iter_mut()
+            .filter_map(|n| n.is_running().then(|| n.raw(&["CLUSTER", "INFO"])))
+            .all(|info| info.contains("cluster_state:ok"))
+    }
+
+    fn live_node(&mut self) -> &Server {
+        let index = self
+            .nodes
+            .iter_mut()
+            .position(|n| n.is_running())
+            .expect("a live node");
+        &self.nodes[index]
+    }
+
+    fn wait(&self, what: &str, limit: Duration, ready: impl Fn(&Cluster) -> bool) {
+        let deadline = Instant::now() + limit;
+        while !ready(self) {
+            if Instant::now() > deadline {
+                let view: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|n| n.raw(&["CLUSTER", "NODES"]))
+                    .collect();
+                panic!(
+                    "cluster: {what} not reached within {limit:?}:\n{}",
+                    view.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The text of a RESP bulk string reply.
+fn bulk(reply: &str) -> String {
+    reply
+        .lines()
+        .nth(1)
+        .unwrap_or_else(|| panic!("not a bulk reply: {reply:?}"))
+        .to_owned()
+}

@@ -1,0 +1,63 @@
+//! The libtest-mimic plumbing every suite shares: one trial per async test body, each on its
+//! own runtime under a time limit, and a closing `<suite>: N passed, N failed` line. A suite in
+//! which no test ran fails: a missing server must never look like success.
+
+use std::future::Future;
+use std::time::Duration;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+/// How long one test may take before it fails.
+pub const TEST_LIMIT: Duration = Duration::from_secs(180);
+
+/// A trial that runs `body` on a fresh multi-threaded runtime (two workers, so a test's own
+/// blocking calls cannot freeze the proxy or the client's background tasks).
+pub fn trial<F, Fut>(name: impl Into<String>, body: F) -> Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    Trial::test(name, move || {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            runtime.block_on(async move {
+                tokio::time::timeout(TEST_LIMIT, body())
+                    .await
+                    .unwrap_or_else(|_| panic!("test timed out after {TEST_LIMIT:?}"));
+            });
+        }));
+        outcome.map_err(|panic| {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "test panicked".into());
+            Failed::from(message)
+        })
+    })
+}
+
+/// Runs the trials, prints the closing line and exits (non-zero on failure or when nothing ran).
+pub fn run(suite: &str, trials: Vec<Trial>) -> ! {
+    let args = Arguments::from_args();
+    let conclusion = libtest_mimic::run(&args, trials);
+    println!(
+        "{suite}: {} passed, {} failed",
+        conclusion.num_passed, conclusion.num_failed
+    );
+    if conclusion.num_passed == 0 {
+        eprintln!("{suite}: no test ran; refusing to pass vacuously");
+        std::process::exit(1);
+    }
+    conclusion.exit()
+}
+
+/// Prints a measured figure so that it shows in the test output (`--nocapture`) and in the
+/// failure message context.
+pub fn measured(what: &str, value: Duration) {
+    eprintln!("measured: {what}: {} ms", value.as_millis());
+}

@@ -16,7 +16,7 @@ if fence_err then return fence_err end
 if token < fence then return {'stale', int(fence)} end
 
 local last = redis.pcall('HGET', KEYS[2], 'token')
-if type(last) == 'table' and last.err then return corrupt('guarded record at ' .. KEYS[2] .. ' is not a hash') end
+if type(last) == 'table' and last.err then return read_error(last, 'guarded record at ' .. KEYS[2] .. ' is not a hash') end
 if last then
   local last_token = arg_int(last)
   if not last_token then return corrupt('guarded record at ' .. KEYS[2] .. ' has a non-numeric token') end

@@ -20,6 +20,13 @@ local function invalid(what)
   return redis.error_reply('TLINVALID ' .. what)
 end
 
+-- The error of a failed pcall'd read: a record of the wrong type is corrupt; anything else (an
+-- ACL refusal, an out-of-memory, ...) is passed on unchanged, never disguised as corruption.
+local function read_error(r, what)
+  if string.find(r.err, 'WRONGTYPE', 1, true) then return corrupt(what) end
+  return redis.error_reply(r.err)
+end
+
 -- Parses a non-negative integer argument; nil when it is not one.
 local function arg_int(s)
   local n = tonumber(s)
@@ -44,7 +51,7 @@ local function read_lease(key)
   end
   local r = redis.pcall('HMGET', key, 'record_version', 'lease_id', 'owner', 'token', 'acquired_ms')
   if type(r) == 'table' and r.err then
-    return false, corrupt('lease record at ' .. key .. ' is not a hash')
+    return false, read_error(r, 'lease record at ' .. key .. ' is not a hash')
   end
   if not r[1] then
     return false, corrupt('lease record at ' .. key .. ' lacks field record_version')
@@ -72,7 +79,7 @@ end
 local function read_fence(key)
   local v = redis.pcall('GET', key)
   if type(v) == 'table' and v.err then
-    return false, corrupt('fence at ' .. key .. ' is not a string')
+    return false, read_error(v, 'fence at ' .. key .. ' is not a string')
   end
   if not v then return 0 end
   local n = arg_int(v)
@@ -88,7 +95,7 @@ end
 local function cached_reply(key)
   local v = redis.pcall('GET', key)
   if type(v) == 'table' and v.err then
-    return false, corrupt('reply cache at ' .. key .. ' is not a string')
+    return false, read_error(v, 'reply cache at ' .. key .. ' is not a string')
   end
   if not v then return nil end
   local ok, reply = pcall(cjson.decode, v)

@@ -1,1 +1,685 @@
-fn main() {}
+//! Valkey as operators run it: an ACL user restricted to the key prefix (the rule in
+//! docs/operations.md), TLS and mutual TLS (Redis 7.0 from Debian, TLS-only, certificates made at
+//! test time), durability with WAITAOF (Valkey 9.1 primary and replica with `appendonly yes`),
+//! and the CLI's connection settings. The lease-store contract runs as the ACL user, over TLS
+//! and over mTLS; the other tests check that each misconfiguration fails with a clear error.
+//! Servers are real and started per test; a missing binary fails the suite.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use targetlease::redact::Secret;
+use targetlease::store::valkey::keys::TargetKeys;
+use targetlease::store::valkey::{
+    Durability, PasswordSource, TlsConfig, ValkeyConfig, ValkeyStore,
+};
+use targetlease::store::{ErrorKind, LeaseStore, StoreError};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use support::admin::Admin;
+use support::contract_cases::{
+    self, Harness, RawAccess, ServerEnv, TTL, Variant, acquire_req, acquired, target, valkey_config,
+};
+use support::proxy::{Mode, Proxy};
+use support::server::{Listen, Server, ServerKind, resp};
+use support::suite::{self, measured, trial};
+use support::tls::Certs;
+
+const ADMIN_PASSWORD: &str = "admin-pw-5b1f0c";
+const APP_USER: &str = "targetlease";
+const APP_PASSWORD: &str = "app-pw-9c2e7a-never-logged";
+
+/// The ACL rule from docs/operations.md for `user` with `password`, as command arguments: the
+/// tests use exactly what the documentation tells operators to run.
+fn documented_acl_rule(user: &str, password: &str) -> Vec<String> {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
+            .expect("docs/operations.md");
+    let start = doc
+        .find("<!-- acl-rule:begin -->")
+        .expect("acl-rule:begin marker");
+    let end = doc
+        .find("<!-- acl-rule:end -->")
+        .expect("acl-rule:end marker");
+    let line = doc[start..end]
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER"))
+        .expect("an ACL SETUSER line between the markers");
+    line.split_whitespace()
+        .map(|word| match word {
+            "targetlease" => user.to_owned(),
+            ">CHANGE-ME" => format!(">{password}"),
+            other => other.to_owned(),
+        })
+        .collect()
+}
+
+/// Valkey 9.1 whose default user has a password, with `user` set up by `rule`.
+fn acl_server(rule: &[String]) -> Server {
+    let server = Server::start_with(ServerKind::Valkey91, &["--requirepass", ADMIN_PASSWORD]);
+    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+    let reply = server.raw(&args);
+    assert!(reply.starts_with("+OK"), "{args:?}: {reply}");
+    server
+}
+
+/// A store config for the ACL user.
+fn app_config(port: u16, user: &str, password: &str) -> ValkeyConfig {
+    let mut config = valkey_config(&format!("redis://127.0.0.1:{port}"));
+    config.username = Some(user.into());
+    config.password = Some(PasswordSource::Value(Secret::new(password)));
+    config
+}
+
+async fn acl_env() -> ServerEnv {
+    let server = acl_server(&documented_acl_rule(APP_USER, APP_PASSWORD));
+    let port = server.port;
+    let admin = Admin::single(&format!("redis://:{ADMIN_PASSWORD}@127.0.0.1:{port}"), None).await;
+    ServerEnv {
+        kind: ServerKind::Valkey91,
+        config: app_config(port, APP_USER, APP_PASSWORD),
+        admin,
+        raw: Some(RawAccess {
+            port,
+            password: Some(ADMIN_PASSWORD.into()),
+        }),
+        keep: vec![Box::new(server)],
+    }
+}
+
+/// A TLS-only Redis 7.0 (`--port 0 --tls-port N`), requiring client certificates when `mtls`.
+fn tls_server(certs: &Certs, mtls: bool) -> Server {
+    let args = certs.server_args(mtls);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start_listening(ServerKind::Redis70, Listen::Tls, &args)
+}
+
+/// A store config trusting the test CA, presenting the client certificate when `mtls`.
+fn tls_config(certs: &Certs, port: u16, mtls: bool) -> ValkeyConfig {
+    let mut config = valkey_config(&format!("rediss://127.0.0.1:{port}"));
+    config.tls = Some(TlsConfig {
+        ca_file: Some(certs.path("ca.crt")),
+        client_cert_file: mtls.then(|| certs.path("client.crt")),
+        client_key_file: mtls.then(|| certs.path("client.key")),
+        ..TlsConfig::default()
+    });
+    config
+}
+
+async fn tls_env(mtls: bool) -> ServerEnv {
+    let certs = Certs::generate();
+    let server = tls_server(&certs, mtls);
+    let url = format!("rediss://127.0.0.1:{}", server.port);
+    let admin = Admin::single(&url, Some(certs.admin_certs())).await;
+    let mut config = tls_config(&certs, server.port, mtls);
+    // The contract opens 100 pools at once; 100 TLS handshakes in a debug build on two cores
+    // take longer than the default 2 s.
+    config.connect_timeout = Duration::from_secs(15);
+    config.call_timeout = Duration::from_secs(15);
+    ServerEnv {
+        kind: ServerKind::Redis70,
+        config,
+        admin,
+        raw: None,
+        keep: vec![Box::new(server), Box::new(certs)],
+    }
+}
+
+/// Expects `connect` to fail with `kind`, naming the endpoint, containing `words` and never
+/// `secret`.
+async fn refused(
+    config: ValkeyConfig,
+    kind: ErrorKind,
+    words: &[&str],
+    secret: &str,
+) -> StoreError {
+    let endpoint = config.endpoints.describe();
+    let e = ValkeyStore::connect(config)
+        .await
+        .expect_err("connect must fail");
+    let text = e.to_string();
+    eprintln!("error as reported: {text}");
+    assert_eq!(e.kind(), kind, "{text}");
+    assert!(
+        text.contains(&endpoint),
+        "the error does not name {endpoint}: {text}"
+    );
+    for word in words {
+        assert!(text.contains(word), "expected {word:?} in: {text}");
+    }
+    assert!(!text.contains(secret), "the error shows a secret: {text}");
+    e
+}
+
+// ---- ACL ----
+
+async fn acl_wrong_password_is_access_denied() {
+    let server = acl_server(&documented_acl_rule(APP_USER, APP_PASSWORD));
+    let wrong = format!("{APP_PASSWORD}-wrong");
+    refused(
+        app_config(server.port, APP_USER, &wrong),
+        ErrorKind::AccessDenied,
+        &["authentication failed"],
+        &wrong,
+    )
+    .await;
+}
+
+async fn acl_user_without_rights_is_access_denied() {
+    // Can connect and PING, but may not run scripts.
+    let rule: Vec<String> =
+        "ACL SETUSER no-scripts on >pw1 resetkeys ~tl:* -@all +ping +hello +auth +client|setinfo"
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+    let server = acl_server(&rule);
+    let store = ValkeyStore::connect(app_config(server.port, "no-scripts", "pw1"))
+        .await
+        .expect("PING is allowed");
+    let e = store
+        .acquire(&acquire_req(&target("rights"), "lease-a", "alice", TTL))
+        .await
+        .expect_err("EVALSHA is not allowed");
+    assert_eq!(e.kind(), ErrorKind::AccessDenied, "{e}");
+    assert!(e.to_string().contains("evalsha"), "{e}");
+
+    // May run scripts, but not every command they need: the script fails as a whole, with the
+    // ACL's reason (not disguised as a corrupt record), and writes nothing.
+    let mut rule = documented_acl_rule("no-hset", "pw2");
+    rule.retain(|w| w != "+hset");
+    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+    assert!(server.raw(&args).starts_with("+OK"));
+    let store = ValkeyStore::connect(app_config(server.port, "no-hset", "pw2"))
+        .await
+        .expect("connect");
+    let t = target("rights-hset");
+    let e = store
+        .acquire(&acquire_req(&t, "lease-a", "alice", TTL))
+        .await
+        .expect_err("HSET is not allowed");
+    assert_eq!(e.kind(), ErrorKind::AccessDenied, "{e}");
+    assert!(e.to_string().contains("hset"), "{e}");
+    let fence = TargetKeys::new("tl", &t).fence();
+    assert!(
+        server.raw(&["EXISTS", &fence]).starts_with(":0"),
+        "a refused script wrote"
+    );
+}
+
+async fn acl_key_outside_the_prefix_is_refused() {
+    let server = acl_server(&documented_acl_rule(APP_USER, APP_PASSWORD));
+    let mut config = app_config(server.port, APP_USER, APP_PASSWORD);
+    config.key_prefix = "other".into();
+    let store = ValkeyStore::connect(config).await.expect("connect");
+    let e = store
+        .acquire(&acquire_req(&target("outside"), "lease-a", "alice", TTL))
+        .await
+        .expect_err("keys outside ~tl:* are refused");
+    assert_eq!(e.kind(), ErrorKind::AccessDenied, "{e}");
+    assert!(e.to_string().contains("permission denied"), "{e}");
+    assert!(
+        server.raw(&["DBSIZE"]).starts_with(":0"),
+        "something was written"
+    );
+}
+
+// ---- TLS ----
+
+async fn tls_wrong_ca_is_named() {
+    let certs = Certs::generate();
+    let server = tls_server(&certs, false);
+    let mut config = tls_config(&certs, server.port, false);
+    if let Some(tls) = config.tls.as_mut() {
+        tls.ca_file = Some(certs.path("other-ca.crt"));
+    }
+    refused(
+        config,
+        ErrorKind::Tls,
+        &["TLS handshake failed", "unknown CA"],
+        "-----",
+    )
+    .await;
+}
+
+async fn mtls_without_client_certificate_is_named() {
+    let certs = Certs::generate();
+    let server = tls_server(&certs, true);
+    refused(
+        tls_config(&certs, server.port, false),
+        ErrorKind::Tls,
+        &["TLS handshake failed", "client certificate"],
+        "-----",
+    )
+    .await;
+}
+
+async fn mtls_with_a_foreign_client_certificate_is_named() {
+    let certs = Certs::generate();
+    let server = tls_server(&certs, true);
+    let mut config = tls_config(&certs, server.port, true);
+    if let Some(tls) = config.tls.as_mut() {
+        tls.client_cert_file = Some(certs.path("other-client.crt"));
+        tls.client_key_file = Some(certs.path("other-client.key"));
+    }
+    refused(
+        config,
+        ErrorKind::Tls,
+        &["TLS handshake failed", "client certificate"],
+        "-----",
+    )
+    .await;
+}
+
+async fn tls_server_name_is_verified() {
+    let certs = Certs::generate();
+    let server = tls_server(&certs, false);
+    // The certificate names valkey.test; we connect to 127.0.0.1 and say which name to expect.
+    let mut config = tls_config(&certs, server.port, false);
+    if let Some(tls) = config.tls.as_mut() {
+        tls.server_name = Some("valkey.test".into());
+    }
+    let store = ValkeyStore::connect(config.clone())
+        .await
+        .expect("the right server name");
+    acquired(
+        &store,
+        &acquire_req(&target("named"), "lease-a", "alice", TTL),
+    )
+    .await;
+    if let Some(tls) = config.tls.as_mut() {
+        tls.server_name = Some("elsewhere.test".into());
+    }
+    refused(
+        config,
+        ErrorKind::Tls,
+        &["server name mismatch", "elsewhere.test"],
+        "-----",
+    )
+    .await;
+}
+
+async fn tls_to_a_plain_server_is_named() {
+    let server = Server::start(ServerKind::Valkey91);
+    let mut config = valkey_config(&format!("rediss://127.0.0.1:{}", server.port));
+    config.connect_timeout = Duration::from_millis(500);
+    config.call_timeout = Duration::from_millis(500);
+    refused(
+        config,
+        ErrorKind::Unavailable,
+        &[
+            "timed out after 500 ms",
+            "does the server speak TLS on this port?",
+        ],
+        "-----",
+    )
+    .await;
+}
+
+async fn tls_insecure_connects_and_warns() {
+    let certs = Certs::generate();
+    let server = tls_server(&certs, false);
+    let mut config = valkey_config(&format!("rediss://127.0.0.1:{}", server.port));
+    config.tls = Some(TlsConfig {
+        insecure: true,
+        ..TlsConfig::default()
+    });
+    let (logs, guard) = suite::capture_logs();
+    let store = ValkeyStore::connect(config)
+        .await
+        .expect("insecure accepts any certificate");
+    drop(guard);
+    acquired(
+        &store,
+        &acquire_req(&target("insecure"), "lease-a", "alice", TTL),
+    )
+    .await;
+    let logs = logs.text();
+    assert!(
+        logs.contains("WARN") && logs.contains("verification is DISABLED"),
+        "{logs}"
+    );
+}
+
+// ---- Durability ----
+
+/// A Valkey 9.1 primary and replica, both `appendonly yes`; the replica reaches the primary
+/// through a proxy so that the test can hold replication back.
+struct Replicated {
+    primary: Server,
+    replica: Server,
+    link: Proxy,
+}
+
+async fn replicated() -> Replicated {
+    let aof = ["--appendonly", "yes", "--appendfsync", "always"];
+    let primary = Server::start_with(ServerKind::Valkey91, &aof);
+    let link = Proxy::start(primary.port).await;
+    let replica = Server::start_with(
+        ServerKind::Valkey91,
+        &[
+            &aof[..],
+            &["--replicaof", "127.0.0.1", &link.port.to_string()],
+        ]
+        .concat(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !replica
+        .raw(&["INFO", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "replica did not sync: {}",
+            replica.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Replicated {
+        primary,
+        replica,
+        link,
+    }
+}
+
+fn fence_on(server: &Server, keys: &TargetKeys) -> Option<u64> {
+    let reply = server.raw(&["GET", &keys.fence()]);
+    reply.lines().nth(1).and_then(|v| v.parse().ok())
+}
+
+async fn durability_replicas_waits_for_the_replica() {
+    let r = replicated().await;
+    let url = format!("redis://127.0.0.1:{}", r.primary.port);
+    let mut config = valkey_config(&url);
+    config.durability = "replicas=1".parse().expect("durability");
+    config.call_timeout = Duration::from_millis(1500);
+    let store = ValkeyStore::connect(config.clone()).await.expect("connect");
+    // Every acquire's fence is on the replica the moment acquire returns.
+    for i in 0..20 {
+        let t = target(&format!("durable-{i}"));
+        let g = acquired(&store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+        let keys = TargetKeys::new("tl", &t);
+        assert_eq!(
+            fence_on(&r.replica, &keys),
+            Some(g.token),
+            "acquire {i} returned before the replica had it"
+        );
+    }
+    // Hold replication back: the acquire runs on the primary but is not confirmed durable.
+    r.link.set(Mode::Stall);
+    let t = target("durable-held-back");
+    let keys = TargetKeys::new("tl", &t);
+    let req = acquire_req(&t, "lease-a", "alice", TTL);
+    let started = Instant::now();
+    let e = store
+        .acquire(&req)
+        .await
+        .expect_err("no replica can confirm");
+    measured(
+        "durable acquire refused at its deadline (1500 ms)",
+        started.elapsed(),
+    );
+    assert_eq!(e.kind(), ErrorKind::NotDurable, "{e}");
+    assert!(e.to_string().contains("replicas: 0 of 1"), "{e}");
+    assert_eq!(fence_on(&r.replica, &keys), None);
+    // Without the option an acquire returns although the replica has nothing: what the option
+    // buys.
+    let plain = ValkeyStore::connect(valkey_config(&url))
+        .await
+        .expect("connect");
+    let other = target("not-durable");
+    acquired(&plain, &acquire_req(&other, "lease-a", "alice", TTL)).await;
+    assert_eq!(fence_on(&r.replica, &TargetKeys::new("tl", &other)), None);
+    // Once replication flows again, the retry (same request id) returns the first grant, now
+    // confirmed on the replica.
+    r.link.set(Mode::Pass);
+    let first_token = match r.primary.raw(&["GET", &keys.fence()]).lines().nth(1) {
+        Some(v) => v.parse::<u64>().expect("fence"),
+        None => panic!("the first acquire did not run"),
+    };
+    let g = acquired(&store, &req).await;
+    assert_eq!(g.token, first_token, "the retry issued another token");
+    assert_eq!(fence_on(&r.replica, &keys), Some(g.token));
+}
+
+async fn durability_needs_waitaof_and_aof() {
+    let redis = Server::start(ServerKind::Redis70);
+    let mut config = valkey_config(&redis.url());
+    config.durability = "replicas=1".parse().expect("durability");
+    refused(
+        config,
+        ErrorKind::InvalidConfig,
+        &["WAITAOF", "replicas=1"],
+        "-----",
+    )
+    .await;
+
+    let no_aof = Server::start(ServerKind::Valkey81);
+    let mut config = valkey_config(&no_aof.url());
+    config.durability = Durability {
+        local: true,
+        replicas: 0,
+    };
+    refused(
+        config,
+        ErrorKind::InvalidConfig,
+        &["appendonly yes"],
+        "-----",
+    )
+    .await;
+
+    let aof = Server::start_with(ServerKind::Valkey81, &["--appendonly", "yes"]);
+    let mut config = valkey_config(&aof.url());
+    config.durability = "local".parse().expect("durability");
+    let store = ValkeyStore::connect(config)
+        .await
+        .expect("local durability with AOF");
+    acquired(
+        &store,
+        &acquire_req(&target("local"), "lease-a", "alice", TTL),
+    )
+    .await;
+}
+
+async fn durable_acquire_sends_scripts_and_waitaof_only() {
+    let server = Server::start_with(ServerKind::Valkey91, &["--appendonly", "yes"]);
+    let mut monitor = BufReader::new(
+        tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .expect("connect"),
+    );
+    monitor
+        .get_mut()
+        .write_all(&resp(&["MONITOR"]))
+        .await
+        .expect("monitor");
+    let mut line = String::new();
+    monitor.read_line(&mut line).await.expect("monitor reply");
+    let mut config = valkey_config(&server.url());
+    config.durability = "local".parse().expect("durability");
+    let store = ValkeyStore::connect(config).await.expect("connect");
+    let t = target("monitored-durable");
+    let req = acquire_req(&t, "lease-a", "alice", TTL);
+    acquired(&store, &req).await;
+    acquired(&store, &req).await;
+    server.raw(&["ECHO", "monitor-done"]);
+    let mut commands = Vec::new();
+    loop {
+        line.clear();
+        tokio::time::timeout(Duration::from_secs(5), monitor.read_line(&mut line))
+            .await
+            .expect("monitor output")
+            .expect("read");
+        if line.contains("\"monitor-done\"") {
+            break;
+        }
+        if line.contains(" lua]") {
+            continue;
+        }
+        let name = line
+            .split("] \"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next());
+        commands.push(name.unwrap_or("?").to_ascii_uppercase());
+    }
+    let allowed = [
+        "EVALSHA", "EVAL", "WAITAOF", "HELLO", "AUTH", "CLIENT", "PING", "SELECT",
+    ];
+    let others: Vec<&String> = commands
+        .iter()
+        .filter(|c| !allowed.contains(&c.as_str()))
+        .collect();
+    assert!(others.is_empty(), "unexpected commands: {others:?}");
+    // The probe at connect, then every script (EVALSHA, or EVAL after NOSCRIPT) immediately
+    // followed by WAITAOF on the same connection.
+    let calls: Vec<&str> = commands
+        .iter()
+        .map(String::as_str)
+        .filter(|c| *c != "CLIENT")
+        .collect();
+    let scripts = calls.iter().filter(|c| c.starts_with("EVAL")).count();
+    assert!(scripts >= 2, "{calls:?}");
+    for (i, call) in calls.iter().enumerate() {
+        if call.starts_with("EVAL") {
+            assert_eq!(calls.get(i + 1), Some(&"WAITAOF"), "{calls:?}");
+        }
+    }
+    assert_eq!(
+        calls.iter().filter(|c| **c == "WAITAOF").count(),
+        scripts + 1,
+        "{calls:?}"
+    );
+}
+
+// ---- The CLI's connection settings ----
+
+async fn cli_reads_credentials_from_file_and_environment() {
+    let server = acl_server(&documented_acl_rule(APP_USER, APP_PASSWORD));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let password_file = dir.path().join("password");
+    std::fs::write(&password_file, format!("{APP_PASSWORD}\n")).expect("write password file");
+    let cli = |args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+            .args(args)
+            .env_remove("TARGETLEASE_VALKEY_PASSWORD")
+            .env(
+                "TARGETLEASE_VALKEY_URL",
+                format!("redis://127.0.0.1:{}", server.port),
+            )
+            .env("TARGETLEASE_VALKEY_USERNAME", APP_USER)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run targetlease");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !text.contains(APP_PASSWORD),
+            "the password was printed: {text}"
+        );
+        (out.status.code(), text)
+    };
+    let acquire = [
+        "lease",
+        "acquire",
+        "--target",
+        "cli",
+        "--lease-id",
+        "L1",
+        "--owner",
+        "w",
+    ];
+    let file = password_file.display().to_string();
+    let (code, text) = cli(&acquire, &[("TARGETLEASE_VALKEY_PASSWORD_FILE", &file)]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("\"outcome\":\"acquired\""), "{text}");
+    let (code, text) = cli(&acquire, &[("TARGETLEASE_VALKEY_PASSWORD", APP_PASSWORD)]);
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = cli(&acquire, &[("TARGETLEASE_VALKEY_PASSWORD", "nope")]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("\"kind\":\"access_denied\""), "{text}");
+    // --help shows no password flag and no value of a password variable.
+    let (_, help) = cli(
+        &["lease", "acquire", "--help"],
+        &[("TARGETLEASE_VALKEY_PASSWORD", APP_PASSWORD)],
+    );
+    assert!(help.contains("--valkey-password-file"), "{help}");
+    assert!(!help.contains("--valkey-password "), "{help}");
+}
+
+fn main() {
+    let variants = [
+        Variant {
+            name: "valkey-9.1+acl",
+            make: || Box::pin(async { Harness::server(acl_env().await).await }),
+            admin: true,
+            raw: true,
+        },
+        Variant {
+            name: "redis-7.0+tls",
+            make: || Box::pin(async { Harness::server(tls_env(false).await).await }),
+            admin: true,
+            raw: false,
+        },
+        Variant {
+            name: "redis-7.0+mtls",
+            make: || Box::pin(async { Harness::server(tls_env(true).await).await }),
+            admin: true,
+            raw: false,
+        },
+    ];
+    let mut trials = contract_cases::trials(&variants);
+    trials.extend([
+        trial(
+            "acl::wrong_password_is_access_denied",
+            acl_wrong_password_is_access_denied,
+        ),
+        trial(
+            "acl::user_without_rights_is_access_denied",
+            acl_user_without_rights_is_access_denied,
+        ),
+        trial(
+            "acl::key_outside_the_prefix_is_refused",
+            acl_key_outside_the_prefix_is_refused,
+        ),
+        trial("tls::wrong_ca_is_named", tls_wrong_ca_is_named),
+        trial(
+            "tls::mtls_without_client_certificate_is_named",
+            mtls_without_client_certificate_is_named,
+        ),
+        trial(
+            "tls::mtls_with_a_foreign_client_certificate_is_named",
+            mtls_with_a_foreign_client_certificate_is_named,
+        ),
+        trial("tls::server_name_is_verified", tls_server_name_is_verified),
+        trial(
+            "tls::to_a_plain_server_is_named",
+            tls_to_a_plain_server_is_named,
+        ),
+        trial(
+            "tls::insecure_connects_and_warns",
+            tls_insecure_connects_and_warns,
+        ),
+        trial(
+            "durability::replicas_waits_for_the_replica",
+            durability_replicas_waits_for_the_replica,
+        ),
+        trial(
+            "durability::needs_waitaof_and_aof",
+            durability_needs_waitaof_and_aof,
+        ),
+        trial(
+            "durability::durable_acquire_sends_scripts_and_waitaof_only",
+            durable_acquire_sends_scripts_and_waitaof_only,
+        ),
+        trial(
+            "cli::reads_credentials_from_file_and_environment",
+            cli_reads_credentials_from_file_and_environment,
+        ),
+    ]);
+    suite::run("operations", trials);
+}

@@ -7,9 +7,8 @@
 //! for byte-level tricks), so each test runs where it can.
 
 use std::future::Future;
-use std::io::Write;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use libtest_mimic::Trial;
@@ -878,43 +877,13 @@ async fn client_sends_only_scripts(h: Harness) {
     );
 }
 
-/// Collects everything written by the tracing subscriber of one test.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
 // 10. Logs of a run with a password in the URL contain neither the password nor a lease id.
 async fn logs_hide_password_and_lease_id(h: Harness) {
     let kind = h.env().kind;
     let password = "pw-4f9c1e77-do-not-log";
     let server = Server::start_with(kind, &["--requirepass", password]);
     let lease_id = "3b0e8f6a-51c2-4d4e-9e0f-5a7d2c1b9e44";
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(captured.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = suite::capture_logs();
 
     let config = valkey_config(&server.url());
     tracing::info!(?config, "connecting");
@@ -946,7 +915,7 @@ async fn logs_hide_password_and_lease_id(h: Harness) {
         .await;
     drop(_guard);
 
-    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).expect("utf-8 logs");
+    let logs = captured.text();
     assert!(
         logs.contains("lease#"),
         "expected hashed lease ids in the logs:\n{logs}"

@@ -41,12 +41,17 @@ pub(super) fn classify(
     if let Some(cause) = tls_cause(&text) {
         return StoreError::Tls { endpoint, cause };
     }
-    // A permission error raised by a command inside a script arrives as a script error whose
-    // text carries the NOPERM reason.
-    if text.contains("NOPERM") || e.code() == Some("NOPERM") {
+    // What the server said, without redis-rs' rendering of the error code.
+    let said = e.detail().filter(|d| !d.is_empty()).unwrap_or(&text);
+    // A refused command or key arrives as NOPERM; a command refused inside a script as a
+    // script error ("ERR ACL failure in script: User ... has no permissions to run ...").
+    if e.kind() == RedisErrorKind::Server(ServerErrorKind::NoPerm)
+        || e.code() == Some("NOPERM")
+        || text.contains("ACL failure")
+    {
         return StoreError::AccessDenied {
             endpoint,
-            cause: format!("permission denied: {}", strip_prefix(&text)),
+            cause: format!("permission denied: {said}"),
         };
     }
     match (e.kind(), e.code()) {
@@ -54,8 +59,7 @@ pub(super) fn classify(
             StoreError::AccessDenied {
                 endpoint,
                 cause: format!(
-                    "authentication failed (wrong username or password, or the user is disabled): {}",
-                    strip_prefix(&text)
+                    "authentication failed (wrong username or password, or the user is disabled): {said}"
                 ),
             }
         }
@@ -109,13 +113,6 @@ pub(super) fn breaks_connection(e: &RedisError) -> bool {
         || e.kind() == RedisErrorKind::ClusterConnectionNotFound
         || e.kind() == RedisErrorKind::Server(ServerErrorKind::ReadOnly)
         || e.kind() == RedisErrorKind::Server(ServerErrorKind::ClusterDown)
-}
-
-/// Redis server errors read `CODE: message` in redis-rs' rendering; operators want the message.
-fn strip_prefix(text: &str) -> &str {
-    text.split_once(": ")
-        .filter(|(code, _)| code.chars().all(|c| c.is_ascii_uppercase() || c == '-'))
-        .map_or(text, |(_, rest)| rest)
 }
 
 /// What an operator should read for a TLS failure, recognised by rustls' error text.

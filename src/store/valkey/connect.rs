@@ -110,9 +110,10 @@ impl Connector {
                         None => Client::open(info),
                     }
                     .map_err(fail)?;
+                    // Deadlines are the store's: connecting and every call are wrapped in their
+                    // own, which name what ran out.
                     let mut options = AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(limit))
-                        // Deadlines are the store's: every call is wrapped in its own.
+                        .set_connection_timeout(None)
                         .set_response_timeout(None);
                     if let Some(name) = self.tls.as_ref().and_then(|t| t.server_name.clone()) {
                         options = options.set_dns_resolver(ServerNameResolver {
@@ -166,8 +167,33 @@ impl Connector {
             Ok(result) => result,
             Err(_) => Err(StoreError::Unavailable {
                 endpoint: self.endpoint.clone(),
-                cause: format!("connect timed out after {} ms", millis_u64(limit)),
+                cause: self.connect_timed_out(limit),
             }),
+        }
+    }
+
+    /// Why a connect attempt that ran out of time failed.
+    fn connect_timed_out(&self, limit: Duration) -> String {
+        let configured = self.config.connect_timeout;
+        // The pool shortens the last attempt of a call to what is left of the call deadline;
+        // a few ms less is still the connect timeout at work.
+        let what = if limit + Duration::from_millis(20) < configured {
+            format!(
+                "the call deadline ({} ms) ran out while connecting",
+                millis_u64(self.config.call_timeout)
+            )
+        } else {
+            format!("connect timed out after {} ms", millis_u64(configured))
+        };
+        // A plaintext server never answers a TLS handshake: it waits for the end of a command
+        // line that does not come.
+        if self.tls.is_some() {
+            format!(
+                "{what} (if the TCP connection opened, the TLS handshake got no answer: does the \
+                 server speak TLS on this port?)"
+            )
+        } else {
+            what
         }
     }
 

@@ -239,7 +239,6 @@ impl ValkeyStore {
         }
         let mut probe = redis::cmd("WAITAOF");
         probe.arg(i64::from(durability.local)).arg(0).arg(1);
-        let endpoint = self.endpoint();
         match self.call(Request::Command(&probe)).await {
             Ok(_) => Ok(()),
             Err(StoreError::UnexpectedReply(text))
@@ -247,13 +246,12 @@ impl ValkeyStore {
             {
                 Err(StoreError::InvalidConfig(format!(
                     "durability {durability} needs WAITAOF (Valkey 8.0+ or Redis 7.2+), which \
-                     the server at {endpoint} does not have ({text})"
+                     the server does not have ({text})"
                 )))
             }
             Err(StoreError::UnexpectedReply(text)) if text.contains("appendonly") => {
                 Err(StoreError::InvalidConfig(format!(
-                    "durability {durability} needs `appendonly yes` on the server at {endpoint} \
-                     ({text})"
+                    "durability {durability} needs `appendonly yes` on the server ({text})"
                 )))
             }
             Err(e) => Err(e),

@@ -51,13 +51,15 @@ impl Cluster {
             assert!(reply.starts_with("+OK"), "ADDSLOTSRANGE: {reply}");
         }
         let cluster = Cluster { nodes, ids };
+        // Until a handshake completes, a node lists its peer under a temporary id.
         cluster.wait(
-            "every node knows every other",
+            "every node knows every other by id",
             Duration::from_secs(30),
             |c| {
-                c.nodes
-                    .iter()
-                    .all(|n| n.raw(&["CLUSTER", "NODES"]).lines().count() >= 6)
+                c.nodes.iter().all(|n| {
+                    let view = n.raw(&["CLUSTER", "NODES"]);
+                    c.ids.iter().all(|id| view.contains(id.as_str()))
+                })
             },
         );
         for i in 0..3 {
@@ -90,6 +92,12 @@ impl Cluster {
 
     /// The node currently serving `slot` as primary, by asking a live node.
     pub fn primary_of_slot(&mut self, slot: u16) -> usize {
+        self.primary_of_slot_if_any(slot)
+            .unwrap_or_else(|| panic!("no live primary serves slot {slot}"))
+    }
+
+    /// The node a live node sees serving `slot` as a primary that is not failed, if any.
+    pub fn primary_of_slot_if_any(&mut self, slot: u16) -> Option<usize> {
         let nodes = self.live_node().raw(&["CLUSTER", "NODES"]);
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
@@ -102,14 +110,10 @@ impl Cluster {
             });
             if owns {
                 let id = fields[0];
-                return self
-                    .ids
-                    .iter()
-                    .position(|i| i == id)
-                    .expect("known node id");
+                return self.ids.iter().position(|i| i == id);
             }
         }
-        panic!("no live primary serves slot {slot}:\n{nodes}");
+        None
     }
 
     /// The slot of a key, as the cluster computes it.

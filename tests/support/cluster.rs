@@ -126,14 +126,6 @@ impl Cluster {
             .unwrap_or_else(|_| panic!("CLUSTER KEYSLOT answered {reply:?}"))
     }
 
-    /// Whether every live node reports the cluster healthy.
-    pub fn is_ok(&mut self) -> bool {
-        self.nodes
-            .iter_mut()
-            .filter_map(|n| n.is_running().then(|| n.raw(&["CLUSTER", "INFO"])))
-            .all(|info| info.contains("cluster_state:ok"))
-    }
-
     fn live_node(&mut self) -> &Server {
         let index = self
             .nodes

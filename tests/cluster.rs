@@ -284,6 +284,75 @@ async fn primary_killed_during_a_workload() {
     }
 }
 
+async fn slot_moved_between_primaries() {
+    let mut cluster = tokio::task::spawn_blocking(|| Cluster::start(ServerKind::Valkey91, &[]))
+        .await
+        .expect("start cluster");
+    add_acl_user(&cluster);
+    let store = ValkeyStore::connect(store_config(&cluster))
+        .await
+        .expect("connect");
+    let t = target("moving");
+    let g = contract_cases::acquired(
+        &store,
+        &contract_cases::acquire_req(&t, "lease-a", "alice", TTL),
+    )
+    .await;
+    let lease = handle(&t, "lease-a", "alice", g.token);
+    store
+        .commit(&contract_cases::commit_req(&t, g.token, "before"))
+        .await
+        .expect("commit");
+    let slot = cluster.keyslot(&TargetKeys::new("tl", &t).fence());
+    let from = cluster.primary_of_slot(slot);
+    let to = (from + 1) % 3;
+    let renewing = std::sync::Mutex::new(None);
+    // While the slot migrates, the old owner answers ASK; the client follows it (ASKING).
+    // Reads of keys that all moved already work; a call that also creates a key (the reply
+    // cache) gets TRYAGAIN until the migration ends, and retries inside its deadline.
+    let during = async {
+        let seen = store
+            .inspect(&t)
+            .await
+            .expect("inspect during the migration (ASK)");
+        assert_eq!(seen.fence, g.token);
+        let (store, lease) = (store.clone(), lease.clone());
+        *renewing.lock().unwrap() = Some(tokio::spawn(async move {
+            store.renew(&contract_cases::renew_req(lease, TTL)).await
+        }));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    cluster.move_slot(slot, from, to, during).await;
+    let renew = renewing.lock().unwrap().take().expect("renew started");
+    let renewed = renew
+        .await
+        .expect("renew task")
+        .expect("renew across the migration");
+    assert!(
+        matches!(renewed, targetlease::store::RenewOutcome::Renewed { .. }),
+        "{renewed:?}"
+    );
+    assert_eq!(cluster.primary_of_slot(slot), to);
+    // The slot map the client holds is stale: MOVED, refresh, retry on the new owner.
+    let t = target("moving");
+    let read = store
+        .read_guarded(&t, "data")
+        .await
+        .expect("read after the move (MOVED)");
+    assert_eq!(read.map(|v| v.value).as_deref(), Some("before"));
+    let released = store
+        .release(&release_req(lease))
+        .await
+        .expect("release after the move");
+    assert_eq!(released, ReleaseOutcome::Released);
+    let next = contract_cases::acquired(
+        &store,
+        &contract_cases::acquire_req(&t, "lease-b", "bob", TTL),
+    )
+    .await;
+    assert!(next.token > g.token, "{} <= {}", next.token, g.token);
+}
+
 fn main() {
     let variants = [Variant {
         name: "valkey-9.1-cluster",
@@ -300,6 +369,10 @@ fn main() {
         trial(
             "cluster::primary_killed_during_a_workload",
             primary_killed_during_a_workload,
+        ),
+        trial(
+            "cluster::slot_moved_between_primaries",
+            slot_moved_between_primaries,
         ),
     ]);
     suite::run("cluster", trials);

@@ -82,6 +82,55 @@ impl Cluster {
         cluster
     }
 
+    /// The cluster id of node `index`.
+    pub fn id(&self, index: usize) -> &str {
+        &self.ids[index]
+    }
+
+    /// Moves `slot` from primary `from` to primary `to` the way an operator reshards: mark it
+    /// importing and migrating, MIGRATE its keys, then, after `between` ran (clients now get ASK
+    /// redirects for the slot), assign it to `to` (clients get MOVED).
+    pub async fn move_slot<F: std::future::Future<Output = ()>>(
+        &self,
+        slot: u16,
+        from: usize,
+        to: usize,
+        between: F,
+    ) {
+        let slot_arg = slot.to_string();
+        let ok = |reply: String, what: &str| assert!(reply.starts_with("+OK"), "{what}: {reply}");
+        ok(
+            self.nodes[to].raw(&[
+                "CLUSTER",
+                "SETSLOT",
+                &slot_arg,
+                "IMPORTING",
+                &self.ids[from],
+            ]),
+            "SETSLOT IMPORTING",
+        );
+        ok(
+            self.nodes[from].raw(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &self.ids[to]]),
+            "SETSLOT MIGRATING",
+        );
+        let keys = array(&self.nodes[from].raw(&["CLUSTER", "GETKEYSINSLOT", &slot_arg, "1000"]));
+        assert!(!keys.is_empty(), "no keys in slot {slot}");
+        let port = self.nodes[to].port.to_string();
+        let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        migrate.extend(keys.iter().map(String::as_str));
+        ok(self.nodes[from].raw(&migrate), "MIGRATE");
+        between.await;
+        // The new owner first, then the old one, then the remaining primary.
+        let mut order = vec![to, from];
+        order.extend((0..3).filter(|n| *n != to && *n != from));
+        for node in order {
+            ok(
+                self.nodes[node].raw(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &self.ids[to]]),
+                "SETSLOT NODE",
+            );
+        }
+    }
+
     /// Seed URLs (every node).
     pub fn seeds(&self) -> Vec<String> {
         self.nodes
@@ -161,4 +210,14 @@ fn bulk(reply: &str) -> String {
         .nth(1)
         .unwrap_or_else(|| panic!("not a bulk reply: {reply:?}"))
         .to_owned()
+}
+
+/// The bulk strings of a RESP array reply.
+fn array(reply: &str) -> Vec<String> {
+    let lines: Vec<&str> = reply.split("\r\n").collect();
+    lines
+        .windows(2)
+        .filter(|w| w[0].starts_with('$') && w[0] != "$-1")
+        .map(|w| w[1].to_owned())
+        .collect()
 }

@@ -353,6 +353,36 @@ async fn slot_moved_between_primaries() {
     assert!(next.token > g.token, "{} <= {}", next.token, g.token);
 }
 
+async fn durable_acquire_waits_for_the_replica_of_its_slot() {
+    let mut cluster = tokio::task::spawn_blocking(|| {
+        Cluster::start(ServerKind::Valkey91, &["--appendonly", "yes"])
+    })
+    .await
+    .expect("start cluster");
+    add_acl_user(&cluster);
+    let mut config = store_config(&cluster);
+    config.durability = "replicas=1".parse().expect("durability");
+    let store = ValkeyStore::connect(config).await.expect("connect");
+    for i in 0..12 {
+        let t = target(&format!("durable-{i}"));
+        let fence = TargetKeys::new("tl", &t).fence();
+        let g =
+            contract_cases::acquired(&store, &contract_cases::acquire_req(&t, "l", "o", TTL)).await;
+        // WAITAOF went to the primary that ran the script (the pipeline is routed by the
+        // script's keys), so that primary's replica has the fence already.
+        let slot = cluster.keyslot(&fence);
+        let primary = cluster.primary_of_slot(slot);
+        let replica = &cluster.nodes[primary + 3];
+        let on_replica = Admin::single(&format!("redis://127.0.0.1:{}", replica.port), None).await;
+        on_replica.cmd(&["READONLY"]).await;
+        assert_eq!(
+            on_replica.get(&fence).await,
+            Some(g.token.to_string()),
+            "{t}: acquire returned before the replica had it"
+        );
+    }
+}
+
 fn main() {
     let variants = [Variant {
         name: "valkey-9.1-cluster",
@@ -373,6 +403,10 @@ fn main() {
         trial(
             "cluster::slot_moved_between_primaries",
             slot_moved_between_primaries,
+        ),
+        trial(
+            "cluster::durable_acquire_waits_for_the_replica_of_its_slot",
+            durable_acquire_waits_for_the_replica_of_its_slot,
         ),
     ]);
     suite::run("cluster", trials);

@@ -275,6 +275,12 @@ async fn primary_killed_during_a_workload() {
             );
         }
     }
+    // A new store whose seeds include the dead node connects through the others.
+    let store: Arc<dyn LeaseStore> = Arc::new(
+        ValkeyStore::connect(store_config(&cluster))
+            .await
+            .expect("connect with a dead seed"),
+    );
     // After the workload, every target is usable and its tokens keep growing.
     for (t, seen) in targets.iter().zip(&all) {
         let req = contract_cases::acquire_req(t, "after", "w", TTL);

@@ -46,6 +46,7 @@ pub struct ValkeyStore {
 struct Inner {
     config: ValkeyConfig,
     pool: Pool,
+    backoff: Backoff,
     reply_ttl_ms: String,
 }
 
@@ -101,19 +102,21 @@ impl ValkeyStore {
     pub fn new_lazy(config: ValkeyConfig) -> Result<Self, StoreError> {
         config.validate()?;
         let reply_ttl_ms = ttl_millis(config.reply_ttl)?.to_string();
+        let backoff = Backoff {
+            min: config.reconnect_min_delay,
+            max: config.reconnect_max_delay,
+        };
         let pool = Pool::new(
             Connector::new(config.clone()),
             config.pool_size,
             config.connect_timeout,
-            Backoff {
-                min: config.reconnect_min_delay,
-                max: config.reconnect_max_delay,
-            },
+            backoff,
         );
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 pool,
+                backoff,
                 reply_ttl_ms,
             }),
         })
@@ -148,10 +151,6 @@ impl ValkeyStore {
     async fn call(&self, request: Request<'_>) -> Result<Value, StoreError> {
         let limit = self.config().call_timeout;
         let deadline = Instant::now() + limit;
-        let backoff = Backoff {
-            min: self.config().reconnect_min_delay,
-            max: self.config().reconnect_max_delay,
-        };
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -178,11 +177,10 @@ impl ValkeyStore {
                     }
                 }
             };
-            let pause = backoff.delay(attempt);
-            if failure.kind() == ErrorKind::Timeout
-                || !failure.is_transient()
-                || Instant::now() + pause >= deadline
-            {
+            // Only `unavailable` is retried here: the request did not run or may run again
+            // harmlessly. A timeout has used up the deadline; everything else does not heal.
+            let pause = self.inner.backoff.delay(attempt);
+            if failure.kind() != ErrorKind::Unavailable || Instant::now() + pause >= deadline {
                 return Err(failure);
             }
             debug!(endpoint = %self.endpoint(), error = %failure, attempt, "retrying within the call deadline");

@@ -469,6 +469,17 @@ async fn durability_needs_waitaof_and_aof() {
         "-----",
     )
     .await;
+    // A lazy store (the controller's) checks on its first connection: the first acquire is
+    // refused before any script runs.
+    let mut config = valkey_config(&no_aof.url());
+    config.durability = "local".parse().expect("durability");
+    let lazy = ValkeyStore::new_lazy(config).expect("lazy store");
+    let e = lazy
+        .acquire(&acquire_req(&target("lazy"), "lease-a", "alice", TTL))
+        .await
+        .expect_err("no AOF");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(no_aof.raw(&["DBSIZE"]).starts_with(":0"), "the acquire ran");
 
     let aof = Server::start_with(ServerKind::Valkey81, &["--appendonly", "yes"]);
     let mut config = valkey_config(&aof.url());
@@ -499,6 +510,8 @@ async fn durable_acquire_sends_scripts_and_waitaof_only() {
     monitor.read_line(&mut line).await.expect("monitor reply");
     let mut config = valkey_config(&server.url());
     config.durability = "local".parse().expect("durability");
+    // One connection, so one start-up probe.
+    config.pool_size = 1;
     let store = ValkeyStore::connect(config).await.expect("connect");
     let t = target("monitored-durable");
     let req = acquire_req(&t, "lease-a", "alice", TTL);
@@ -532,7 +545,7 @@ async fn durable_acquire_sends_scripts_and_waitaof_only() {
         .filter(|c| !allowed.contains(&c.as_str()))
         .collect();
     assert!(others.is_empty(), "unexpected commands: {others:?}");
-    // The probe at connect, then every script (EVALSHA, or EVAL after NOSCRIPT) immediately
+    // The probe when the connection was made, then every script (EVALSHA, or EVAL after NOSCRIPT) immediately
     // followed by WAITAOF on the same connection.
     let calls: Vec<&str> = commands
         .iter()

@@ -3,21 +3,19 @@
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use kube::Client;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use super::parse_duration;
+use super::valkey_args::ValkeyArgs;
 use crate::controller::election::{self, Election, stopped};
 use crate::controller::http::{self, Probe};
 use crate::controller::metrics::Metrics;
 use crate::controller::{self, Settings};
-use crate::redact::SecretUrl;
 use crate::store::memory::MemoryStore;
-use crate::store::valkey::{DEFAULT_PREFIX, ValkeyConfig, ValkeyStore};
+use crate::store::valkey::ValkeyStore;
 use crate::store::{LeaseStore, StoreError};
 
 /// Which lease store to use.
@@ -41,15 +39,8 @@ pub struct ControllerArgs {
         env = "TARGETLEASE_BACKEND"
     )]
     backend: Backend,
-    /// Valkey URL (redis://, rediss://, valkey://, valkeys://); may carry credentials.
-    #[arg(long, env = "TARGETLEASE_VALKEY_URL", hide_env_values = true)]
-    valkey_url: Option<String>,
-    /// Prefix of every Valkey key.
-    #[arg(long, env = "TARGETLEASE_KEY_PREFIX", default_value = DEFAULT_PREFIX)]
-    key_prefix: String,
-    /// Deadline of one Valkey call.
-    #[arg(long, env = "TARGETLEASE_VALKEY_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
-    valkey_timeout: Duration,
+    #[command(flatten)]
+    valkey: ValkeyArgs,
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "TARGETLEASE_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
@@ -78,21 +69,8 @@ impl ControllerArgs {
     fn open_store(&self) -> Result<Arc<dyn LeaseStore>, StoreError> {
         match self.backend {
             Backend::Memory => Ok(Arc::new(MemoryStore::new())),
-            Backend::Valkey => {
-                let raw = self.valkey_url.as_deref().ok_or_else(|| {
-                    StoreError::InvalidRequest(
-                        "--valkey-url (or TARGETLEASE_VALKEY_URL) is required with --backend valkey"
-                            .into(),
-                    )
-                })?;
-                let url =
-                    SecretUrl::parse(raw).map_err(|e| StoreError::InvalidRequest(e.to_string()))?;
-                let mut config = ValkeyConfig::new(url);
-                config.key_prefix = self.key_prefix.clone();
-                config.call_timeout = self.valkey_timeout;
-                config.connect_timeout = self.valkey_timeout;
-                Ok(Arc::new(ValkeyStore::new_lazy(config)?))
-            }
+            // Lazy: the controller starts, and reports itself not ready, while Valkey is down.
+            Backend::Valkey => Ok(Arc::new(ValkeyStore::new_lazy(self.valkey.config()?)?)),
         }
     }
 

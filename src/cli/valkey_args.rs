@@ -25,7 +25,9 @@ use crate::store::{LeaseStore, StoreError};
 /// The variable that may hold the Valkey password.
 pub const PASSWORD_ENV: &str = "TARGETLEASE_VALKEY_PASSWORD";
 
-/// How to reach the lease store (Valkey).
+/// How to reach the lease store (Valkey). One of `--valkey-url` and `--valkey-cluster-nodes` is
+/// needed when the store is used; [`ValkeyArgs::config`] says so when neither is given (a
+/// command may not need Valkey at all, e.g. `controller --backend memory`).
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Valkey connection")]
 pub struct ValkeyArgs {
@@ -36,7 +38,6 @@ pub struct ValkeyArgs {
         env = "TARGETLEASE_VALKEY_URL",
         hide_env_values = true,
         value_parser = SecretUrlParser,
-        required_unless_present = "valkey_cluster_nodes",
         conflicts_with = "valkey_cluster_nodes"
     )]
     pub valkey_url: Option<SecretUrl>,

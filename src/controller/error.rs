@@ -46,7 +46,10 @@ pub fn store_reason(kind: ErrorKind) -> &'static str {
     match kind {
         ErrorKind::Unavailable => "BackendUnavailable",
         ErrorKind::Timeout => "BackendTimeout",
+        ErrorKind::Tls => "BackendTLSFailed",
         ErrorKind::AccessDenied => "BackendAuthFailed",
+        ErrorKind::NotDurable => "BackendNotDurable",
+        ErrorKind::InvalidConfig => "BackendMisconfigured",
         ErrorKind::Corrupt => "CorruptRecord",
         ErrorKind::InvalidRequest => "InvalidRequest",
         ErrorKind::UnexpectedReply => "BackendUnexpectedReply",

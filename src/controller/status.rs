@@ -98,13 +98,16 @@ impl Observed {
 
     /// The store failed. Transient failures keep what the status said (the lease may well still
     /// be valid until its expiry) and mark it not ready; failures that need a person (corrupt
-    /// record, access denied) move the resource to Failed.
+    /// record, access denied, TLS, a configuration the server cannot serve) move the resource
+    /// to Failed.
     pub fn store_failed(previous: Option<&TargetLeaseStatus>, error: &StoreError) -> Self {
         let reason = store_reason(error.kind());
         let needs_a_person = matches!(
             error.kind(),
             crate::store::ErrorKind::Corrupt
                 | crate::store::ErrorKind::AccessDenied
+                | crate::store::ErrorKind::Tls
+                | crate::store::ErrorKind::InvalidConfig
                 | crate::store::ErrorKind::InvalidRequest
         );
         let previous = previous.cloned().unwrap_or_default();

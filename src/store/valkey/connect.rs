@@ -163,12 +163,50 @@ impl Connector {
                 }
             }
         };
-        match tokio::time::timeout(limit, attempt).await {
+        let checked = async {
+            let mut conn = attempt.await?;
+            self.check_durability(&mut conn, limit).await?;
+            Ok(conn)
+        };
+        match tokio::time::timeout(limit, checked).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Unavailable {
                 endpoint: self.endpoint.clone(),
                 cause: self.connect_timed_out(limit),
             }),
+        }
+    }
+
+    /// Refuses a connection to a server that cannot provide the configured durability: WAITAOF
+    /// missing (Redis before 7.2, Valkey before 8.0) or `local` without `appendonly yes`.
+    /// Checked on every new connection, so a store notices at start-up (or at its first
+    /// connection, for a lazy one) and again after a failover to a differently configured
+    /// server, never by running an acquire it cannot make durable.
+    async fn check_durability(&self, conn: &mut Conn, limit: Duration) -> Result<(), StoreError> {
+        let durability = self.config.durability;
+        if durability.is_none() {
+            return Ok(());
+        }
+        // Nothing written on this connection yet: the probe returns at once when it can.
+        let mut probe = redis::cmd("WAITAOF");
+        probe.arg(i64::from(durability.local)).arg(0).arg(1);
+        let Err(e) = probe.query_async::<Value>(conn).await else {
+            return Ok(());
+        };
+        let text = e.to_string();
+        if text.to_ascii_lowercase().contains("unknown command") {
+            Err(StoreError::InvalidConfig(format!(
+                "durability {durability} needs WAITAOF (Valkey 8.0+ or Redis 7.2+), which the \
+                 server at {} does not have ({text})",
+                self.endpoint
+            )))
+        } else if text.contains("appendonly") {
+            Err(StoreError::InvalidConfig(format!(
+                "durability {durability} needs `appendonly yes` on the server at {} ({text})",
+                self.endpoint
+            )))
+        } else {
+            Err(classify(&self.endpoint, &e, limit, true))
         }
     }
 

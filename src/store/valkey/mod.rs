@@ -98,7 +98,8 @@ fn is_noscript(e: &RedisError) -> bool {
 
 impl ValkeyStore {
     /// Prepares a store without connecting; the first call connects. A controller can start
-    /// (and report itself not ready) while Valkey is down.
+    /// (and report itself not ready) while Valkey is down. Every new connection checks that the
+    /// server can provide the configured durability before it carries a call.
     pub fn new_lazy(config: ValkeyConfig) -> Result<Self, StoreError> {
         config.validate()?;
         let reply_ttl_ms = ttl_millis(config.reply_ttl)?.to_string();
@@ -127,8 +128,8 @@ impl ValkeyStore {
     /// here, at start-up, rather than at the first acquire.
     pub async fn connect(config: ValkeyConfig) -> Result<Self, StoreError> {
         let store = Self::new_lazy(config)?;
+        // The first connection checks the durability setting (see `Connector::connect`).
         store.health().await?;
-        store.check_durability().await?;
         Ok(store)
     }
 
@@ -227,34 +228,6 @@ impl ValkeyStore {
             ),
         })
     }
-
-    /// Refuses a durability level the server cannot provide: WAITAOF missing (Redis before 7.2,
-    /// Valkey before 8.0) or `local` without `appendonly yes`.
-    async fn check_durability(&self) -> Result<(), StoreError> {
-        let durability = self.config().durability;
-        if durability.is_none() {
-            return Ok(());
-        }
-        let mut probe = redis::cmd("WAITAOF");
-        probe.arg(i64::from(durability.local)).arg(0).arg(1);
-        match self.call(Request::Command(&probe)).await {
-            Ok(_) => Ok(()),
-            Err(StoreError::UnexpectedReply(text))
-                if text.to_ascii_lowercase().contains("unknown command") =>
-            {
-                Err(StoreError::InvalidConfig(format!(
-                    "durability {durability} needs WAITAOF (Valkey 8.0+ or Redis 7.2+), which \
-                     the server does not have ({text})"
-                )))
-            }
-            Err(StoreError::UnexpectedReply(text)) if text.contains("appendonly") => {
-                Err(StoreError::InvalidConfig(format!(
-                    "durability {durability} needs `appendonly yes` on the server ({text})"
-                )))
-            }
-            Err(e) => Err(e),
-        }
-    }
 }
 
 /// What one call sends on one connection.
@@ -266,7 +239,7 @@ enum Request<'a> {
     /// path that answers `acquired` (a retry answered from the reply cache too), so the wait
     /// always covers the grant it answers. Answers `[script reply, WAITAOF reply]`.
     DurableScript(&'a ScriptCall<'a>, Durability),
-    /// A plain command (PING, the WAITAOF probe).
+    /// A plain command (PING).
     Command(&'a Cmd),
 }
 

@@ -438,7 +438,7 @@ fn ci_values_render_what_they_ask_for(tools: &Tools) {
         "existingSecret: no chart Secret"
     );
 
-    // Every Valkey value: the hardening variables and the TLS mount.
+    // Every Valkey value: ACL user, password, cluster seeds, TLS mount, durability.
     let docs = tools.render_ok(&["-f", &file("hardened-valkey-values.yaml")]);
     let pod = &object(&docs, "Deployment", FULLNAME)["spec"]["template"]["spec"];
     let c = &pod["containers"][0];
@@ -467,8 +467,12 @@ fn ci_values_render_what_they_ask_for(tools: &Tools) {
         value("TARGETLEASE_VALKEY_TLS_KEY_FILE"),
         "/etc/targetlease/valkey-tls/tls.key"
     );
-    assert_eq!(value("TARGETLEASE_VALKEY_DURABILITY"), "waitaof");
-    assert_eq!(value("TARGETLEASE_KEY_PREFIX"), "prod-tl");
+    assert_eq!(value("TARGETLEASE_VALKEY_DURABILITY"), "replicas=1");
+    assert_eq!(value("TARGETLEASE_VALKEY_KEY_PREFIX"), "prod-tl");
+    assert!(
+        !env.iter().any(|(n, _)| n == "TARGETLEASE_VALKEY_URL"),
+        "a URL and cluster seeds exclude each other"
+    );
     let password = env
         .iter()
         .find(|(n, _)| n == "TARGETLEASE_VALKEY_PASSWORD")

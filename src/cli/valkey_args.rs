@@ -25,7 +25,7 @@ use crate::store::{LeaseStore, StoreError};
 /// The variable that may hold the Valkey password.
 pub const PASSWORD_ENV: &str = "TARGETLEASE_VALKEY_PASSWORD";
 
-/// How to reach the lease store (Valkey). One of `--valkey-url` and `--valkey-cluster-nodes` is
+/// How to reach the lease store (Valkey). One of `--valkey-url` and `--valkey-cluster-seeds` is
 /// needed when the store is used; [`ValkeyArgs::config`] says so when neither is given (a
 /// command may not need Valkey at all, e.g. `controller --backend memory`).
 #[derive(Debug, Clone, Args)]
@@ -38,7 +38,7 @@ pub struct ValkeyArgs {
         env = "TARGETLEASE_VALKEY_URL",
         hide_env_values = true,
         value_parser = SecretUrlParser,
-        conflicts_with = "valkey_cluster_nodes"
+        conflicts_with = "valkey_cluster_seeds"
     )]
     pub valkey_url: Option<SecretUrl>,
 
@@ -46,12 +46,12 @@ pub struct ValkeyArgs {
     /// topology is discovered.
     #[arg(
         long,
-        env = "TARGETLEASE_VALKEY_CLUSTER_NODES",
+        env = "TARGETLEASE_VALKEY_CLUSTER_SEEDS",
         hide_env_values = true,
         value_delimiter = ',',
         value_parser = SecretUrlParser
     )]
-    pub valkey_cluster_nodes: Vec<SecretUrl>,
+    pub valkey_cluster_seeds: Vec<SecretUrl>,
 
     /// ACL user name.
     #[arg(long, env = "TARGETLEASE_VALKEY_USERNAME")]
@@ -107,8 +107,8 @@ pub struct ValkeyArgs {
     pub valkey_connect_timeout: Duration,
 
     /// Deadline of one call, reconnects and retries included.
-    #[arg(long, env = "TARGETLEASE_VALKEY_CALL_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
-    pub valkey_call_timeout: Duration,
+    #[arg(long, env = "TARGETLEASE_VALKEY_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
+    pub valkey_timeout: Duration,
 
     /// First delay between reconnect attempts (doubles per failure, with jitter).
     #[arg(long, env = "TARGETLEASE_VALKEY_RECONNECT_MIN_DELAY", value_parser = parse_duration, default_value = "50ms")]
@@ -140,12 +140,12 @@ impl ValkeyArgs {
             || tls_files
             || self.valkey_tls_server_name.is_some()
             || self.valkey_tls_insecure;
-        let mut config = match (&self.valkey_url, self.valkey_cluster_nodes.as_slice()) {
+        let mut config = match (&self.valkey_url, self.valkey_cluster_seeds.as_slice()) {
             (Some(url), []) => ValkeyConfig::new(url.clone()),
             (None, seeds) if !seeds.is_empty() => ValkeyConfig::cluster(seeds.to_vec()),
             _ => {
                 return Err(StoreError::InvalidConfig(
-                    "give either --valkey-url or --valkey-cluster-nodes".into(),
+                    "give either --valkey-url or --valkey-cluster-seeds".into(),
                 ));
             }
         };
@@ -167,7 +167,7 @@ impl ValkeyArgs {
         config.key_prefix = self.valkey_key_prefix.clone();
         config.pool_size = self.valkey_pool_size;
         config.connect_timeout = self.valkey_connect_timeout;
-        config.call_timeout = self.valkey_call_timeout;
+        config.call_timeout = self.valkey_timeout;
         config.reconnect_min_delay = self.valkey_reconnect_min_delay;
         config.reconnect_max_delay = self.valkey_reconnect_max_delay;
         config.durability = self.valkey_durability;
@@ -245,7 +245,7 @@ mod tests {
             "--valkey-username=targetlease",
             "--valkey-tls-ca-file=/ca.pem",
             "--valkey-durability=replicas=1",
-            "--valkey-call-timeout=750ms",
+            "--valkey-timeout=750ms",
         ])
         .unwrap();
         let config = cli
@@ -261,13 +261,13 @@ mod tests {
 
     #[test]
     fn cluster_seeds_and_url_exclude_each_other() {
-        let cli = parse(&["--valkey-cluster-nodes=10.0.0.1:7000,10.0.0.2:7000"]).unwrap();
+        let cli = parse(&["--valkey-cluster-seeds=10.0.0.1:7000,10.0.0.2:7000"]).unwrap();
         let config = cli.valkey.config_with_env_password(None).unwrap();
         assert_eq!(
             config.endpoints.describe(),
             "cluster 10.0.0.1:7000,10.0.0.2:7000"
         );
-        assert!(parse(&["--valkey-url=redis://a:1", "--valkey-cluster-nodes=b:2"]).is_err());
+        assert!(parse(&["--valkey-url=redis://a:1", "--valkey-cluster-seeds=b:2"]).is_err());
     }
 
     #[test]

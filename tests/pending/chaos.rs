@@ -199,7 +199,7 @@ impl World {
                 "--leader-election-namespace", NS,
                 "--leader-election-seconds", "3",
                 "--identity", name,
-                "--valkey-call-timeout", "1s",
+                "--valkey-timeout", "1s",
             ],
         )
     }

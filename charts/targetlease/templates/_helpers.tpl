@@ -78,12 +78,6 @@ app.kubernetes.io/component: controller
 {{- if and (eq .Values.controller.backend "valkey") (not .Values.valkey.existingSecret.name) }}true{{ end }}
 {{- end }}
 
-{{/* Whether any value that takes effect with the Valkey hardening is set. */}}
-{{- define "targetlease.hardeningValues" -}}
-{{- $v := .Values.valkey }}
-{{- if or $v.tls.enabled $v.clusterSeeds $v.username (and $v.existingSecret.name $v.existingSecret.passwordKey) (ne $v.durability.mode "none") }}true{{ end }}
-{{- end }}
-
 {{/* Where the Valkey TLS Secret is mounted. */}}
 {{- define "targetlease.valkeyTlsDir" -}}/etc/targetlease/valkey-tls{{- end }}
 

@@ -19,8 +19,9 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use libtest_mimic::{Arguments, Failed, Trial};
-use rand::Rng;
+use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
 use targetlease::api::{Phase, TargetLease};
 
 use support::kube::{Cluster, ControllerProcess};
@@ -90,7 +91,12 @@ impl Checker {
     /// Invariant 2: the fenced store accepts a write only with a token >= the highest it accepted;
     /// a holder whose token is the newest shown for its target is never refused.
     fn commit(&self, target: &str, token: u64) {
-        let newest = self.targets.lock().unwrap().get(target).map_or(0, |v| v.max_token);
+        let newest = self
+            .targets
+            .lock()
+            .unwrap()
+            .get(target)
+            .map_or(0, |v| v.max_token);
         let mut fenced = self.fenced.lock().unwrap();
         let highest = fenced.entry(target.to_owned()).or_default();
         if token >= *highest {
@@ -108,14 +114,18 @@ impl Checker {
 
     /// Follows every TargetLease status (re-listing after API server restarts).
     async fn watch(self: Arc<Self>, api: Api<TargetLease>) {
-        let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+        let mut stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
         let mut relist: Option<HashMap<String, (String, u64)>> = None;
         while let Some(event) = stream.next().await {
             let Ok(event) = event else { continue };
             match event {
                 watcher::Event::Init => relist = Some(HashMap::new()),
                 watcher::Event::InitApply(lease) => {
-                    if let (Some(buffer), Some((uid, held))) = (relist.as_mut(), self.observe(&lease)) {
+                    if let (Some(buffer), Some((uid, held))) =
+                        (relist.as_mut(), self.observe(&lease))
+                    {
                         buffer.insert(uid, held);
                     }
                 }
@@ -136,7 +146,10 @@ impl Checker {
                     }
                 }
                 watcher::Event::Delete(lease) => {
-                    self.holding.lock().unwrap().remove(&lease.uid().unwrap_or_default());
+                    self.holding
+                        .lock()
+                        .unwrap()
+                        .remove(&lease.uid().unwrap_or_default());
                 }
             }
         }
@@ -145,7 +158,8 @@ impl Checker {
     /// Holders: every resource whose status says Held writes every 100 ms with its token.
     async fn holders(self: Arc<Self>, until: Instant) {
         while Instant::now() < until {
-            let holding: Vec<(String, u64)> = self.holding.lock().unwrap().values().cloned().collect();
+            let holding: Vec<(String, u64)> =
+                self.holding.lock().unwrap().values().cloned().collect();
             for (target, token) in holding {
                 self.commit(&target, token);
             }
@@ -194,12 +208,17 @@ impl World {
             &self.cluster,
             &url,
             &[
-                "--watch-namespace", NS,
+                "--watch-namespace",
+                NS,
                 "--leader-election",
-                "--leader-election-namespace", NS,
-                "--leader-election-seconds", "3",
-                "--identity", name,
-                "--valkey-timeout", "1s",
+                "--leader-election-namespace",
+                NS,
+                "--leader-election-seconds",
+                "3",
+                "--identity",
+                name,
+                "--valkey-timeout",
+                "1s",
             ],
         )
     }
@@ -222,7 +241,11 @@ impl World {
                 self.replicas[i] = Some(self.replica(&format!("replica-{i}")));
             }
             Fault::LeaderChange => {
-                let i = self.leader().await.unwrap_or(0).min(self.replicas.len() - 1);
+                let i = self
+                    .leader()
+                    .await
+                    .unwrap_or(0)
+                    .min(self.replicas.len() - 1);
                 if let Some(mut p) = self.replicas[i].take() {
                     p.terminate();
                 }
@@ -235,11 +258,15 @@ impl World {
             }
             Fault::ValkeyRestartDataLost => {
                 self.valkey.kill();
-                for entry in std::fs::read_dir(self.valkey.dir()).expect("valkey dir").flatten() {
+                for entry in std::fs::read_dir(self.valkey.dir())
+                    .expect("valkey dir")
+                    .flatten()
+                {
                     let name = entry.file_name().to_string_lossy().into_owned();
                     if name.starts_with("appendonly") || name.ends_with(".rdb") {
                         let path = entry.path();
-                        let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+                        let _ =
+                            std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
                     }
                 }
                 self.valkey.restart();
@@ -259,17 +286,33 @@ impl World {
 async fn targets_without_holder(api: &Api<TargetLease>) -> Option<Vec<String>> {
     let list = api.list(&ListParams::default()).await.ok()?;
     let mut by_target: BTreeMap<String, bool> = BTreeMap::new();
-    for lease in list.items.iter().filter(|l| l.metadata.deletion_timestamp.is_none() && !l.spec.release) {
-        let held = lease.status.as_ref().is_some_and(|s| s.phase == Phase::Held);
+    for lease in list
+        .items
+        .iter()
+        .filter(|l| l.metadata.deletion_timestamp.is_none() && !l.spec.release)
+    {
+        let held = lease
+            .status
+            .as_ref()
+            .is_some_and(|s| s.phase == Phase::Held);
         *by_target.entry(lease.spec.target.clone()).or_default() |= held;
     }
-    Some(by_target.into_iter().filter(|(_, held)| !held).map(|(t, _)| t).collect())
+    Some(
+        by_target
+            .into_iter()
+            .filter(|(_, held)| !held)
+            .map(|(t, _)| t)
+            .collect(),
+    )
 }
 
 async fn recovery_time(api: &Api<TargetLease>, limit: Duration) -> Option<Duration> {
     let start = Instant::now();
     while start.elapsed() < limit {
-        if targets_without_holder(api).await.is_some_and(|missing| missing.is_empty()) {
+        if targets_without_holder(api)
+            .await
+            .is_some_and(|missing| missing.is_empty())
+        {
             return Some(start.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -278,8 +321,8 @@ async fn recovery_time(api: &Api<TargetLease>, limit: Duration) -> Option<Durati
 }
 
 /// Creates and deletes TargetLeases at random until `until`.
-async fn workload(api: Api<TargetLease>, until: Instant, ops: Arc<AtomicU64>) {
-    let mut rng = rand::rng();
+async fn workload(api: Api<TargetLease>, until: Instant, ops: Arc<AtomicU64>, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     let mut serial = 0u64;
     while Instant::now() < until {
         let target = format!("target-{}", rng.random_range(0..TARGETS));
@@ -309,10 +352,13 @@ async fn workload(api: Api<TargetLease>, until: Instant, ops: Arc<AtomicU64>) {
             if api.create(&PostParams::default(), &lease).await.is_ok() {
                 ops.fetch_add(1, Ordering::Relaxed);
             }
-        } else if let Some(victim) = on_target.choose(&mut rng) {
-            if api.delete(&victim.name_any(), &DeleteParams::default()).await.is_ok() {
-                ops.fetch_add(1, Ordering::Relaxed);
-            }
+        } else if let Some(victim) = on_target.choose(&mut rng)
+            && api
+                .delete(&victim.name_any(), &DeleteParams::default())
+                .await
+                .is_ok()
+        {
+            ops.fetch_add(1, Ordering::Relaxed);
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..700))).await;
     }
@@ -325,10 +371,22 @@ async fn chaos(cluster: Arc<Cluster>) {
         .unwrap_or(150);
     cluster.kubectl_ok(&["create", "namespace", NS]);
     let client = cluster.client().await;
-    let valkey = Server::start_with(ServerKind::Valkey91, &["--appendonly", "yes", "--appendfsync", "always"]);
+    let valkey = Server::start_with(
+        ServerKind::Valkey91,
+        &["--appendonly", "yes", "--appendfsync", "always"],
+    );
     let proxy = Proxy::start(valkey.port).await;
-    let mut world = World { cluster: cluster.clone(), client: client.clone(), valkey, proxy, replicas: Vec::new() };
-    world.replicas = vec![Some(world.replica("replica-0")), Some(world.replica("replica-1"))];
+    let mut world = World {
+        cluster: cluster.clone(),
+        client: client.clone(),
+        valkey,
+        proxy,
+        replicas: Vec::new(),
+    };
+    world.replicas = vec![
+        Some(world.replica("replica-0")),
+        Some(world.replica("replica-1")),
+    ];
     let api = world.api();
 
     let checker = Arc::new(Checker::default());
@@ -337,16 +395,24 @@ async fn chaos(cluster: Arc<Cluster>) {
     let holders_end = fault_phase_end + Duration::from_secs(TTL_SECONDS + 20);
     tokio::spawn(checker.clone().holders(holders_end));
     let ops = Arc::new(AtomicU64::new(0));
-    let load = tokio::spawn(workload(api.clone(), fault_phase_end, ops.clone()));
+    let seed: u64 = std::env::var("TARGETLEASE_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    println!("chaos seed {seed} (TARGETLEASE_CHAOS_SEED={seed} repeats the same choices)");
+    let load = tokio::spawn(workload(api.clone(), fault_phase_end, ops.clone(), seed));
 
-    let mut rng = rand::rng();
+    let mut rng = StdRng::seed_from_u64(seed);
     let mut injected: BTreeMap<Fault, u32> = BTreeMap::new();
     let mut longest_recovery = Duration::ZERO;
     let mut unrecovered = Vec::new();
     tokio::time::sleep(Duration::from_secs(5)).await;
     while Instant::now() + Duration::from_secs(20) < fault_phase_end {
         let fault = *FAULTS.choose(&mut rng).expect("faults");
-        eprintln!("[{:>5.1}s] fault: {fault:?}", (Instant::now() + Duration::from_secs(seconds) - fault_phase_end).as_secs_f64());
+        eprintln!(
+            "[{:>5.1}s] fault: {fault:?}",
+            (Instant::now() + Duration::from_secs(seconds) - fault_phase_end).as_secs_f64()
+        );
         world.inject(fault, &mut rng).await;
         *injected.entry(fault).or_default() += 1;
         match recovery_time(&api, Duration::from_secs(TTL_SECONDS + 25)).await {
@@ -361,40 +427,64 @@ async fn chaos(cluster: Arc<Cluster>) {
     // no lease is left in Valkey for a deleted resource.
     let settle = Instant::now();
     let limit = Duration::from_secs(TTL_SECONDS + 10);
-    let mut missing = Vec::new();
-    let mut leaked = Vec::new();
-    loop {
-        missing = targets_without_holder(&api).await.unwrap_or_else(|| vec!["(list failed)".into()]);
-        leaked = leaked_leases(&world, &api).await;
+    let (missing, leaked) = loop {
+        let missing = targets_without_holder(&api)
+            .await
+            .unwrap_or_else(|| vec!["(list failed)".into()]);
+        let leaked = leaked_leases(&world, &api).await;
         if (missing.is_empty() && leaked.is_empty()) || settle.elapsed() > limit {
-            break;
+            break (missing, leaked);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    };
     for t in &missing {
-        checker.violation(format!("{t}: has waiters but no holder {limit:?} after the faults stopped"));
+        checker.violation(format!(
+            "{t}: has waiters but no holder {limit:?} after the faults stopped"
+        ));
     }
     for l in &leaked {
         checker.violation(format!("lease left in Valkey for a deleted resource: {l}"));
     }
     for fault in &unrecovered {
-        checker.violation(format!("no recovery within {}s after {fault:?}", TTL_SECONDS + 25));
+        checker.violation(format!(
+            "no recovery within {}s after {fault:?}",
+            TTL_SECONDS + 25
+        ));
     }
 
     let violations = checker.violations.lock().unwrap().clone();
-    println!("chaos summary ({seconds} s of faults, 2 controller replicas, {TARGETS} targets, ttl {TTL_SECONDS} s):");
+    println!(
+        "chaos summary ({seconds} s of faults, 2 controller replicas, {TARGETS} targets, ttl {TTL_SECONDS} s):"
+    );
     for (fault, n) in &injected {
         println!("  faults injected: {fault:?} x{n}");
     }
-    println!("  operations (creates + deletes): {}", ops.load(Ordering::Relaxed));
-    println!("  Held transitions seen: {}", checker.held_events.load(Ordering::Relaxed));
-    println!("  commits accepted: {}, refused: {}", checker.accepted.load(Ordering::Relaxed), checker.refused.load(Ordering::Relaxed));
+    println!(
+        "  operations (creates + deletes): {}",
+        ops.load(Ordering::Relaxed)
+    );
+    println!(
+        "  Held transitions seen: {}",
+        checker.held_events.load(Ordering::Relaxed)
+    );
+    println!(
+        "  commits accepted: {}, refused: {}",
+        checker.accepted.load(Ordering::Relaxed),
+        checker.refused.load(Ordering::Relaxed)
+    );
     println!("  longest recovery after a fault: {longest_recovery:?}");
     println!("  settled after the faults in {:?}", settle.elapsed());
     println!("  violations: {}", violations.len());
     assert!(!injected.is_empty(), "no fault was injected");
-    assert!(checker.accepted.load(Ordering::Relaxed) > 0, "no holder ever committed: the run proves nothing");
-    assert!(violations.is_empty(), "violations:\n{}", violations.join("\n"));
+    assert!(
+        checker.accepted.load(Ordering::Relaxed) > 0,
+        "no holder ever committed: the run proves nothing"
+    );
+    assert!(
+        violations.is_empty(),
+        "violations:\n{}",
+        violations.join("\n")
+    );
 }
 
 /// Leases in Valkey whose lease id is not the uid of a live TargetLease.
@@ -416,7 +506,12 @@ async fn leaked_leases(world: &World, api: &Api<TargetLease>) -> Vec<String> {
         .unwrap_or_default();
     let mut leaked = Vec::new();
     for key in keys {
-        let id: Option<String> = redis::cmd("HGET").arg(&key).arg("lease_id").query_async(&mut conn).await.unwrap_or(None);
+        let id: Option<String> = redis::cmd("HGET")
+            .arg(&key)
+            .arg("lease_id")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or(None);
         if id.is_some_and(|id| !live.contains(&id)) {
             leaked.push(key);
         }
@@ -455,7 +550,10 @@ fn main() {
     };
     let conclusion = libtest_mimic::run(&args, vec![trial]);
     drop(cluster);
-    println!("chaos: {} passed, {} failed", conclusion.num_passed, conclusion.num_failed);
+    println!(
+        "chaos: {} passed, {} failed",
+        conclusion.num_passed, conclusion.num_failed
+    );
     if conclusion.num_passed == 0 {
         std::process::exit(1);
     }

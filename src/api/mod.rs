@@ -4,6 +4,7 @@
 //! a message naming the field (OpenAPI bounds and patterns, CEL rules for immutability and for
 //! relations between fields), so the controller never sees them.
 
+pub mod reference;
 mod status;
 
 use kube::{CustomResource, CustomResourceExt, KubeSchema};

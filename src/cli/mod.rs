@@ -36,8 +36,12 @@ pub struct Cli {
 enum Command {
     /// Run the TargetLease controller.
     Controller(controller::ControllerArgs),
-    /// Print the TargetLease CRD as YAML.
-    Crd,
+    /// Print the TargetLease CRD as YAML (or its API reference as Markdown).
+    Crd {
+        /// Print the API reference (docs/api.md) rendered from the CRD schema instead.
+        #[arg(long)]
+        markdown: bool,
+    },
     /// Wait until a TargetLease is Held and print its fencing token.
     Wait(wait::WaitArgs),
     /// Run a command under a lease (creates a TargetLease, waits, runs, releases).
@@ -53,7 +57,11 @@ impl Cli {
         telemetry::init(self.log_format);
         match self.command {
             Command::Controller(args) => args.run().await,
-            Command::Crd => match crate::api::crd_yaml() {
+            Command::Crd { markdown: true } => {
+                print!("{}", crate::api::reference::markdown());
+                ExitCode::SUCCESS
+            }
+            Command::Crd { markdown: false } => match crate::api::crd_yaml() {
                 Ok(yaml) => {
                     print!("{yaml}");
                     ExitCode::SUCCESS

@@ -14,6 +14,7 @@ command -v lua5.1 >/dev/null 2>&1 || need_apt+=(lua5.1)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 command -v ss >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v jq >/dev/null 2>&1 || need_apt+=(jq)
+command -v sqlite3 >/dev/null 2>&1 || need_apt+=(sqlite3)
 if ((${#need_apt[@]})); then
   say "installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

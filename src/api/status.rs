@@ -53,7 +53,7 @@ pub struct TargetLeaseStatus {
     /// The generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `Held` and `Reconciling`, in the metav1.Condition shape.
+    /// `Ready`, `Held`, `Reconciling` and `Stalled`, in the metav1.Condition shape.
     #[serde(default)]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
@@ -63,7 +63,7 @@ pub struct TargetLeaseStatus {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
-    /// `Ready`, `Held` or `Reconciling`.
+    /// `Ready`, `Held`, `Reconciling` or `Stalled`.
     #[serde(rename = "type")]
     pub type_: String,
     /// `True`, `False` or `Unknown`.

@@ -722,6 +722,30 @@ async fn release_flag_and_max_hold(s: Scenario) {
         condition(&done, "Ready").map(|c| c.reason.as_str()),
         Some("MaxHoldReached")
     );
+    // The spent claim stays released: it does not take the target again.
+    s.cluster.kubectl_ok(&[
+        "annotate",
+        "tl",
+        "bounded",
+        "-n",
+        &s.ns,
+        "poke=2",
+        "--overwrite",
+    ]);
+    tokio::time::sleep(2 * SEC).await;
+    let still = s.get("bounded").await;
+    assert_eq!(
+        phase_of(&still),
+        Some(Phase::Released),
+        "a spent claim took the target again"
+    );
+    let seen = s
+        .store()
+        .await
+        .inspect(&s.target("bounded-target"))
+        .await
+        .expect("inspect");
+    assert!(seen.lease.is_none(), "the target is held again");
 }
 
 type ScenarioFn = fn(Scenario) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;

@@ -191,6 +191,20 @@ fn release_reason(claim: &Claim<'_>, holder_done: bool) -> Option<(&'static str,
     let (Some(max), Some(status)) = (spec.max_hold_seconds, claim.status) else {
         return None;
     };
+    // A spent claim stays released until its spec changes: otherwise the same TargetLease would
+    // take the target again at once and the bound would bound nothing.
+    let spent = status.phase == Phase::Released
+        && status.observed_generation == claim.lease.metadata.generation
+        && status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.reason == "MaxHoldReached");
+    if spent {
+        return Some((
+            "MaxHoldReached",
+            format!("held for {max} s, the maxHoldSeconds bound"),
+        ));
+    }
     let acquired = status.acquired_at.filter(|_| status.phase == Phase::Held)?;
     let held_for = Timestamp::now().duration_since(acquired);
     (held_for.as_secs() >= i64::from(max)).then(|| {

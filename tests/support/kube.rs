@@ -296,6 +296,27 @@ impl ControllerProcess {
         valkey_url: &str,
         args: &[&str],
     ) -> ControllerProcess {
+        Self::start_with(cluster, kubeconfig, valkey_url, args, &[])
+    }
+
+    /// Like [`ControllerProcess::start`], with extra environment variables (applied last, so
+    /// they can replace the debug log filter the tests use).
+    pub fn start_with_env(
+        cluster: &Cluster,
+        valkey_url: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> ControllerProcess {
+        Self::start_with(cluster, Path::new(cluster.kubeconfig()), valkey_url, args, env)
+    }
+
+    fn start_with(
+        cluster: &Cluster,
+        kubeconfig: &Path,
+        valkey_url: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> ControllerProcess {
         let port = super::server::free_port();
         let http = format!("127.0.0.1:{port}");
         let log = cluster.scratch().join(format!("controller-{port}.log"));
@@ -308,6 +329,7 @@ impl ControllerProcess {
             .env("KUBECONFIG", kubeconfig)
             .env("TARGETLEASE_VALKEY_URL", valkey_url)
             .env("TARGETLEASE_LOG", "info,targetlease=debug")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log file"))
             .stderr(file)

@@ -1,0 +1,943 @@
+//! The controller on a real local control plane (`e2e/cluster up`) and a real Valkey 9.1.
+//!
+//! `cargo bench --bench controller` (options after `--`, see `HELP` and docs/performance.md).
+//!
+//! Phases, each with a fresh release-build controller watching its own namespace:
+//! 1. scale: N TargetLeases on distinct targets created at once (a bounded number in flight);
+//!    seconds until a watch saw all of them Held, API requests and status writes per lease,
+//!    controller peak RSS and CPU; then all of them deleted and the seconds until they are gone.
+//! 2. hand-over on an idle controller: pairs (holder, waiter) on one target each; the holder is
+//!    deleted and the time until a watch sees the waiter Held is recorded, one pair at a time.
+//! 3. scale again with the large N, then the steady state for two TTLs (API writes per second,
+//!    Valkey commands per second, controller CPU), then hand-overs again with all of those leases
+//!    held and renewed in the background.
+//!
+//! Nothing here asserts on speed. Bounds on waiting only keep a broken run from hanging.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use targetlease::api::{Phase, TargetLease, TargetLeaseSpec};
+use tokio::sync::mpsc;
+
+use common::{Args, cpu_seconds, loadavg, machine, quantile, status_kib};
+use support::kube::{Cluster, ControllerProcess, http_get};
+use support::server::{Server, ServerKind};
+
+const HELP: &str = "\
+cargo bench --bench controller -- [options]
+  --small N          leases of the first scale phase (default 1000)
+  --large N          leases of the second scale phase and the steady state (default 10000)
+  --handovers N      hand-overs per hand-over phase (default 200)
+  --in-flight N      concurrent create requests (default 32)
+  --ttl S            ttlSeconds of the scale phases' leases (default 30)
+  --steady-ttls N    length of the steady state in TTLs (default 2)
+  --phases LIST      which of small,handover,large to run (default all)
+  --out DIR          where controller.md, controller.json and the SVGs go
+  --smoke            tiny run for scripts/test.sh: checks that numbers come out, not speed";
+
+/// Every wait is bounded so that a broken run ends; these are not speed goals.
+const WAIT_LIMIT: Duration = Duration::from_secs(900);
+const HANDOVER_LIMIT: Duration = Duration::from_secs(30);
+
+struct Bench {
+    cluster: Arc<Cluster>,
+    client: Client,
+    valkey: Server,
+    valkey_conn: redis::aio::MultiplexedConnection,
+    in_flight: usize,
+    ttl: u32,
+    out: std::path::PathBuf,
+    report: String,
+    json: serde_json::Map<String, serde_json::Value>,
+    checks: Vec<(String, bool)>,
+}
+
+/// What a watch saw, with the instant it saw it.
+struct Seen {
+    name: String,
+    phase: Option<Phase>,
+    at: Instant,
+}
+
+fn phase_of(lease: &TargetLease) -> Option<Phase> {
+    lease.status.as_ref().map(|s| s.phase)
+}
+
+/// Streams (name, phase, instant) of every TargetLease change in `ns` matching `labels`.
+fn watch_phases(client: &Client, ns: &str, labels: &str) -> mpsc::UnboundedReceiver<Seen> {
+    let api: Api<TargetLease> = Api::namespaced(client.clone(), ns);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let config = watcher::Config::default().labels(labels);
+    tokio::spawn(async move {
+        let stream = watcher(api, config).default_backoff();
+        futures::pin_mut!(stream);
+        loop {
+            match stream.try_next().await {
+                Ok(Some(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj))) => {
+                    let seen = Seen {
+                        name: obj.name_any(),
+                        phase: phase_of(&obj),
+                        at: Instant::now(),
+                    };
+                    if tx.send(seen).is_err() {
+                        return;
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return,
+                Err(e) => eprintln!("watch error (retrying): {e}"),
+            }
+        }
+    });
+    rx
+}
+
+/// Latest phase per name, fed from a watch.
+struct Phases {
+    rx: mpsc::UnboundedReceiver<Seen>,
+    now: HashMap<String, Option<Phase>>,
+}
+
+impl Phases {
+    fn new(rx: mpsc::UnboundedReceiver<Seen>) -> Self {
+        Self {
+            rx,
+            now: HashMap::new(),
+        }
+    }
+
+    fn count(&self, names: &HashSet<String>, phase: Phase) -> usize {
+        names
+            .iter()
+            .filter(|n| self.now.get(*n).copied().flatten() == Some(phase))
+            .count()
+    }
+
+    /// Waits until every name in `names` is in `phase`; returns the instant the last one was seen.
+    async fn wait_all(
+        &mut self,
+        names: &HashSet<String>,
+        phase: Phase,
+        limit: Duration,
+    ) -> Option<Instant> {
+        let deadline = Instant::now() + limit;
+        let mut last = Instant::now();
+        while self.count(names, phase) < names.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.rx.recv()).await {
+                Ok(Some(seen)) => {
+                    last = seen.at;
+                    self.now.insert(seen.name, seen.phase);
+                }
+                _ => {
+                    eprintln!(
+                        "only {} of {} {phase:?} after {limit:?}",
+                        self.count(names, phase),
+                        names.len()
+                    );
+                    return None;
+                }
+            }
+        }
+        Some(last)
+    }
+
+    /// Waits until `name` is seen in `phase`; returns the instant it was seen.
+    async fn wait_one(&mut self, name: &str, phase: Phase, limit: Duration) -> Option<Instant> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.rx.recv()).await {
+                Ok(Some(seen)) => {
+                    let hit = seen.name == name && seen.phase == Some(phase);
+                    let at = seen.at;
+                    self.now.insert(seen.name, seen.phase);
+                    if hit {
+                        return Some(at);
+                    }
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+fn lease(name: &str, target: &str, holder: &str, ttl: u32, label: &str) -> TargetLease {
+    let mut lease = TargetLease::new(
+        name,
+        TargetLeaseSpec {
+            target: target.to_owned(),
+            holder: holder.to_owned(),
+            holder_ref: None,
+            ttl_seconds: ttl,
+            max_hold_seconds: None,
+            release: false,
+        },
+    );
+    lease.metadata = ObjectMeta {
+        name: Some(name.to_owned()),
+        labels: Some([("bench".to_owned(), label.to_owned())].into()),
+        ..ObjectMeta::default()
+    };
+    lease
+}
+
+/// Creates `leases` with at most `in_flight` requests at a time; returns the seconds it took.
+async fn create_all(api: &Api<TargetLease>, leases: Vec<TargetLease>, in_flight: usize) -> f64 {
+    let started = Instant::now();
+    let results: Vec<Result<TargetLease, kube::Error>> = futures::stream::iter(leases)
+        .map(|l| {
+            let api = api.clone();
+            async move { api.create(&PostParams::default(), &l).await }
+        })
+        .buffer_unordered(in_flight)
+        .collect()
+        .await;
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+        eprintln!("{failed} creates failed; first: {e}");
+    }
+    started.elapsed().as_secs_f64()
+}
+
+/// `apiserver_request_total` summed over codes: (verb, resource/subresource) -> (all, non-2xx,
+/// seconds spent: the sum of `apiserver_request_duration_seconds`).
+type ApiCounts = BTreeMap<(String, String), (u64, u64, f64)>;
+
+fn verb_resource(labels: &HashMap<&str, &str>) -> (String, String) {
+    let resource = match labels.get("subresource").copied().unwrap_or("") {
+        "" => labels.get("resource").copied().unwrap_or("").to_owned(),
+        sub => format!("{}/{sub}", labels.get("resource").copied().unwrap_or("")),
+    };
+    (
+        labels.get("verb").copied().unwrap_or("").to_owned(),
+        resource,
+    )
+}
+
+fn labels_of(s: &str) -> HashMap<&str, &str> {
+    let mut out = HashMap::new();
+    let mut rest = s;
+    while let Some((key, after)) = rest.split_once("=\"") {
+        let Some((value, tail)) = after.split_once('"') else {
+            break;
+        };
+        out.insert(key.trim_start_matches(','), value);
+        rest = tail;
+    }
+    out
+}
+
+async fn api_counts(client: &Client) -> ApiCounts {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("metrics request");
+    let text = client
+        .request_text(request)
+        .await
+        .expect("API server /metrics");
+    let mut counts = ApiCounts::new();
+    for line in text.lines() {
+        let (rest, is_duration) = if let Some(rest) = line.strip_prefix("apiserver_request_total{")
+        {
+            (rest, false)
+        } else if let Some(rest) = line.strip_prefix("apiserver_request_duration_seconds_sum{") {
+            (rest, true)
+        } else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let labels = labels_of(labels);
+        let value: f64 = value.trim().parse().unwrap_or(0.0);
+        let entry = counts.entry(verb_resource(&labels)).or_default();
+        if is_duration {
+            entry.2 += value;
+            continue;
+        }
+        entry.0 += value as u64;
+        if !labels.get("code").is_some_and(|c| c.starts_with('2')) {
+            entry.1 += value as u64;
+        }
+    }
+    counts
+}
+
+fn api_delta(before: &ApiCounts, after: &ApiCounts) -> ApiCounts {
+    after
+        .iter()
+        .filter_map(|(k, (n, bad, secs))| {
+            let (n0, bad0, secs0) = before.get(k).copied().unwrap_or((0, 0, 0.0));
+            let d = (n.saturating_sub(n0), bad.saturating_sub(bad0), secs - secs0);
+            (d.0 > 0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+const WRITE_VERBS: [&str; 6] = [
+    "POST",
+    "PUT",
+    "PATCH",
+    "APPLY",
+    "DELETE",
+    "DELETECOLLECTION",
+];
+
+/// Requests the controller makes: its writes to TargetLeases (finalizer, status) and Events.
+/// The benchmark itself only creates, deletes, lists and watches; the kube-controller-manager's
+/// garbage collector only lists and watches TargetLeases.
+fn controller_writes(delta: &ApiCounts) -> u64 {
+    delta
+        .iter()
+        .filter(|((verb, resource), _)| {
+            let tl_write = resource.starts_with("targetleases")
+                && matches!(verb.as_str(), "PATCH" | "APPLY" | "PUT");
+            let event = resource == "events" && matches!(verb.as_str(), "POST" | "PATCH");
+            tl_write || event
+        })
+        .map(|(_, (n, _, _))| n)
+        .sum()
+}
+
+fn count(delta: &ApiCounts, verb: &str, resource: &str) -> u64 {
+    delta
+        .get(&(verb.to_owned(), resource.to_owned()))
+        .map_or(0, |(n, _, _)| *n)
+}
+
+fn api_table(delta: &ApiCounts, per: f64, per_name: &str) -> String {
+    let mut out = format!(
+        "| verb | resource | requests | non-2xx | per {per_name} | mean latency ms |\n|---|---|---|---|---|---|\n"
+    );
+    for ((verb, resource), (n, bad, secs)) in delta {
+        let _ = writeln!(
+            out,
+            "| {verb} | {resource} | {n} | {bad} | {:.3} | {:.1} |",
+            *n as f64 / per,
+            secs / *n as f64 * 1000.0
+        );
+    }
+    out
+}
+
+/// A counter or gauge from the controller's `/metrics`, summed over its label sets.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+async fn controller_metrics(controller: &ControllerProcess) -> String {
+    let addr = controller.http.clone();
+    tokio::task::spawn_blocking(move || http_get(&addr, "/metrics"))
+        .await
+        .ok()
+        .flatten()
+        .map(|(_, body)| body)
+        .unwrap_or_default()
+}
+
+/// Valkey's total_commands_processed and EVALSHA calls.
+async fn valkey_counts(conn: &mut redis::aio::MultiplexedConnection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("everything")
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    let mut total = 0;
+    let mut evalsha = 0;
+    for line in info.lines() {
+        if let Some(v) = line.trim().strip_prefix("total_commands_processed:") {
+            total = v.parse().unwrap_or(0);
+        }
+        if let Some(v) = line.trim().strip_prefix("cmdstat_evalsha:") {
+            evalsha = v
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+        }
+    }
+    (total, evalsha)
+}
+
+/// The pid of a cluster process from its pid file (`PID STARTTIME NAME`).
+fn cluster_pid(cluster: &Cluster, name: &str) -> Option<u32> {
+    let dir = cluster
+        .envs()
+        .into_iter()
+        .find(|(k, _)| k == "TARGETLEASE_E2E_DIR")?
+        .1;
+    let text =
+        std::fs::read_to_string(Path::new(&dir).join("pids").join(format!("{name}.pid"))).ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// CPU seconds of the controller, kube-apiserver, etcd and valkey, for one phase's window.
+struct Cpu {
+    pids: Vec<(&'static str, u32)>,
+    start: Vec<f64>,
+    at: Instant,
+}
+
+impl Cpu {
+    fn start(pids: Vec<(&'static str, u32)>) -> Cpu {
+        let start = pids.iter().map(|(_, p)| cpu_seconds(*p)).collect();
+        Cpu {
+            pids,
+            start,
+            at: Instant::now(),
+        }
+    }
+
+    fn stop(&self) -> Vec<(&'static str, f64, f64)> {
+        let wall = self.at.elapsed().as_secs_f64();
+        self.pids
+            .iter()
+            .zip(&self.start)
+            .map(|((name, pid), s)| {
+                let used = cpu_seconds(*pid) - s;
+                (*name, used, used / wall * 100.0)
+            })
+            .collect()
+    }
+}
+
+/// Samples the controller's open sockets and threads every 250 ms and keeps the maxima.
+struct Sampler {
+    stop: tokio::sync::oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<(usize, usize)>,
+}
+
+impl Sampler {
+    fn start(pid: u32) -> Sampler {
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let done = tokio::spawn(async move {
+            let (mut sockets, mut threads) = (0, 0);
+            loop {
+                let n = std::fs::read_dir(format!("/proc/{pid}/fd"))
+                    .map(|d| {
+                        d.filter_map(Result::ok)
+                            .filter(|e| {
+                                std::fs::read_link(e.path())
+                                    .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+                            })
+                            .count()
+                    })
+                    .unwrap_or(0);
+                sockets = sockets.max(n);
+                threads = threads.max(status_kib(pid, "Threads") as usize);
+                tokio::select! {
+                    _ = &mut stopped => return (sockets, threads),
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                }
+            }
+        });
+        Sampler { stop, done }
+    }
+
+    async fn stop(self) -> (usize, usize) {
+        let _ = self.stop.send(());
+        self.done.await.unwrap_or((0, 0))
+    }
+}
+
+fn cpu_line(cpu: &[(&str, f64, f64)]) -> String {
+    cpu.iter()
+        .map(|(n, s, pct)| format!("{n} {s:.1} s ({pct:.0}% of one core)"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Bench {
+    fn check(&mut self, name: &str, ok: bool) {
+        eprintln!("check {name}: {}", if ok { "ok" } else { "FAILED" });
+        self.checks.push((name.to_owned(), ok));
+    }
+
+    fn say(&mut self, text: &str) {
+        println!("{text}");
+        self.report.push_str(text);
+        self.report.push('\n');
+    }
+
+    fn start_controller(&self, ns: &str) -> ControllerProcess {
+        let controller = ControllerProcess::start_with_env(
+            &self.cluster,
+            &self.valkey.url(),
+            &["--watch-namespace", ns],
+            // The production default; the tests use debug.
+            &[("TARGETLEASE_LOG", "info")],
+        );
+        eprintln!("controller for {ns}: pid {}", controller.pid());
+        controller
+    }
+
+    fn cpu_pids(&self, controller: &ControllerProcess) -> Vec<(&'static str, u32)> {
+        let mut pids = vec![("controller", controller.pid())];
+        for name in ["kube-apiserver", "etcd"] {
+            if let Some(pid) = cluster_pid(&self.cluster, name) {
+                pids.push((name, pid));
+            }
+        }
+        pids
+    }
+
+    /// Phase (e): `n` leases at once, until all are Held.
+    async fn scale(
+        &mut self,
+        ns: &str,
+        n: usize,
+        controller: &ControllerProcess,
+    ) -> Option<serde_json::Value> {
+        let api: Api<TargetLease> = Api::namespaced(self.client.clone(), ns);
+        let label = format!("scale-{n}");
+        let mut phases = Phases::new(watch_phases(&self.client, ns, &format!("bench={label}")));
+        let names: HashSet<String> = (0..n).map(|i| format!("lease-{i:05}")).collect();
+        let leases: Vec<TargetLease> = (0..n)
+            .map(|i| {
+                lease(
+                    &format!("lease-{i:05}"),
+                    &format!("target-{i:05}"),
+                    &format!("worker-{i:05}"),
+                    self.ttl,
+                    &label,
+                )
+            })
+            .collect();
+        let load_before = loadavg();
+        let api_before = api_counts(&self.client).await;
+        let metrics_before = controller_metrics(controller).await;
+        let cpu = Cpu::start(self.cpu_pids(controller));
+        let sampler = Sampler::start(controller.pid());
+        let started = Instant::now();
+        let creating = {
+            let api = api.clone();
+            let in_flight = self.in_flight;
+            tokio::spawn(async move { create_all(&api, leases, in_flight).await })
+        };
+        let all_held = phases.wait_all(&names, Phase::Held, WAIT_LIMIT).await;
+        let create_secs = creating.await.expect("create task");
+        let held_secs = all_held.map(|t| (t - started).as_secs_f64());
+        let cpu_used = cpu.stop();
+        let (sockets, threads) = sampler.stop().await;
+        // Let in-flight Events land before counting requests.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let api_after = api_counts(&self.client).await;
+        let metrics_after = controller_metrics(controller).await;
+        let delta = api_delta(&api_before, &api_after);
+        let writes = controller_writes(&delta);
+        let status_writes = metric(&metrics_after, "targetlease_status_writes_total")
+            - metric(&metrics_before, "targetlease_status_writes_total");
+        let errors = metric(&metrics_after, "targetlease_reconciles_total")
+            - metric(&metrics_before, "targetlease_reconciles_total");
+        let failed_reconciles =
+            errors - (reconciles_ok(&metrics_after) - reconciles_ok(&metrics_before));
+        let hwm = status_kib(controller.pid(), "VmHWM");
+        let rss = status_kib(controller.pid(), "VmRSS");
+        let finalizer_patches = count(&delta, "PATCH", "targetleases");
+        let status_patches = count(&delta, "APPLY", "targetleases/status")
+            + count(&delta, "PATCH", "targetleases/status");
+        let events = count(&delta, "POST", "events") + count(&delta, "PATCH", "events");
+        let per = n as f64;
+        self.say(&format!(
+            "\n### {n} TargetLeases applied at once ({} in flight)\n",
+            self.in_flight
+        ));
+        self.say(&format!(
+            "- creates done after {create_secs:.1} s; all {n} Held (watch) after {}\n\
+             - writes to reach Held, per lease: {:.2} finalizer patches + {:.2} status writes = {:.2} \
+             (controller's status_writes_total: {:.2}/lease); Events: {:.2}/lease\n\
+             - controller API writes in all (TargetLeases and Events): {writes} = {:.2}/lease; failed reconciles: {failed_reconciles}\n\
+             - controller peak RSS (VmHWM) {:.1} MiB, RSS now {:.1} MiB; at most {sockets} sockets and {threads} threads open\n\
+             - CPU during the phase: {}\n\
+             - load average before: {load_before}, after: {}\n",
+            held_secs.map_or("NOT all Held".into(), |s| format!("{s:.1} s")),
+            finalizer_patches as f64 / per,
+            status_patches as f64 / per,
+            (finalizer_patches + status_patches) as f64 / per,
+            status_writes / per,
+            events as f64 / per,
+            writes as f64 / per,
+            hwm as f64 / 1024.0,
+            rss as f64 / 1024.0,
+            cpu_line(&cpu_used),
+            loadavg(),
+        ));
+        self.say(&format!(
+            "API server requests during the phase (all clients; the benchmark made the POSTs and a watch):\n\n{}",
+            api_table(&delta, per, "lease")
+        ));
+        self.check(&format!("scale-{n}-all-held"), held_secs.is_some());
+        Some(serde_json::json!({
+            "leases": n,
+            "inFlight": self.in_flight,
+            "createSeconds": create_secs,
+            "allHeldSeconds": held_secs,
+            "finalizerPatchesPerLease": finalizer_patches as f64 / per,
+            "statusWritesPerLease": status_patches as f64 / per,
+            "eventsPerLease": events as f64 / per,
+            "controllerWritesPerLease": writes as f64 / per,
+            "failedReconciles": failed_reconciles,
+            "controllerPeakRssMiB": hwm as f64 / 1024.0,
+            "controllerMaxSockets": sockets,
+            "cpuSeconds": cpu_used.iter().map(|(n, s, _)| (n.to_string(), *s)).collect::<BTreeMap<_,_>>(),
+            "loadBefore": load_before,
+            "loadAfter": loadavg(),
+        }))
+    }
+
+    /// Deletes every lease in `ns` and waits until they are gone.
+    async fn delete_all(&mut self, ns: &str, n: usize) {
+        let api: Api<TargetLease> = Api::namespaced(self.client.clone(), ns);
+        let started = Instant::now();
+        let deleted = api
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
+        if let Err(e) = deleted {
+            eprintln!("delete collection failed: {e}");
+        }
+        let deadline = Instant::now() + WAIT_LIMIT;
+        let gone = loop {
+            let left = api
+                .list_metadata(&ListParams::default().limit(1))
+                .await
+                .map(|l| l.items.len())
+                .unwrap_or(1);
+            if left == 0 {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let secs = started.elapsed().as_secs_f64();
+        self.say(&format!(
+            "- deleting all {n} (released in Valkey, finalizers removed): gone after {secs:.1} s (load {})\n",
+            loadavg()
+        ));
+        self.json
+            .insert(format!("deleteAll{n}Seconds"), serde_json::json!(secs));
+        self.check(&format!("delete-{n}-gone"), gone);
+    }
+
+    /// Phase (f): `pairs` hand-overs, one at a time.
+    async fn handover(&mut self, ns: &str, pairs: usize, label: &str) -> Vec<f64> {
+        let api: Api<TargetLease> = Api::namespaced(self.client.clone(), ns);
+        let mut phases = Phases::new(watch_phases(&self.client, ns, &format!("bench={label}")));
+        let holders: HashSet<String> = (0..pairs).map(|i| format!("{label}-h-{i:04}")).collect();
+        let waiters: HashSet<String> = (0..pairs).map(|i| format!("{label}-w-{i:04}")).collect();
+        let make = |role: &str, holder: &str| -> Vec<TargetLease> {
+            (0..pairs)
+                .map(|i| {
+                    lease(
+                        &format!("{label}-{role}-{i:04}"),
+                        &format!("{label}/target-{i:04}"),
+                        &format!("{holder}-{i:04}"),
+                        30,
+                        label,
+                    )
+                })
+                .collect()
+        };
+        create_all(&api, make("h", "first"), self.in_flight).await;
+        let held = phases.wait_all(&holders, Phase::Held, WAIT_LIMIT).await;
+        create_all(&api, make("w", "second"), self.in_flight).await;
+        let waiting = phases.wait_all(&waiters, Phase::Waiting, WAIT_LIMIT).await;
+        if held.is_none() || waiting.is_none() {
+            self.check(&format!("handover-{label}-setup"), false);
+            return Vec::new();
+        }
+        let load_before = loadavg();
+        let mut latencies = Vec::with_capacity(pairs);
+        let mut missed = 0;
+        for i in 0..pairs {
+            let holder = format!("{label}-h-{i:04}");
+            let waiter = format!("{label}-w-{i:04}");
+            let start = Instant::now();
+            if let Err(e) = api.delete(&holder, &DeleteParams::default()).await {
+                eprintln!("delete {holder}: {e}");
+                missed += 1;
+                continue;
+            }
+            match phases.wait_one(&waiter, Phase::Held, HANDOVER_LIMIT).await {
+                Some(at) => latencies.push((at - start).as_secs_f64() * 1000.0),
+                None => {
+                    eprintln!("{waiter} was not Held within {HANDOVER_LIMIT:?}");
+                    missed += 1;
+                }
+            }
+        }
+        let mut sorted: Vec<u64> = latencies.iter().map(|ms| (ms * 1000.0) as u64).collect();
+        sorted.sort_unstable();
+        let q = |p: f64| quantile(&sorted, p) as f64 / 1000.0;
+        let max = sorted.last().copied().unwrap_or(0) as f64 / 1000.0;
+        self.say(&format!(
+            "- {} hand-overs (holder deleted -> waiter Held, seen by a watch): p50 {:.1} ms, p90 {:.1} ms, \
+             p99 {:.1} ms, max {max:.1} ms, min {:.1} ms; missed {missed}; load before {load_before}, after {}\n",
+            latencies.len(),
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            q(0.0),
+            loadavg()
+        ));
+        let svg = self.out.join(format!("handover-{label}.svg"));
+        let title = format!(
+            "TargetLease hand-over latency ({label}): p50 {:.1} ms, p99 {:.1} ms",
+            q(0.5),
+            q(0.99)
+        );
+        if let Err(e) = common::svg_histogram(&svg, &title, &latencies) {
+            eprintln!("could not write {}: {e}", svg.display());
+        }
+        self.json.insert(
+            format!("handover-{label}"),
+            serde_json::json!({
+                "count": latencies.len(),
+                "missed": missed,
+                "p50Ms": q(0.5), "p90Ms": q(0.9), "p99Ms": q(0.99), "maxMs": max,
+                "samplesMs": latencies,
+                "loadBefore": load_before,
+                "loadAfter": loadavg(),
+            }),
+        );
+        self.check(
+            &format!("handover-{label}"),
+            missed == 0 && latencies.len() == pairs,
+        );
+        latencies
+    }
+
+    /// Phase (g): nothing changes for `seconds`; what does the controller still do?
+    async fn steady(&mut self, controller: &ControllerProcess, n: usize, seconds: f64) {
+        let api_before = api_counts(&self.client).await;
+        let metrics_before = controller_metrics(controller).await;
+        let valkey_before = valkey_counts(&mut self.valkey_conn).await;
+        let load_before = loadavg();
+        let cpu = Cpu::start(self.cpu_pids(controller));
+        tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+        let cpu_used = cpu.stop();
+        let wall = cpu.at.elapsed().as_secs_f64();
+        let api_after = api_counts(&self.client).await;
+        let metrics_after = controller_metrics(controller).await;
+        let valkey_after = valkey_counts(&mut self.valkey_conn).await;
+        let delta = api_delta(&api_before, &api_after);
+        let writes = controller_writes(&delta);
+        let all_writes: u64 = delta
+            .iter()
+            .filter(|((verb, _), _)| WRITE_VERBS.contains(&verb.as_str()))
+            .map(|(_, (n, _, _))| n)
+            .sum();
+        let status_writes = metric(&metrics_after, "targetlease_status_writes_total")
+            - metric(&metrics_before, "targetlease_status_writes_total");
+        // The INFO call is one command.
+        let commands = valkey_after.0.saturating_sub(valkey_before.0 + 1) as f64;
+        let evalsha = valkey_after.1.saturating_sub(valkey_before.1) as f64;
+        let held = metric_labeled(&metrics_after, "targetlease_leases", "phase=\"Held\"");
+        self.say(&format!(
+            "\n### Steady state: {n} held leases (ttlSeconds {}), {seconds:.0} s\n\n\
+             - controller API writes: {writes} ({:.3}/s); status writes {status_writes} ({:.3}/s); \
+             all API writes by anyone: {all_writes} ({:.3}/s)\n\
+             - Valkey: {:.0} commands/s as counted by total_commands_processed, {:.0} EVALSHA/s \
+             (renewals: {n} leases / (ttl/3) = {:.0}/s expected)\n\
+             - leases Held per the controller's gauge: {held}\n\
+             - CPU: {}\n\
+             - load average before: {load_before}, after: {}\n",
+            self.ttl,
+            writes as f64 / wall,
+            status_writes / wall,
+            all_writes as f64 / wall,
+            commands / wall,
+            evalsha / wall,
+            n as f64 / (f64::from(self.ttl) / 3.0),
+            cpu_line(&cpu_used),
+            loadavg()
+        ));
+        self.say(&format!(
+            "API server requests during the steady state (all clients):\n\n{}",
+            api_table(&delta, wall, "second")
+        ));
+        self.json.insert(
+            "steady".into(),
+            serde_json::json!({
+                "leases": n,
+                "seconds": wall,
+                "controllerApiWritesPerSec": writes as f64 / wall,
+                "statusWritesPerSec": status_writes / wall,
+                "allApiWritesPerSec": all_writes as f64 / wall,
+                "valkeyCommandsPerSec": commands / wall,
+                "valkeyEvalshaPerSec": evalsha / wall,
+                "cpuSeconds": cpu_used.iter().map(|(n, s, _)| (n.to_string(), *s)).collect::<BTreeMap<_,_>>(),
+                "loadBefore": load_before,
+                "loadAfter": loadavg(),
+            }),
+        );
+        self.check("steady-measured", evalsha > 0.0);
+    }
+}
+
+fn reconciles_ok(text: &str) -> f64 {
+    metric_labeled(text, "targetlease_reconciles_total", "result=\"ok\"")
+}
+
+fn metric_labeled(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+fn main() {
+    let args = Args::parse(&[
+        "small",
+        "large",
+        "handovers",
+        "in-flight",
+        "ttl",
+        "steady-ttls",
+        "phases",
+        "out",
+    ]);
+    if args.flag("help") {
+        println!("{HELP}");
+        return;
+    }
+    let smoke = args.flag("smoke");
+    let small: usize = args.get("small", if smoke { 10 } else { 1000 });
+    let large: usize = args.get("large", if smoke { 20 } else { 10_000 });
+    let handovers: usize = args.get("handovers", if smoke { 3 } else { 200 });
+    let in_flight: usize = args.get("in-flight", 32);
+    let ttl: u32 = args.get("ttl", if smoke { 2 } else { 30 });
+    let steady_ttls: f64 = args.get("steady-ttls", 2.0);
+    let phases: Vec<String> =
+        args.list("phases", &["small", "handover", "large"].map(String::from));
+    let run = |p: &str| phases.iter().any(|x| x == p);
+    let out = common::out_dir(&args, "controller");
+    let binary = env!("CARGO_BIN_EXE_targetlease");
+
+    let started = Instant::now();
+    let cluster = Cluster::start();
+    cluster.install_crd();
+    let cluster = Arc::new(cluster);
+    let valkey = Server::start(ServerKind::Valkey91);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let checks = runtime.block_on(async {
+        let client = cluster.client().await;
+        let valkey_conn = redis::Client::open(valkey.url())
+            .expect("valkey client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("valkey connection");
+        let mut bench = Bench {
+            cluster: cluster.clone(),
+            client,
+            valkey,
+            valkey_conn,
+            in_flight,
+            ttl,
+            out: out.clone(),
+            report: String::new(),
+            json: serde_json::Map::new(),
+            checks: Vec::new(),
+        };
+        let header = format!(
+            "machine: {}\ncontroller: {binary}\ncluster up and CRD installed in {:.1} s; load average {}",
+            machine(),
+            started.elapsed().as_secs_f64(),
+            loadavg()
+        );
+        bench.say(&format!("```\n{header}\n```"));
+        if !binary.contains("/release/") {
+            bench.say("**warning: the controller is not a release build** (smoke runs use the test profile)");
+        }
+
+        for ns in ["bench-small", "bench-handover", "bench-large"] {
+            bench.cluster.kubectl_ok(&["create", "namespace", ns]);
+        }
+
+        // 1. Scale, small N, then delete them all.
+        if run("small") {
+            let controller = bench.start_controller("bench-small");
+            if let Some(v) = bench.scale("bench-small", small, &controller).await {
+                bench.json.insert(format!("scale{small}"), v);
+            }
+            bench.delete_all("bench-small", small).await;
+        }
+
+        // 2. Hand-over on an idle controller.
+        if run("handover") {
+            let _controller = bench.start_controller("bench-handover");
+            bench.say("\n### Hand-over, idle controller\n");
+            bench.handover("bench-handover", handovers, "idle").await;
+            bench.delete_all("bench-handover", handovers * 2).await;
+        }
+
+        // 3. Scale, large N; steady state; hand-over with all of them held.
+        if run("large") {
+        let controller = bench.start_controller("bench-large");
+        if let Some(v) = bench.scale("bench-large", large, &controller).await {
+            bench.json.insert(format!("scale{large}"), v);
+        }
+        // Let the creation's tail (Events, first renewals) pass.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        bench
+            .steady(&controller, large, steady_ttls * f64::from(ttl))
+            .await;
+        bench.say(&format!("\n### Hand-over with {large} leases held and renewed by the same controller\n"));
+        bench.handover("bench-large", handovers, "loaded").await;
+        let hwm = status_kib(controller.pid(), "VmHWM");
+        bench.say(&format!(
+            "- controller peak RSS (VmHWM) at the end: {:.1} MiB\n",
+            hwm as f64 / 1024.0
+        ));
+        bench
+            .json
+            .insert("finalPeakRssMiB".into(), serde_json::json!(hwm as f64 / 1024.0));
+        }
+
+        bench.say(&format!(
+            "\nwhole benchmark: {:.0} s; load average at the end {}",
+            started.elapsed().as_secs_f64(),
+            loadavg()
+        ));
+        std::fs::write(out.join("controller.md"), &bench.report).expect("write controller.md");
+        std::fs::write(
+            out.join("controller.json"),
+            serde_json::Value::Object(bench.json.clone()).to_string(),
+        )
+        .expect("write controller.json");
+        println!("results: {}", out.display());
+        bench.checks.clone()
+    });
+    drop(runtime);
+    drop(cluster);
+    let failed = checks.iter().filter(|(_, ok)| !ok).count();
+    println!("bench: {} passed, {failed} failed", checks.len() - failed);
+    if failed > 0 || checks.is_empty() {
+        std::process::exit(1);
+    }
+}

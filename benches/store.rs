@@ -1,0 +1,849 @@
+//! Lease-store throughput against a Redlock-style baseline, on one Valkey 9.1 on loopback.
+//!
+//! `cargo bench --bench store` (options after `--`, see `--help` below and docs/performance.md).
+//!
+//! Workloads, each run with 1, 16, 64 and 256 concurrent tasks on one client:
+//! - a: targetlease `acquire` then `release` through [`ValkeyStore`] and the [`LeaseStore`]
+//!   trait, a fresh random request id per call as in production, one target per task.
+//! - b: the Redlock-style single-instance lock with the same client: `SET key val NX PX`, then a
+//!   Lua compare-and-delete; no fencing token, no reply cache.
+//! - c: the ceiling: two `EVALSHA`s of a script that does nothing (the same two round trips).
+//! - d: targetlease `renew` of a held lease.
+//! - e: the Redlock-style extend (Lua compare-and-`PEXPIRE`), the baseline for d.
+//!
+//! The runs are interleaved: every round runs every workload at every concurrency level, the
+//! workloads in a rotated order, and each figure is the median over the rounds, so machine noise
+//! hits all of them alike. Every run starts on an empty database (`FLUSHALL SYNC`, not timed).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::Script;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use targetlease::redact::SecretUrl;
+use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
+use targetlease::store::{
+    AcquireOutcome, AcquireRequest, LeaseHandle, LeaseId, LeaseStore, ReleaseOutcome,
+    ReleaseRequest, RenewOutcome, RenewRequest, RequestId, TargetRef,
+};
+use tokio::sync::Barrier;
+
+use common::{Args, loadavg, machine, median, quantile};
+use support::server::{Server, ServerKind};
+
+const HELP: &str = "\
+cargo bench --bench store -- [options]
+  --rounds N           rounds; every figure is the median over them (default 5)
+  --seconds S          measured seconds per run (default 2)
+  --warmup S           unmeasured seconds before each run's measurement (default 0.3)
+  --concurrency LIST   concurrent tasks (default 1,16,64,256)
+  --threads N          tokio worker threads of the client (default 2)
+  --workloads LIST     which of a,b,c,d,e to run (default all)
+  --server NAME        valkey-9.1 (default), valkey-8.1 or redis-7.0 (the contract suite's servers)
+  --max-cycles N       bound on the cycles of one run (default 2000000)
+  --out DIR            where store.md and store.json go (default: Cargo's target tmp dir)
+  --smoke              tiny run for scripts/test.sh: checks that numbers come out, not speed";
+
+const LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// The Redlock compare-and-delete, as the Redlock libraries write it.
+const UNLOCK: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+/// The Redlock compare-and-extend.
+const EXTEND: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
+/// The ceiling: a script that does nothing.
+const NOOP: &str = "return 0";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Workload {
+    Lease,
+    Redlock,
+    Noop,
+    Renew,
+    Extend,
+}
+
+impl Workload {
+    const ALL: [Workload; 5] = [
+        Workload::Lease,
+        Workload::Redlock,
+        Workload::Noop,
+        Workload::Renew,
+        Workload::Extend,
+    ];
+
+    fn letter(self) -> &'static str {
+        match self {
+            Workload::Lease => "a",
+            Workload::Redlock => "b",
+            Workload::Noop => "c",
+            Workload::Renew => "d",
+            Workload::Extend => "e",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Workload::Lease => "targetlease acquire+release",
+            Workload::Redlock => "Redlock SET NX PX + Lua compare-and-delete",
+            Workload::Noop => "2 x EVALSHA of an empty script (ceiling)",
+            Workload::Renew => "targetlease renew",
+            Workload::Extend => "Redlock Lua compare-and-PEXPIRE",
+        }
+    }
+
+    /// Round trips per cycle.
+    fn calls(self) -> u32 {
+        match self {
+            Workload::Lease | Workload::Redlock | Workload::Noop => 2,
+            Workload::Renew | Workload::Extend => 1,
+        }
+    }
+}
+
+/// What every task shares: the store and, for the baselines, a connection set up exactly like
+/// the store's (one multiplexed connection, same timeouts and retries).
+struct Shared {
+    store: ValkeyStore,
+    baseline: ConnectionManager,
+    noop: Script,
+    unlock: Script,
+    extend: Script,
+}
+
+fn manager_config() -> ConnectionManagerConfig {
+    // The settings ValkeyStore::new_lazy uses with ValkeyConfig's defaults.
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(Some(Duration::from_secs(2)))
+        .set_number_of_retries(3)
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_secs(2))
+}
+
+/// One task's result.
+#[derive(Default)]
+struct TaskResult {
+    /// Latencies of cycles completed inside the measured window, in ns.
+    latencies: Vec<u64>,
+    /// Every cycle, warm-up included (for per-cycle server figures).
+    cycles: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+struct Window {
+    measure_from: Instant,
+    end: Instant,
+}
+
+/// Per-task state: what a cycle needs.
+enum TaskState {
+    Lease {
+        target: TargetRef,
+        lease_id: LeaseId,
+        owner: String,
+    },
+    Redlock {
+        key: String,
+    },
+    Noop,
+    Renew {
+        handle: LeaseHandle,
+    },
+    Extend {
+        key: String,
+        value: String,
+    },
+}
+
+async fn setup(w: Workload, sh: &Shared, task: usize) -> Result<TaskState, String> {
+    let target = TargetRef::new(&format!("bench-{}", w.letter()), &format!("t{task}"))
+        .map_err(|e| e.to_string())?;
+    let lease_id =
+        LeaseId::new(uuid::Uuid::new_v4().hyphenated().to_string()).map_err(|e| e.to_string())?;
+    let owner = format!("worker-{task}");
+    Ok(match w {
+        Workload::Lease => TaskState::Lease {
+            target,
+            lease_id,
+            owner,
+        },
+        Workload::Redlock => TaskState::Redlock {
+            key: format!("rl:{{bench-b/t{task}}}:lock"),
+        },
+        Workload::Noop => TaskState::Noop,
+        Workload::Renew => {
+            let request = AcquireRequest {
+                target: target.clone(),
+                lease_id: lease_id.clone(),
+                owner: owner.clone(),
+                ttl: LEASE_TTL,
+                min_token: 0,
+                request_id: RequestId::random(),
+            };
+            match sh.store.acquire(&request).await {
+                Ok(AcquireOutcome::Acquired(grant)) => TaskState::Renew {
+                    handle: LeaseHandle {
+                        target,
+                        lease_id,
+                        owner,
+                        token: grant.token,
+                    },
+                },
+                other => return Err(format!("setup acquire: {other:?}")),
+            }
+        }
+        Workload::Extend => {
+            let key = format!("rl:{{bench-e/t{task}}}:lock");
+            let value = uuid::Uuid::new_v4().simple().to_string();
+            let mut conn = sh.baseline.clone();
+            let ok: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&value)
+                .arg("NX")
+                .arg("PX")
+                .arg(LEASE_TTL.as_millis() as u64)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            if ok.is_none() {
+                return Err("setup SET NX found the key taken".into());
+            }
+            TaskState::Extend { key, value }
+        }
+    })
+}
+
+/// One cycle; `Err` names what went wrong (a refusal is an error here: nothing contends).
+async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
+    match state {
+        TaskState::Lease {
+            target,
+            lease_id,
+            owner,
+        } => {
+            let acquire = AcquireRequest {
+                target: target.clone(),
+                lease_id: lease_id.clone(),
+                owner: owner.clone(),
+                ttl: LEASE_TTL,
+                min_token: 0,
+                request_id: RequestId::random(),
+            };
+            let token = match sh.store.acquire(&acquire).await {
+                Ok(AcquireOutcome::Acquired(grant)) => grant.token,
+                other => return Err(format!("acquire: {other:?}")),
+            };
+            let release = ReleaseRequest {
+                lease: LeaseHandle {
+                    target: target.clone(),
+                    lease_id: lease_id.clone(),
+                    owner: owner.clone(),
+                    token,
+                },
+                request_id: RequestId::random(),
+            };
+            match sh.store.release(&release).await {
+                Ok(ReleaseOutcome::Released) => Ok(()),
+                other => Err(format!("release: {other:?}")),
+            }
+        }
+        TaskState::Redlock { key } => {
+            let value = uuid::Uuid::new_v4().simple().to_string();
+            let mut conn = sh.baseline.clone();
+            let ok: Option<String> = redis::cmd("SET")
+                .arg(&*key)
+                .arg(&value)
+                .arg("NX")
+                .arg("PX")
+                .arg(LEASE_TTL.as_millis() as u64)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| format!("SET NX: {e}"))?;
+            if ok.is_none() {
+                return Err("SET NX: taken".into());
+            }
+            let deleted: i64 = sh
+                .unlock
+                .key(&*key)
+                .arg(&value)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| format!("unlock: {e}"))?;
+            if deleted == 1 {
+                Ok(())
+            } else {
+                Err("unlock: not the holder".into())
+            }
+        }
+        TaskState::Noop => {
+            let mut conn = sh.baseline.clone();
+            for _ in 0..2 {
+                let _: i64 = sh
+                    .noop
+                    .prepare_invoke()
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(|e| format!("noop: {e}"))?;
+            }
+            Ok(())
+        }
+        TaskState::Renew { handle } => {
+            let request = RenewRequest {
+                lease: handle.clone(),
+                ttl: LEASE_TTL,
+                request_id: RequestId::random(),
+            };
+            match sh.store.renew(&request).await {
+                Ok(RenewOutcome::Renewed { .. }) => Ok(()),
+                other => Err(format!("renew: {other:?}")),
+            }
+        }
+        TaskState::Extend { key, value } => {
+            let mut conn = sh.baseline.clone();
+            let extended: i64 = sh
+                .extend
+                .key(&*key)
+                .arg(&*value)
+                .arg(LEASE_TTL.as_millis() as u64)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| format!("extend: {e}"))?;
+            if extended == 1 {
+                Ok(())
+            } else {
+                Err("extend: not the holder".into())
+            }
+        }
+    }
+}
+
+async fn task(
+    w: Workload,
+    sh: Arc<Shared>,
+    id: usize,
+    ready: Arc<Barrier>,
+    go: Arc<Barrier>,
+    window: Arc<Mutex<Option<Window>>>,
+    max_cycles: u64,
+) -> TaskResult {
+    let mut result = TaskResult::default();
+    let state = setup(w, &sh, id).await;
+    ready.wait().await;
+    go.wait().await;
+    let mut state = match state {
+        Ok(s) => s,
+        Err(e) => {
+            result.errors = 1;
+            result.first_error = Some(e);
+            return result;
+        }
+    };
+    let (measure_from, end) = {
+        let guard = window.lock().unwrap_or_else(|e| e.into_inner());
+        let w = guard.as_ref().expect("window set before go");
+        (w.measure_from, w.end)
+    };
+    while result.cycles < max_cycles {
+        let start = Instant::now();
+        if start >= end {
+            break;
+        }
+        let outcome = cycle(&mut state, &sh).await;
+        let done = Instant::now();
+        result.cycles += 1;
+        match outcome {
+            Ok(()) if start >= measure_from && done <= end => {
+                result.latencies.push((done - start).as_nanos() as u64)
+            }
+            Ok(()) => {}
+            Err(e) => {
+                result.errors += 1;
+                result.first_error.get_or_insert(e);
+            }
+        }
+    }
+    result
+}
+
+/// Server-side counters read with INFO.
+#[derive(Clone, Debug, Default)]
+struct ServerStats {
+    commands: u64,
+    cpu_seconds: f64,
+    per_command: BTreeMap<String, u64>,
+}
+
+async fn server_stats(conn: &mut redis::aio::MultiplexedConnection) -> ServerStats {
+    let info: String = redis::cmd("INFO")
+        .arg("everything")
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    let mut stats = ServerStats::default();
+    for line in info.lines() {
+        let Some((name, value)) = line.trim().split_once(':') else {
+            continue;
+        };
+        match name {
+            "total_commands_processed" => stats.commands = value.parse().unwrap_or(0),
+            "used_cpu_sys" | "used_cpu_user" => {
+                stats.cpu_seconds += value.parse::<f64>().unwrap_or(0.0)
+            }
+            _ => {
+                if let Some(cmd) = name.strip_prefix("cmdstat_") {
+                    let calls = value
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix("calls="))
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    stats.per_command.insert(cmd.to_owned(), calls);
+                }
+            }
+        }
+    }
+    stats
+}
+
+/// One run of one workload at one concurrency level.
+#[derive(Clone, Debug)]
+struct Run {
+    workload: Workload,
+    concurrency: usize,
+    round: usize,
+    cycles_per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+    /// Server CPU per cycle, µs.
+    server_us_per_cycle: f64,
+    /// Client (this process) CPU per cycle, µs.
+    client_us_per_cycle: f64,
+    /// Commands the server counted per cycle (scripts' inner commands included).
+    commands_per_cycle: f64,
+    /// Inner commands per cycle, by name (script calls included).
+    per_command: BTreeMap<String, f64>,
+    errors: u64,
+    first_error: Option<String>,
+    load: String,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_once(
+    sh: &Arc<Shared>,
+    admin: &mut redis::aio::MultiplexedConnection,
+    w: Workload,
+    concurrency: usize,
+    round: usize,
+    warmup: Duration,
+    measure: Duration,
+    max_cycles: u64,
+) -> Run {
+    let _: () = redis::cmd("FLUSHALL")
+        .arg("SYNC")
+        .query_async(admin)
+        .await
+        .expect("FLUSHALL");
+    let ready = Arc::new(Barrier::new(concurrency + 1));
+    let go = Arc::new(Barrier::new(concurrency + 1));
+    let window = Arc::new(Mutex::new(None));
+    let per_task = max_cycles.div_ceil(concurrency as u64).max(1);
+    let handles: Vec<_> = (0..concurrency)
+        .map(|id| {
+            tokio::spawn(task(
+                w,
+                sh.clone(),
+                id,
+                ready.clone(),
+                go.clone(),
+                window.clone(),
+                per_task,
+            ))
+        })
+        .collect();
+    ready.wait().await;
+    let before = server_stats(admin).await;
+    let client_before = common::cpu_seconds(std::process::id());
+    let start = Instant::now();
+    *window.lock().unwrap_or_else(|e| e.into_inner()) = Some(Window {
+        measure_from: start + warmup,
+        end: start + warmup + measure,
+    });
+    go.wait().await;
+    let mut latencies = Vec::new();
+    let mut cycles = 0;
+    let mut errors = 0;
+    let mut first_error = None;
+    for h in handles {
+        let r = h.await.expect("task panicked");
+        latencies.extend(r.latencies);
+        cycles += r.cycles;
+        errors += r.errors;
+        if first_error.is_none() {
+            first_error = r.first_error;
+        }
+    }
+    let client_after = common::cpu_seconds(std::process::id());
+    let after = server_stats(admin).await;
+    latencies.sort_unstable();
+    let measured = latencies.len() as f64;
+    let per_cycle = |x: f64| {
+        if cycles == 0 {
+            f64::NAN
+        } else {
+            x / cycles as f64
+        }
+    };
+    // The INFO call itself is one command in the window.
+    let commands = after.commands.saturating_sub(before.commands + 1) as f64;
+    let per_command = after
+        .per_command
+        .iter()
+        .filter(|(name, _)| name.as_str() != "info")
+        .filter_map(|(name, calls)| {
+            let delta = calls.saturating_sub(*before.per_command.get(name).unwrap_or(&0));
+            (delta > 0).then(|| (name.clone(), per_cycle(delta as f64)))
+        })
+        .collect();
+    Run {
+        workload: w,
+        concurrency,
+        round,
+        cycles_per_sec: measured / measure.as_secs_f64(),
+        p50_us: quantile(&latencies, 0.50) as f64 / 1000.0,
+        p99_us: quantile(&latencies, 0.99) as f64 / 1000.0,
+        server_us_per_cycle: per_cycle((after.cpu_seconds - before.cpu_seconds) * 1e6),
+        client_us_per_cycle: per_cycle((client_after - client_before) * 1e6),
+        commands_per_cycle: per_cycle(commands),
+        per_command,
+        errors,
+        first_error,
+        load: loadavg(),
+    }
+}
+
+/// Medians over the rounds of one (workload, concurrency).
+struct Summary {
+    cycles_per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+    server_us: f64,
+    client_us: f64,
+    commands: f64,
+    load: String,
+}
+
+fn summarize(runs: &[&Run]) -> Summary {
+    let m = |f: fn(&Run) -> f64| median(&runs.iter().map(|r| f(r)).collect::<Vec<_>>());
+    let loads: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.load.split_whitespace().next()?.parse().ok())
+        .collect();
+    let (lo, hi) = loads
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+    Summary {
+        cycles_per_sec: m(|r| r.cycles_per_sec),
+        p50_us: m(|r| r.p50_us),
+        p99_us: m(|r| r.p99_us),
+        server_us: m(|r| r.server_us_per_cycle),
+        client_us: m(|r| r.client_us_per_cycle),
+        commands: m(|r| r.commands_per_cycle),
+        load: if loads.is_empty() {
+            "?".into()
+        } else {
+            format!("{lo:.2}-{hi:.2}")
+        },
+    }
+}
+
+/// The median over rounds of the ratio of two workloads' throughput in the same round.
+fn ratio(runs: &[Run], c: usize, num: Workload, den: Workload) -> f64 {
+    let rounds: Vec<usize> = runs.iter().map(|r| r.round).collect();
+    let max_round = rounds.iter().copied().max().unwrap_or(0);
+    let per_round: Vec<f64> = (0..=max_round)
+        .filter_map(|round| {
+            let find = |w: Workload| {
+                runs.iter()
+                    .find(|r| r.round == round && r.concurrency == c && r.workload == w)
+            };
+            Some(find(num)?.cycles_per_sec / find(den)?.cycles_per_sec)
+        })
+        .collect();
+    median(&per_round)
+}
+
+fn main() {
+    let args = Args::parse(&[
+        "rounds",
+        "seconds",
+        "warmup",
+        "concurrency",
+        "threads",
+        "max-cycles",
+        "workloads",
+        "server",
+        "out",
+    ]);
+    if args.flag("help") {
+        println!("{HELP}");
+        return;
+    }
+    let smoke = args.flag("smoke");
+    let rounds: usize = args.get("rounds", if smoke { 1 } else { 5 });
+    let measure = Duration::from_secs_f64(args.get("seconds", if smoke { 0.2 } else { 2.0 }));
+    let warmup = Duration::from_secs_f64(args.get("warmup", if smoke { 0.05 } else { 0.3 }));
+    let levels: Vec<usize> = args.list(
+        "concurrency",
+        if smoke { &[1, 4] } else { &[1, 16, 64, 256] },
+    );
+    let threads: usize = args.get("threads", 2);
+    let letters: Vec<String> = args.list("workloads", &["a", "b", "c", "d", "e"].map(String::from));
+    let workloads: Vec<Workload> = Workload::ALL
+        .into_iter()
+        .filter(|w| letters.iter().any(|l| l == w.letter()))
+        .collect();
+    let max_cycles: u64 = args.get("max-cycles", 2_000_000);
+    let out = common::out_dir(&args, "store");
+
+    let kind = match args.string("server").as_deref() {
+        None | Some("valkey-9.1") => ServerKind::Valkey91,
+        Some("valkey-8.1") => ServerKind::Valkey81,
+        Some("redis-7.0") => ServerKind::Redis70,
+        Some(other) => panic!("--server {other:?}: use valkey-9.1, valkey-8.1 or redis-7.0"),
+    };
+    let server = Server::start(kind);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let (runs, header) = runtime.block_on(async {
+        let url = SecretUrl::parse(&server.url()).expect("server URL");
+        let store = ValkeyStore::connect(ValkeyConfig::new(url))
+            .await
+            .expect("connect the store");
+        let client = redis::Client::open(server.url()).expect("client");
+        let baseline = ConnectionManager::new_with_config(client.clone(), manager_config())
+            .await
+            .expect("baseline connection");
+        let mut admin = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("admin connection");
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut admin)
+            .await
+            .expect("INFO server");
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+                .unwrap_or("?")
+                .to_owned()
+        };
+        let version = match field("valkey_version").as_str() {
+            "?" => format!("redis {}", field("redis_version")),
+            v => format!("valkey {v}"),
+        };
+        let allocator = field("mem_allocator");
+        eprintln!("valkey pid {}", field("process_id"));
+        let sh = Arc::new(Shared {
+            store,
+            baseline,
+            noop: Script::new(NOOP),
+            unlock: Script::new(UNLOCK),
+            extend: Script::new(EXTEND),
+        });
+        let header = format!(
+            "machine: {}\n{version} (allocator {allocator}) on 127.0.0.1:{} (no persistence), one multiplexed connection per side, \
+             {threads} client worker threads\nrounds {rounds}, {:.1} s measured + {:.1} s warm-up per run, levels {levels:?}\n\
+             load average at start: {}",
+            machine(),
+            server.port,
+            measure.as_secs_f64(),
+            warmup.as_secs_f64(),
+            loadavg()
+        );
+        println!("{header}");
+        // Load every script once, untimed.
+        for &w in &workloads {
+            run_once(&sh, &mut admin, w, 1, 0, Duration::ZERO, Duration::from_millis(20), 1000).await;
+        }
+        let mut runs = Vec::new();
+        let started = Instant::now();
+        for round in 0..rounds {
+            for &c in &levels {
+                for i in 0..workloads.len() {
+                    let w = workloads[(i + round) % workloads.len()];
+                    let run = run_once(&sh, &mut admin, w, c, round, warmup, measure, max_cycles).await;
+                    eprintln!(
+                        "round {round} c={c:>3} {}: {:>9.0} cycles/s p50 {:>8.1} us p99 {:>8.1} us, server {:>5.1} us/cycle, {:.1} cmds/cycle, errors {} (load {})",
+                        w.letter(),
+                        run.cycles_per_sec,
+                        run.p50_us,
+                        run.p99_us,
+                        run.server_us_per_cycle,
+                        run.commands_per_cycle,
+                        run.errors,
+                        run.load
+                    );
+                    runs.push(run);
+                }
+            }
+        }
+        eprintln!("all runs took {:.0} s", started.elapsed().as_secs_f64());
+        (runs, header)
+    });
+    drop(server);
+
+    let report = report(&runs, &levels, &header);
+    println!("\n{report}");
+    std::fs::write(out.join("store.md"), &report).expect("write store.md");
+    std::fs::write(out.join("store.json"), json(&runs).to_string()).expect("write store.json");
+    println!("results: {}", out.display());
+
+    // The smoke mode checks that every run produced numbers; it never looks at speed.
+    let failed: Vec<&Run> = runs
+        .iter()
+        .filter(|r| r.errors > 0 || !(r.cycles_per_sec > 0.0) || !(r.p99_us > 0.0))
+        .collect();
+    for r in &failed {
+        eprintln!(
+            "run {} c={} round {} produced no numbers or failed: {:?}",
+            r.workload.letter(),
+            r.concurrency,
+            r.round,
+            r.first_error
+        );
+    }
+    println!(
+        "bench: {} passed, {} failed",
+        runs.len() - failed.len(),
+        failed.len()
+    );
+    if !failed.is_empty() || runs.is_empty() {
+        std::process::exit(1);
+    }
+}
+
+fn report(runs: &[Run], levels: &[usize], header: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "```\n{header}\n```\n");
+    let _ = writeln!(
+        out,
+        "| tasks | workload | cycles/s | p50 µs | p99 µs | server CPU µs/cycle | client CPU µs/cycle | server cmds/cycle | load avg (1 min) |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    for &c in levels {
+        for w in Workload::ALL {
+            let mine: Vec<&Run> = runs
+                .iter()
+                .filter(|r| r.workload == w && r.concurrency == c)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let s = summarize(&mine);
+            let _ = writeln!(
+                out,
+                "| {c} | {} {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+                w.letter(),
+                w.describe(),
+                s.cycles_per_sec,
+                s.p50_us,
+                s.p99_us,
+                s.server_us,
+                s.client_us,
+                s.commands,
+                s.load
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nRatios (median over rounds of the per-round ratio of cycles/s):\n"
+    );
+    let _ = writeln!(
+        out,
+        "| tasks | a/b (vs Redlock) | a/c (vs ceiling) | d/e renew vs Redlock extend |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|");
+    for &c in levels {
+        let _ = writeln!(
+            out,
+            "| {c} | {:.2} | {:.2} | {:.2} |",
+            ratio(runs, c, Workload::Lease, Workload::Redlock),
+            ratio(runs, c, Workload::Lease, Workload::Noop),
+            ratio(runs, c, Workload::Renew, Workload::Extend)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nServer commands per cycle by name (scripts' inner calls included), median over rounds, at {} tasks:\n",
+        levels.last().copied().unwrap_or(1)
+    );
+    let c = levels.last().copied().unwrap_or(1);
+    for w in Workload::ALL {
+        let mine: Vec<&Run> = runs
+            .iter()
+            .filter(|r| r.workload == w && r.concurrency == c)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let names: std::collections::BTreeSet<&String> =
+            mine.iter().flat_map(|r| r.per_command.keys()).collect();
+        let parts: Vec<String> = names
+            .into_iter()
+            .map(|n| {
+                let v = median(
+                    &mine
+                        .iter()
+                        .map(|r| r.per_command.get(n).copied().unwrap_or(0.0))
+                        .collect::<Vec<_>>(),
+                );
+                format!("{n} {v:.2}")
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "- {} {}: {}",
+            w.letter(),
+            w.describe(),
+            parts.join(", ")
+        );
+    }
+    out
+}
+
+fn json(runs: &[Run]) -> serde_json::Value {
+    serde_json::Value::Array(
+        runs.iter()
+            .map(|r| {
+                serde_json::json!({
+                    "workload": r.workload.letter(),
+                    "describe": r.workload.describe(),
+                    "callsPerCycle": r.workload.calls(),
+                    "concurrency": r.concurrency,
+                    "round": r.round,
+                    "cyclesPerSec": r.cycles_per_sec,
+                    "p50Us": r.p50_us,
+                    "p99Us": r.p99_us,
+                    "serverUsPerCycle": r.server_us_per_cycle,
+                    "clientUsPerCycle": r.client_us_per_cycle,
+                    "commandsPerCycle": r.commands_per_cycle,
+                    "perCommand": r.per_command,
+                    "errors": r.errors,
+                    "load": r.load,
+                })
+            })
+            .collect(),
+    )
+}

@@ -44,7 +44,8 @@ cargo bench --bench controller -- [options]
   --in-flight N      concurrent create requests (default 32)
   --ttl S            ttlSeconds of the scale phases' leases (default 30)
   --steady-ttls N    length of the steady state in TTLs (default 2)
-  --phases LIST      which of small,handover,large to run (default all)
+  --phases LIST      which of api,small,handover,large to run (default all)
+  --api-ops N        objects per request kind in the api phase (default 1000)
   --out DIR          where controller.md, controller.json and the SVGs go
   --smoke            tiny run for scripts/test.sh: checks that numbers come out, not speed";
 
@@ -501,6 +502,178 @@ impl Bench {
         pids
     }
 
+    /// CPU the API server and etcd spend per request of each kind the controller makes (and per
+    /// create), measured without any controller, `in_flight` requests at a time.
+    async fn api_costs(&mut self, ns: &str, n: usize) {
+        use kube::Resource;
+        use kube::api::{Patch, PatchParams};
+        use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+        use targetlease::controller::status::Observed;
+        use targetlease::store::Grant;
+
+        let api: Api<TargetLease> = Api::namespaced(self.client.clone(), ns);
+        let mut pids = Vec::new();
+        for name in ["kube-apiserver", "etcd"] {
+            if let Some(pid) = cluster_pid(&self.cluster, name) {
+                pids.push((name, pid));
+            }
+        }
+        let names: Vec<String> = (0..n).map(|i| format!("api-{i:05}")).collect();
+        let in_flight = self.in_flight;
+        let mut rows = Vec::new();
+        let mut measure = async |what: &str,
+                                 op: &(
+                                      dyn Fn(
+            String,
+        ) -> futures::future::BoxFuture<
+            'static,
+            Result<(), kube::Error>,
+        > + Sync
+                                  )| {
+            let cpu = Cpu::start(pids.clone());
+            let started = Instant::now();
+            let results: Vec<Result<(), kube::Error>> = futures::stream::iter(names.clone())
+                .map(op)
+                .buffer_unordered(in_flight)
+                .collect()
+                .await;
+            let wall = started.elapsed().as_secs_f64();
+            let used = cpu.stop();
+            let failed = results.iter().filter(|r| r.is_err()).count();
+            if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+                eprintln!("{what}: {failed} failed; first: {e}");
+            }
+            let per = |name: &str| {
+                used.iter()
+                    .find(|(n, _, _)| *n == name)
+                    .map_or(f64::NAN, |(_, s, _)| s / n as f64 * 1000.0)
+            };
+            let row = format!(
+                "| {what} | {n} | {failed} | {:.0} | {:.2} | {:.2} |",
+                n as f64 / wall,
+                per("kube-apiserver"),
+                per("etcd")
+            );
+            eprintln!("{row}");
+            rows.push((row, failed == 0));
+        };
+        let ttl = self.ttl;
+        let create = {
+            let api = api.clone();
+            move |name: String| {
+                let api = api.clone();
+                let l = lease(&name, &format!("t-{name}"), "worker", ttl, "api");
+                Box::pin(async move { api.create(&PostParams::default(), &l).await.map(|_| ()) })
+                    as futures::future::BoxFuture<'static, _>
+            }
+        };
+        measure("POST targetleases (create)", &create).await;
+        let finalizer = {
+            let api = api.clone();
+            move |name: String| {
+                let api = api.clone();
+                Box::pin(async move {
+                    let patch = serde_json::json!({"metadata": {"finalizers": ["targetlease.dev/release"]}});
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map(|_| ())
+                }) as futures::future::BoxFuture<'static, _>
+            }
+        };
+        measure("PATCH targetleases (finalizer, merge patch)", &finalizer).await;
+        let status = |token: u64, apply: bool| {
+            let api = api.clone();
+            move |name: String| {
+                let api = api.clone();
+                let grant = Grant {
+                    token,
+                    acquired_at_ms: 1_764_000_000_000,
+                    server_time_ms: 1_764_000_000_000,
+                    expires_in_ms: 30_000,
+                };
+                let new = Observed::held(&grant, "worker").into_status(
+                    Some(1),
+                    None,
+                    jiff::Timestamp::now(),
+                );
+                Box::pin(async move {
+                    if apply {
+                        let patch = serde_json::json!({
+                            "apiVersion": "targetlease.dev/v1alpha1",
+                            "kind": "TargetLease",
+                            "status": new,
+                        });
+                        api.patch_status(
+                            &name,
+                            &PatchParams::apply("targetlease-controller").force(),
+                            &Patch::Apply(&patch),
+                        )
+                        .await
+                        .map(|_| ())
+                    } else {
+                        let patch = serde_json::json!({ "status": new });
+                        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                            .await
+                            .map(|_| ())
+                    }
+                }) as futures::future::BoxFuture<'static, _>
+            }
+        };
+        measure(
+            "APPLY targetleases/status (server-side apply, as the controller)",
+            &status(7, true),
+        )
+        .await;
+        measure(
+            "PATCH targetleases/status (merge patch, same content)",
+            &status(8, false),
+        )
+        .await;
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: "targetlease-bench".into(),
+                instance: None,
+            },
+        );
+        let event = {
+            let api = api.clone();
+            move |name: String| {
+                let api = api.clone();
+                let recorder = recorder.clone();
+                Box::pin(async move {
+                    let obj = api.get(&name).await?;
+                    let event = Event {
+                        type_: EventType::Normal,
+                        reason: "Acquired".into(),
+                        note: Some(format!("acquired t-{name} with fencing token 7")),
+                        action: "Acquired".into(),
+                        secondary: None,
+                    };
+                    recorder.publish(&event, &obj.object_ref(&())).await
+                }) as futures::future::BoxFuture<'static, _>
+            }
+        };
+        measure(
+            "GET targetlease + POST events (as the controller's Recorder)",
+            &event,
+        )
+        .await;
+        self.say(&format!(
+            "\n### API server cost per request, no controller ({n} of each, {in_flight} in flight, load {})\n",
+            loadavg()
+        ));
+        self.say("| request | count | failed | requests/s | kube-apiserver CPU ms/request | etcd CPU ms/request |\n|---|---|---|---|---|---|");
+        let ok = rows.iter().all(|(_, ok)| *ok);
+        for (row, _) in rows {
+            self.say(&row);
+        }
+        self.check("api-costs", ok);
+        let _ = api
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
+    }
+
     /// Phase (e): `n` leases at once, until all are Held.
     async fn scale(
         &mut self,
@@ -816,6 +989,7 @@ fn main() {
         "ttl",
         "steady-ttls",
         "phases",
+        "api-ops",
         "out",
     ]);
     if args.flag("help") {
@@ -829,8 +1003,11 @@ fn main() {
     let in_flight: usize = args.get("in-flight", 32);
     let ttl: u32 = args.get("ttl", if smoke { 2 } else { 30 });
     let steady_ttls: f64 = args.get("steady-ttls", 2.0);
-    let phases: Vec<String> =
-        args.list("phases", &["small", "handover", "large"].map(String::from));
+    let phases: Vec<String> = args.list(
+        "phases",
+        &["api", "small", "handover", "large"].map(String::from),
+    );
+    let api_ops: usize = args.get("api-ops", if smoke { 10 } else { 1000 });
     let run = |p: &str| phases.iter().any(|x| x == p);
     let out = common::out_dir(&args, "controller");
     let binary = env!("CARGO_BIN_EXE_targetlease");
@@ -875,8 +1052,13 @@ fn main() {
             bench.say("**warning: the controller is not a release build** (smoke runs use the test profile)");
         }
 
-        for ns in ["bench-small", "bench-handover", "bench-large"] {
+        for ns in ["bench-api", "bench-small", "bench-handover", "bench-large"] {
             bench.cluster.kubectl_ok(&["create", "namespace", ns]);
+        }
+
+        // 0. What one API request of each kind costs the API server, without a controller.
+        if run("api") {
+            bench.api_costs("bench-api", api_ops).await;
         }
 
         // 1. Scale, small N, then delete them all.

@@ -5,6 +5,7 @@ pub mod election;
 mod error;
 pub mod holders;
 pub mod http;
+pub mod index;
 pub mod metrics;
 mod reconcile;
 pub mod status;
@@ -14,11 +15,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::mpsc::{self, UnboundedSender};
 use tracing::{debug, info, warn};
@@ -26,6 +27,7 @@ use tracing::{debug, info, warn};
 pub use error::Error;
 
 use self::holders::Holders;
+use self::index::TargetIndex;
 use self::metrics::Metrics;
 use crate::api::{FIELD_MANAGER, TargetLease};
 use crate::store::LeaseStore;
@@ -42,6 +44,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Every TargetLease the controller sees (its reflector), for token floors and waiters.
     pub leases: Store<TargetLease>,
+    /// The same TargetLeases by (namespace, target).
+    pub targets: TargetIndex,
     /// Schedules a reconcile now (hand-over, holder gone).
     pub wake: UnboundedSender<ObjectRef<TargetLease>>,
     /// The holder pods named by `spec.holderRef`.
@@ -57,6 +61,20 @@ pub struct Settings {
     pub namespace: Option<String>,
     /// This replica's name, in events.
     pub identity: String,
+}
+
+/// Drops what the controller never reads before an object enters the cache: `managedFields`
+/// and kubectl's copy of the last applied object are most of an object's size, and the cache
+/// holds every TargetLease. The controller only writes the finalizer (a JSON patch) and the
+/// status (server-side apply), neither of which needs them.
+fn slim(lease: &mut TargetLease) {
+    lease.metadata.managed_fields = None;
+    if let Some(annotations) = lease.metadata.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+        if annotations.is_empty() {
+            lease.metadata.annotations = None;
+        }
+    }
 }
 
 /// Backoff after the `n`th consecutive failure: 0.5 s doubling to 5 min.
@@ -93,8 +111,17 @@ pub async fn run(
         None => Api::all(client.clone()),
     };
     let (wake, woken) = mpsc::unbounded_channel();
-    let controller = Controller::new(api, watcher::Config::default().any_semantic());
-    let leases = controller.store();
+    let (leases, writer) = reflector::store();
+    let targets = TargetIndex::default();
+    let stream = {
+        let (leases, targets) = (leases.clone(), targets.clone());
+        watcher(api, watcher::Config::default().any_semantic())
+            .modify(slim)
+            .reflect(writer)
+            .inspect_ok(move |event| targets.observe(event, &leases))
+            .applied_objects()
+    };
+    let controller = Controller::for_stream(stream, leases.clone());
     on_start(leases.clone());
     let holders = Holders::new(wake.clone());
     let reporter = Reporter {
@@ -107,6 +134,7 @@ pub async fn run(
         store,
         metrics,
         leases: leases.clone(),
+        targets,
         wake,
         holders: holders.clone(),
         failures: Mutex::default(),

@@ -321,13 +321,9 @@ async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<
 /// The highest token any TargetLease status has shown for this target: the floor for the next
 /// token, so tokens grow even if Valkey lost its data.
 fn min_token(claim: &Claim<'_>, ctx: &Context) -> u64 {
-    ctx.leases
-        .state()
+    ctx.targets
+        .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target())
         .iter()
-        .filter(|other| {
-            other.namespace().as_deref() == Some(claim.target.namespace())
-                && other.spec.target == claim.target.target()
-        })
         .filter_map(|other| other.status.as_ref().and_then(|s| s.fencing_token))
         .chain(claim.last_token())
         .max()
@@ -450,12 +446,12 @@ async fn release_in_store(claim: &Claim<'_>, ctx: &Context) -> Result<(), Error>
 /// reconciled now rather than at its next requeue.
 fn wake_waiters(claim: &Claim<'_>, ctx: &Context) {
     let me = claim.lease.uid();
-    for other in ctx.leases.state() {
-        let same_target = other.namespace().as_deref() == Some(claim.target.namespace())
-            && other.spec.target == claim.target.target()
-            && other.uid() != me;
+    let on_target =
+        ctx.targets
+            .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target());
+    for other in on_target {
         let waiting = other.status.as_ref().is_none_or(|s| s.phase != Phase::Held);
-        if same_target && waiting && !other.spec.release {
+        if other.uid() != me && waiting && !other.spec.release {
             let _ = ctx.wake.send(ObjectRef::from_obj(other.as_ref()));
         }
     }

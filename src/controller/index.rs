@@ -1,0 +1,226 @@
+//! TargetLeases by target, so that the token floor of an acquire and the waiters of a release
+//! are found without scanning every TargetLease the controller knows (which made a burst of N
+//! new leases cost O(N²)).
+//!
+//! The index only narrows the search: it maps (namespace, target) to names, and every lookup
+//! reads the objects from the reflector's store and checks their target again, so an entry that
+//! went stale (a delete missed while the watch was down) never yields a wrong object.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+
+use crate::api::TargetLease;
+
+type TargetKey = (String, String);
+type NameKey = (String, String);
+
+#[derive(Default)]
+struct Inner {
+    by_target: HashMap<TargetKey, HashSet<String>>,
+    target_of: HashMap<NameKey, String>,
+}
+
+impl Inner {
+    fn insert(&mut self, lease: &TargetLease) {
+        let (Some(ns), name) = (lease.metadata.namespace.as_deref(), lease.name_any()) else {
+            return;
+        };
+        let target = &lease.spec.target;
+        let name_key = (ns.to_owned(), name.clone());
+        match self.target_of.get(&name_key) {
+            Some(known) if known == target => return,
+            // Recreated under the same name with another target.
+            Some(_) => self.remove_name(&name_key),
+            None => {}
+        }
+        self.by_target
+            .entry((ns.to_owned(), target.clone()))
+            .or_default()
+            .insert(name);
+        self.target_of.insert(name_key, target.clone());
+    }
+
+    fn remove_name(&mut self, name_key: &NameKey) {
+        let Some(target) = self.target_of.remove(name_key) else {
+            return;
+        };
+        let target_key = (name_key.0.clone(), target);
+        if let Some(names) = self.by_target.get_mut(&target_key) {
+            names.remove(&name_key.1);
+            if names.is_empty() {
+                self.by_target.remove(&target_key);
+            }
+        }
+    }
+}
+
+/// (namespace, target) -> names of the TargetLeases on it. Cheap to clone; clones share.
+#[derive(Clone, Default)]
+pub struct TargetIndex {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl TargetIndex {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies one watch event; call it after the reflector applied the event to `store`.
+    pub fn observe(&self, event: &watcher::Event<TargetLease>, store: &Store<TargetLease>) {
+        match event {
+            watcher::Event::Apply(lease) | watcher::Event::InitApply(lease) => {
+                self.lock().insert(lease);
+            }
+            watcher::Event::Delete(lease) => {
+                if let Some(ns) = lease.metadata.namespace.clone() {
+                    self.lock().remove_name(&(ns, lease.name_any()));
+                }
+            }
+            // A relist replaced the store: rebuild from it, dropping whatever was deleted while
+            // the watch was down.
+            watcher::Event::InitDone => {
+                let mut fresh = Inner::default();
+                for lease in store.state() {
+                    fresh.insert(&lease);
+                }
+                *self.lock() = fresh;
+            }
+            watcher::Event::Init => {}
+        }
+    }
+
+    /// The TargetLeases on `target` in `namespace`, read from `store`.
+    pub fn leases_on(
+        &self,
+        store: &Store<TargetLease>,
+        namespace: &str,
+        target: &str,
+    ) -> Vec<Arc<TargetLease>> {
+        let names: Vec<String> = self
+            .lock()
+            .by_target
+            .get(&(namespace.to_owned(), target.to_owned()))
+            .map(|names| names.iter().cloned().collect())
+            .unwrap_or_default();
+        names
+            .into_iter()
+            .filter_map(|name| store.get(&ObjectRef::new(&name).within(namespace)))
+            .filter(|lease| lease.spec.target == target)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::TargetLeaseSpec;
+    use kube::runtime::reflector::store::Writer;
+
+    fn lease(ns: &str, name: &str, target: &str) -> TargetLease {
+        let mut l = TargetLease::new(
+            name,
+            TargetLeaseSpec {
+                target: target.into(),
+                holder: "h".into(),
+                holder_ref: None,
+                ttl_seconds: 30,
+                max_hold_seconds: None,
+                release: false,
+            },
+        );
+        l.metadata.namespace = Some(ns.into());
+        l
+    }
+
+    fn apply(
+        writer: &mut Writer<TargetLease>,
+        index: &TargetIndex,
+        event: watcher::Event<TargetLease>,
+    ) {
+        writer.apply_watcher_event(&event);
+        index.observe(&event, &writer.as_reader());
+    }
+
+    fn names(index: &TargetIndex, store: &Store<TargetLease>, ns: &str, t: &str) -> Vec<String> {
+        let mut v: Vec<String> = index
+            .leases_on(store, ns, t)
+            .iter()
+            .map(|l| l.name_any())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn finds_leases_by_target_and_forgets_deleted_ones() {
+        let mut writer = Writer::<TargetLease>::default();
+        let store = writer.as_reader();
+        let index = TargetIndex::default();
+        apply(
+            &mut writer,
+            &index,
+            watcher::Event::Apply(lease("a", "x", "t1")),
+        );
+        apply(
+            &mut writer,
+            &index,
+            watcher::Event::Apply(lease("a", "y", "t1")),
+        );
+        apply(
+            &mut writer,
+            &index,
+            watcher::Event::Apply(lease("b", "z", "t1")),
+        );
+        apply(
+            &mut writer,
+            &index,
+            watcher::Event::Apply(lease("a", "w", "t2")),
+        );
+        assert_eq!(names(&index, &store, "a", "t1"), ["x", "y"]);
+        assert_eq!(names(&index, &store, "b", "t1"), ["z"]);
+        apply(
+            &mut writer,
+            &index,
+            watcher::Event::Delete(lease("a", "x", "t1")),
+        );
+        assert_eq!(names(&index, &store, "a", "t1"), ["y"]);
+        // Recreated with another target.
+        apply(
+            &mut writer,
+            &index,
+            watcher::Event::Apply(lease("a", "y", "t3")),
+        );
+        assert!(names(&index, &store, "a", "t1").is_empty());
+        assert_eq!(names(&index, &store, "a", "t3"), ["y"]);
+    }
+
+    #[test]
+    fn relist_drops_what_was_deleted_meanwhile() {
+        let mut writer = Writer::<TargetLease>::default();
+        let store = writer.as_reader();
+        let index = TargetIndex::default();
+        apply(
+            &mut writer,
+            &index,
+            watcher::Event::Apply(lease("a", "x", "t1")),
+        );
+        apply(
+            &mut writer,
+            &index,
+            watcher::Event::Apply(lease("a", "y", "t1")),
+        );
+        apply(&mut writer, &index, watcher::Event::Init);
+        apply(
+            &mut writer,
+            &index,
+            watcher::Event::InitApply(lease("a", "y", "t1")),
+        );
+        apply(&mut writer, &index, watcher::Event::InitDone);
+        assert_eq!(names(&index, &store, "a", "t1"), ["y"]);
+        assert_eq!(index.lock().target_of.len(), 1);
+    }
+}

@@ -624,7 +624,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let (runs, header) = runtime.block_on(async {
+    let (runs, header, costs) = runtime.block_on(async {
         let url = SecretUrl::parse(&server.url()).expect("server URL");
         let store = ValkeyStore::connect(ValkeyConfig::new(url))
             .await
@@ -638,10 +638,10 @@ fn main() {
             .await
             .expect("admin connection");
         let info: String = redis::cmd("INFO")
-            .arg("server")
+            .arg("everything")
             .query_async(&mut admin)
             .await
-            .expect("INFO server");
+            .expect("INFO");
         let field = |name: &str| {
             info.lines()
                 .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
@@ -699,17 +699,23 @@ fn main() {
             }
         }
         eprintln!("all runs took {:.0} s", started.elapsed().as_secs_f64());
-        (runs, header)
+        let costs = server_costs(&mut admin, if smoke { 200 } else { 20_000 }).await;
+        (runs, header, costs)
     });
     drop(server);
 
-    let report = report(&runs, &levels, &header);
+    let mut report = report(&runs, &levels, &header);
+    report.push_str(&costs_table(&costs));
     println!("\n{report}");
     std::fs::write(out.join("store.md"), &report).expect("write store.md");
     std::fs::write(out.join("store.json"), json(&runs).to_string()).expect("write store.json");
     println!("results: {}", out.display());
 
     // The smoke mode checks that every run produced numbers; it never looks at speed.
+    let costs_ok = !costs.is_empty() && costs.iter().all(|c| c.error.is_none() && c.us > 0.0);
+    if !costs_ok {
+        eprintln!("server cost section failed: {costs:?}");
+    }
     let failed: Vec<&Run> = runs
         .iter()
         .filter(|r| r.errors > 0 || !(r.cycles_per_sec > 0.0) || !(r.p99_us > 0.0))
@@ -723,14 +729,281 @@ fn main() {
             r.first_error
         );
     }
+    let failed_count = failed.len() + usize::from(!costs_ok);
     println!(
-        "bench: {} passed, {} failed",
-        runs.len() - failed.len(),
-        failed.len()
+        "bench: {} passed, {failed_count} failed",
+        runs.len() + 1 - failed_count
     );
-    if !failed.is_empty() || runs.is_empty() {
+    if failed_count > 0 || runs.is_empty() {
         std::process::exit(1);
     }
+}
+
+/// Server CPU for one kind of call, measured over a pipelined batch.
+#[derive(Debug)]
+struct Cost {
+    what: &'static str,
+    calls: usize,
+    us: f64,
+    error: Option<String>,
+}
+
+async fn server_cpu(conn: &mut redis::aio::MultiplexedConnection) -> f64 {
+    server_stats(conn).await.cpu_seconds
+}
+
+/// Sends `cmds` in pipelined batches of 500 and returns the replies and the server CPU per call,
+/// in µs (the INFO calls around the batch are a negligible part of it).
+async fn pipelined(
+    conn: &mut redis::aio::MultiplexedConnection,
+    what: &'static str,
+    cmds: Vec<redis::Cmd>,
+) -> (Cost, Vec<redis::Value>) {
+    let calls = cmds.len();
+    let before = server_cpu(conn).await;
+    let mut replies = Vec::with_capacity(calls);
+    let mut error = None;
+    for chunk in cmds.chunks(500) {
+        let mut pipe = redis::pipe();
+        for cmd in chunk {
+            pipe.add_command(cmd.clone());
+        }
+        match pipe.query_async::<Vec<redis::Value>>(conn).await {
+            Ok(values) => replies.extend(values),
+            Err(e) => {
+                error.get_or_insert(e.to_string());
+            }
+        }
+    }
+    let after = server_cpu(conn).await;
+    let us = (after - before) * 1e6 / calls.max(1) as f64;
+    (
+        Cost {
+            what,
+            calls,
+            us,
+            error,
+        },
+        replies,
+    )
+}
+
+fn evalsha(script: &Script, keys: &[String], args: &[String]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args);
+    cmd
+}
+
+/// Server CPU per call of each script and of the baseline's commands, on an otherwise idle
+/// server: what a call costs the single Valkey thread, independent of the client and of the
+/// machine's load. Calls are built exactly as `ValkeyStore` builds them.
+async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) -> Vec<Cost> {
+    use targetlease::store::valkey::keys::TargetKeys;
+    use targetlease::store::valkey::scripts::SCRIPTS;
+
+    let _: Result<(), _> = redis::cmd("FLUSHALL").arg("SYNC").query_async(conn).await;
+    // Load every script (SCRIPT LOAD is idempotent).
+    for source in [
+        SCRIPTS.acquire.source,
+        SCRIPTS.release.source,
+        SCRIPTS.renew.source,
+        NOOP,
+        UNLOCK,
+        EXTEND,
+    ] {
+        let _: Result<String, _> = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(source)
+            .query_async(conn)
+            .await;
+    }
+    let keys: Vec<TargetKeys> = (0..n)
+        .map(|i| {
+            let target = TargetRef::new("costs", &format!("t{i}")).expect("target");
+            TargetKeys::new("tl", &target)
+        })
+        .collect();
+    let ttl = LEASE_TTL.as_millis().to_string();
+    let reply_ttl = "60000".to_owned();
+    let acquire = |i: usize, k: &TargetKeys, owner: &str| {
+        evalsha(
+            &SCRIPTS.acquire.script,
+            &[k.lease(), k.fence(), k.reply(&RequestId::random())],
+            &[
+                format!("lease-{owner}-{i}"),
+                format!("{owner}-{i}"),
+                ttl.clone(),
+                "0".into(),
+                reply_ttl.clone(),
+            ],
+        )
+    };
+    let mut costs = Vec::new();
+    let noop = Script::new(NOOP);
+    let (c, _) = pipelined(
+        conn,
+        "EVALSHA of an empty script",
+        (0..n).map(|_| evalsha(&noop, &[], &[])).collect(),
+    )
+    .await;
+    costs.push(c);
+    let (c, _) = pipelined(
+        conn,
+        "Redlock SET NX PX (free key)",
+        (0..n)
+            .map(|i| {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(format!("rl:{{costs/t{i}}}:lock"))
+                    .arg(format!("v{i}"))
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(&ttl);
+                cmd
+            })
+            .collect(),
+    )
+    .await;
+    costs.push(c);
+    let extend = Script::new(EXTEND);
+    let (c, _) = pipelined(
+        conn,
+        "Redlock extend (Lua compare-and-PEXPIRE)",
+        (0..n)
+            .map(|i| {
+                evalsha(
+                    &extend,
+                    &[format!("rl:{{costs/t{i}}}:lock")],
+                    &[format!("v{i}"), ttl.clone()],
+                )
+            })
+            .collect(),
+    )
+    .await;
+    costs.push(c);
+    let unlock = Script::new(UNLOCK);
+    let (c, _) = pipelined(
+        conn,
+        "Redlock unlock (Lua compare-and-delete)",
+        (0..n)
+            .map(|i| {
+                evalsha(
+                    &unlock,
+                    &[format!("rl:{{costs/t{i}}}:lock")],
+                    &[format!("v{i}")],
+                )
+            })
+            .collect(),
+    )
+    .await;
+    costs.push(c);
+    let (c, replies) = pipelined(
+        conn,
+        "acquire.lua, free target (never used)",
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| acquire(i, k, "a"))
+            .collect(),
+    )
+    .await;
+    costs.push(c);
+    let tokens: Vec<String> = replies
+        .iter()
+        .map(|v| match v {
+            redis::Value::Array(items) => match items.get(1) {
+                Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                _ => "0".into(),
+            },
+            _ => "0".into(),
+        })
+        .collect();
+    let (c, _) = pipelined(
+        conn,
+        "acquire.lua, held by another (answers held)",
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| acquire(i, k, "b"))
+            .collect(),
+    )
+    .await;
+    costs.push(c);
+    let (c, _) = pipelined(
+        conn,
+        "renew.lua, holder",
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| {
+                evalsha(
+                    &SCRIPTS.renew.script,
+                    &[k.lease(), k.reply(&RequestId::random())],
+                    &[
+                        format!("lease-a-{i}"),
+                        format!("a-{i}"),
+                        tokens[i].clone(),
+                        ttl.clone(),
+                        reply_ttl.clone(),
+                    ],
+                )
+            })
+            .collect(),
+    )
+    .await;
+    costs.push(c);
+    let (c, _) = pipelined(
+        conn,
+        "release.lua, holder",
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| {
+                evalsha(
+                    &SCRIPTS.release.script,
+                    &[k.lease(), k.reply(&RequestId::random())],
+                    &[
+                        format!("lease-a-{i}"),
+                        format!("a-{i}"),
+                        tokens[i].clone(),
+                        reply_ttl.clone(),
+                    ],
+                )
+            })
+            .collect(),
+    )
+    .await;
+    costs.push(c);
+    let (c, _) = pipelined(
+        conn,
+        "acquire.lua, free target (released before, fence kept)",
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| acquire(i, k, "c"))
+            .collect(),
+    )
+    .await;
+    costs.push(c);
+    costs
+}
+
+fn costs_table(costs: &[Cost]) -> String {
+    let mut out = String::from(
+        "\nServer CPU per call (pipelined batches on an idle connection; what one call costs the single Valkey thread):\n\n\
+         | call | calls | server CPU µs/call |\n|---|---|---|\n",
+    );
+    for c in costs {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.2}{} |",
+            c.what,
+            c.calls,
+            c.us,
+            c.error
+                .as_deref()
+                .map(|e| format!(" (error: {e})"))
+                .unwrap_or_default()
+        );
+    }
+    out
 }
 
 fn report(runs: &[Run], levels: &[usize], header: &str) -> String {

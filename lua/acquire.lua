@@ -21,7 +21,6 @@ end
 
 local lease, lease_err = read_lease(KEYS[1])
 if lease_err then return lease_err end
-local now_us, now_ms = server_now()
 
 if lease then
   if lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2] then
@@ -29,12 +28,15 @@ if lease then
   end
   -- Already ours (a retry after the cache expired, or a controller that lost its status write):
   -- same token, fresh TTL.
+  local _, now_ms = server_now()
   redis.call('PEXPIRE', KEYS[1], ttl)
   return remember(KEYS[3], {'acquired', lease.token, int(ttl), int(now_ms), lease.acquired_ms}, reply_ttl)
 end
 
 local fence, fence_err = read_fence(KEYS[2])
 if fence_err then return fence_err end
+-- TIME only where a token or a time is answered: the `held` refusal above does not need it.
+local now_us, now_ms = server_now()
 -- Tokens strictly grow even if the fence was lost with the data: the caller's floor covers
 -- tokens it has seen, the server clock covers the rest.
 local token = int(math.max(fence + 1, min_token + 1, now_us))

@@ -2,8 +2,8 @@
 # The whole test suite: what README.md tells you to run and what CI (.ci/run) runs.
 # Installs what it needs, then: format and lint checks, unit tests, the lease-store contract
 # suite on real Valkey/Redis servers, property tests and fuzzing, the controller and the Helm
-# chart end to end on a local Kubernetes control plane, the control plane's self-test, and the
-# docs' command blocks.
+# chart end to end on a local Kubernetes control plane, the benchmarks' smoke runs, the control
+# plane's self-test, and the docs' command blocks.
 # Ends with one line `N passed, N failed`; exits non-zero on any failure or when nothing ran.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,6 +25,12 @@ cargo clippy --locked --all-targets -- -D warnings
 
 step "cargo test (unit, lease-store contract, model and fuzz tests on real servers, controller and chart end to end)"
 cargo test --locked 2>&1 | tee "$log_dir/cargo.log"
+
+step "benchmark smoke runs (benches/: tiny sizes; checks that numbers come out, never speed)"
+{
+  cargo test --locked --bench store -- --smoke
+  cargo test --locked --bench controller -- --smoke
+} 2>&1 | tee "$log_dir/suite-bench.log"
 
 step "local Kubernetes control plane self-test"
 bash e2e/selftest.sh 2>&1 | tee "$log_dir/suite-e2e.log"

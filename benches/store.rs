@@ -718,7 +718,14 @@ fn main() {
     }
     let failed: Vec<&Run> = runs
         .iter()
-        .filter(|r| r.errors > 0 || !(r.cycles_per_sec > 0.0) || !(r.p99_us > 0.0))
+        // NaN (no cycle measured) counts as a failure too.
+        .filter(|r| {
+            r.errors > 0
+                || r.cycles_per_sec.is_nan()
+                || r.cycles_per_sec <= 0.0
+                || r.p99_us.is_nan()
+                || r.p99_us <= 0.0
+        })
         .collect();
     for r in &failed {
         eprintln!(

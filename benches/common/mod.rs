@@ -54,10 +54,7 @@ impl Args {
     }
 
     /// A comma-separated list, or `default`.
-    pub fn list<T: std::str::FromStr>(&self, name: &str, default: &[T]) -> Vec<T>
-    where
-        T: Clone,
-    {
+    pub fn list<T: std::str::FromStr + Clone>(&self, name: &str, default: &[T]) -> Vec<T> {
         match self.values.get(name) {
             Some(v) => v
                 .split(',')

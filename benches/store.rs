@@ -40,9 +40,9 @@ use support::server::{Server, ServerKind};
 
 const HELP: &str = "\
 cargo bench --bench store -- [options]
-  --rounds N           rounds; every figure is the median over them (default 5)
-  --seconds S          measured seconds per run (default 2)
-  --warmup S           unmeasured seconds before each run's measurement (default 0.3)
+  --rounds N           rounds; every figure is the median over them (default 9)
+  --seconds S          measured seconds per run (default 1)
+  --warmup S           unmeasured seconds before each run's measurement (default 0.2)
   --concurrency LIST   concurrent tasks (default 1,16,64,256)
   --threads N          tokio worker threads of the client (default 2)
   --workloads LIST     which of a,b,c,d,e to run (default all)
@@ -596,9 +596,9 @@ fn main() {
         return;
     }
     let smoke = args.flag("smoke");
-    let rounds: usize = args.get("rounds", if smoke { 1 } else { 5 });
-    let measure = Duration::from_secs_f64(args.get("seconds", if smoke { 0.2 } else { 2.0 }));
-    let warmup = Duration::from_secs_f64(args.get("warmup", if smoke { 0.05 } else { 0.3 }));
+    let rounds: usize = args.get("rounds", if smoke { 1 } else { 9 });
+    let measure = Duration::from_secs_f64(args.get("seconds", if smoke { 0.2 } else { 1.0 }));
+    let warmup = Duration::from_secs_f64(args.get("warmup", if smoke { 0.05 } else { 0.2 }));
     let levels: Vec<usize> = args.list(
         "concurrency",
         if smoke { &[1, 4] } else { &[1, 16, 64, 256] },

@@ -59,9 +59,9 @@ local function read_lease(key)
   if r[1] ~= RECORD_VERSION then
     return false, corrupt('lease record at ' .. key .. ' has unknown record_version ' .. tostring(r[1]))
   end
-  local names = {'record_version', 'lease_id', 'owner', 'token', 'acquired_ms'}
   for i = 2, 5 do
     if not r[i] or r[i] == '' then
+      local names = {'record_version', 'lease_id', 'owner', 'token', 'acquired_ms'}
       return false, corrupt('lease record at ' .. key .. ' lacks field ' .. names[i])
     end
   end

@@ -989,6 +989,100 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
     )
     .await;
     costs.push(c);
+
+    // Ablation: acquire.lua with one step taken out at a time, each on an empty database and
+    // fresh targets, against the unmodified script measured the same way. These variants are
+    // not valid scripts (each drops a guarantee); they only attribute the cost.
+    let ablations: [(&'static str, &[(&str, &str)]); 5] = [
+        (
+            "acquire.lua without the reply-cache read (GET)",
+            &[(
+                "local cached, err = cached_reply(KEYS[3])",
+                "local cached, err = nil, nil",
+            )],
+        ),
+        (
+            "acquire.lua without the reply-cache write (SET PX)",
+            &[(
+                "return remember(KEYS[3], {'acquired', token, int(ttl), now, now}, reply_ttl)",
+                "return {'acquired', token, int(ttl), now, now}",
+            )],
+        ),
+        (
+            "acquire.lua without TIME (fixed clock)",
+            &[(
+                "local now_us, now_ms = server_now()",
+                "local now_us, now_ms = 1764000000000000, 1764000000000",
+            )],
+        ),
+        (
+            "acquire.lua without the fence (GET and SET)",
+            &[
+                (
+                    "local fence, fence_err = read_fence(KEYS[2])",
+                    "local fence, fence_err = 0, nil",
+                ),
+                ("redis.call('SET', KEYS[2], token)\n", ""),
+            ],
+        ),
+        (
+            "acquire.lua without the lease record (HSET and PEXPIRE)",
+            &[(
+                "redis.call('HSET', KEYS[1], 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner', ARGV[2],\n  'token', token, 'acquired_ms', now)\nredis.call('PEXPIRE', KEYS[1], ttl)\n",
+                "",
+            )],
+        ),
+    ];
+    let fresh = |script: &Script, k: &TargetKeys, i: usize| {
+        evalsha(
+            script,
+            &[k.lease(), k.fence(), k.reply(&RequestId::random())],
+            &[
+                format!("lease-{i}"),
+                format!("w-{i}"),
+                ttl.clone(),
+                "0".into(),
+                reply_ttl.clone(),
+            ],
+        )
+    };
+    let mut variants: Vec<(&'static str, Option<Script>)> = vec![(
+        "acquire.lua, unmodified (reference for the rows below)",
+        Some(SCRIPTS.acquire.script.clone()),
+    )];
+    for (what, edits) in ablations {
+        let mut source = SCRIPTS.acquire.source.to_owned();
+        let mut applies = true;
+        for (from, to) in edits {
+            applies &= source.contains(from);
+            source = source.replacen(from, to, 1);
+        }
+        // A step that is no longer written this way is reported, not measured wrongly.
+        variants.push((what, applies.then(|| Script::new(&source))));
+    }
+    for (what, script) in variants {
+        let Some(script) = script else {
+            costs.push(Cost {
+                what,
+                calls: 0,
+                us: f64::NAN,
+                error: Some("acquire.lua changed; this ablation no longer applies".into()),
+            });
+            continue;
+        };
+        let _: Result<(), _> = redis::cmd("FLUSHALL").arg("SYNC").query_async(conn).await;
+        let _: Result<String, _> = script.prepare_invoke().load_async(conn).await;
+        let (c, _) = pipelined(
+            conn,
+            what,
+            keys.iter()
+                .enumerate()
+                .map(|(i, k)| fresh(&script, k, i))
+                .collect(),
+        )
+        .await;
+        costs.push(c);
+    }
     costs
 }
 

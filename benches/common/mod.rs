@@ -231,22 +231,37 @@ pub fn svg_histogram(path: &Path, title: &str, samples_ms: &[f64]) -> std::io::R
         y = top + plot_h,
         x2 = left + plot_w
     );
-    let ticks = 6;
-    for t in 0..=ticks {
-        let v = buckets as f64 * step * t as f64 / ticks as f64;
+    // Round tick spacings: at most ~8 ticks on each axis.
+    let nice = |span: f64| {
+        [
+            1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
+        ]
+        .into_iter()
+        .find(|t| span / t <= 8.0)
+        .unwrap_or(10_000.0)
+    };
+    let span = buckets as f64 * step;
+    let x_tick = nice(span);
+    let mut v = 0.0;
+    while v <= span + 1e-9 {
         let _ = writeln!(
             svg,
             r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{v:.0}</text>"#,
             x_of(v),
             top + plot_h + 16.0
         );
-        let c = peak * t as f64 / ticks as f64;
+        v += x_tick;
+    }
+    let y_tick = nice(peak);
+    let mut c = 0.0;
+    while c <= peak + 1e-9 {
         let _ = writeln!(
             svg,
             r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{c:.0}</text>"#,
             left - 6.0,
-            top + plot_h - plot_h * t as f64 / ticks as f64 + 4.0
+            top + plot_h - plot_h * c / peak + 4.0
         );
+        c += y_tick;
     }
     let _ = writeln!(
         svg,
@@ -275,11 +290,16 @@ pub fn svg_histogram(path: &Path, title: &str, samples_ms: &[f64]) -> std::io::R
         ("max", max, "#76b7b2"),
     ] {
         let x = x_of(v);
+        // Labels near the right edge go to the left of their line.
+        let (tx, anchor) = if x > w - 140.0 {
+            (x - 3.0, "end")
+        } else {
+            (x + 3.0, "start")
+        };
         let _ = writeln!(
             svg,
-            r#"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{:.1}" stroke="{color}" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}" fill="{color}">{label} {v:.1} ms</text>"#,
+            r#"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{:.1}" stroke="{color}" stroke-dasharray="4 3"/><text x="{tx:.1}" y="{:.1}" fill="{color}" text-anchor="{anchor}">{label} {v:.1} ms</text>"#,
             top + plot_h,
-            x + 3.0,
             top + 12.0
                 + if label == "p99" {
                     14.0

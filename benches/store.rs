@@ -22,11 +22,13 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use redis::AsyncConnectionConfig;
 use redis::Script;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::MultiplexedConnection;
 use targetlease::redact::SecretUrl;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
@@ -45,6 +47,8 @@ cargo bench --bench store -- [options]
   --warmup S           unmeasured seconds before each run's measurement (default 0.2)
   --concurrency LIST   concurrent tasks (default 1,16,64,256)
   --threads N          tokio worker threads of the client (default 2)
+  --connections N      connections of the store's pool and of the baseline (default 4, the
+                       store's default pool size)
   --workloads LIST     which of a,b,c,d,e to run (default all)
   --server NAME        valkey-9.1 (default), valkey-8.1 or redis-7.0 (the contract suite's servers)
   --max-cycles N       bound on the cycles of one run (default 2000000)
@@ -107,24 +111,24 @@ impl Workload {
     }
 }
 
-/// What every task shares: the store and, for the baselines, a connection set up exactly like
-/// the store's (one multiplexed connection, same timeouts and retries).
+/// What every task shares: the store and, for the baselines, connections set up like the
+/// store's pool: `connections` multiplexed connections, handed out round-robin, with no
+/// response timeout of the client library's own.
 struct Shared {
     store: ValkeyStore,
-    baseline: ConnectionManager,
+    baseline: Vec<MultiplexedConnection>,
+    next: AtomicUsize,
     noop: Script,
     unlock: Script,
     extend: Script,
 }
 
-fn manager_config() -> ConnectionManagerConfig {
-    // The settings ValkeyStore::new_lazy uses with ValkeyConfig's defaults.
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(2)))
-        .set_response_timeout(Some(Duration::from_secs(2)))
-        .set_number_of_retries(3)
-        .set_min_delay(Duration::from_millis(50))
-        .set_max_delay(Duration::from_secs(2))
+impl Shared {
+    /// The next baseline connection, round-robin like the store's pool.
+    fn conn(&self) -> MultiplexedConnection {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.baseline.len();
+        self.baseline[i].clone()
+    }
 }
 
 /// One task's result.
@@ -203,7 +207,7 @@ async fn setup(w: Workload, sh: &Shared, task: usize) -> Result<TaskState, Strin
         Workload::Extend => {
             let key = format!("rl:{{bench-e/t{task}}}:lock");
             let value = uuid::Uuid::new_v4().simple().to_string();
-            let mut conn = sh.baseline.clone();
+            let mut conn = sh.conn();
             let ok: Option<String> = redis::cmd("SET")
                 .arg(&key)
                 .arg(&value)
@@ -257,7 +261,7 @@ async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
         }
         TaskState::Redlock { key } => {
             let value = uuid::Uuid::new_v4().simple().to_string();
-            let mut conn = sh.baseline.clone();
+            let mut conn = sh.conn();
             let ok: Option<String> = redis::cmd("SET")
                 .arg(&*key)
                 .arg(&value)
@@ -284,7 +288,7 @@ async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
             }
         }
         TaskState::Noop => {
-            let mut conn = sh.baseline.clone();
+            let mut conn = sh.conn();
             for _ in 0..2 {
                 let _: i64 = sh
                     .noop
@@ -307,7 +311,7 @@ async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
             }
         }
         TaskState::Extend { key, value } => {
-            let mut conn = sh.baseline.clone();
+            let mut conn = sh.conn();
             let extended: i64 = sh
                 .extend
                 .key(&*key)
@@ -586,6 +590,7 @@ fn main() {
         "warmup",
         "concurrency",
         "threads",
+        "connections",
         "max-cycles",
         "workloads",
         "server",
@@ -604,6 +609,7 @@ fn main() {
         if smoke { &[1, 4] } else { &[1, 16, 64, 256] },
     );
     let threads: usize = args.get("threads", 2);
+    let connections: usize = args.get("connections", 4);
     let letters: Vec<String> = args.list("workloads", &["a", "b", "c", "d", "e"].map(String::from));
     let workloads: Vec<Workload> = Workload::ALL
         .into_iter()
@@ -626,13 +632,24 @@ fn main() {
         .expect("tokio runtime");
     let (runs, header, costs) = runtime.block_on(async {
         let url = SecretUrl::parse(&server.url()).expect("server URL");
-        let store = ValkeyStore::connect(ValkeyConfig::new(url))
+        let mut config = ValkeyConfig::new(url);
+        config.pool_size = connections;
+        let store = ValkeyStore::connect(config)
             .await
             .expect("connect the store");
         let client = redis::Client::open(server.url()).expect("client");
-        let baseline = ConnectionManager::new_with_config(client.clone(), manager_config())
-            .await
-            .expect("baseline connection");
+        let options = AsyncConnectionConfig::new()
+            .set_connection_timeout(None)
+            .set_response_timeout(None);
+        let mut baseline = Vec::new();
+        for _ in 0..connections {
+            baseline.push(
+                client
+                    .get_multiplexed_async_connection_with_config(&options)
+                    .await
+                    .expect("baseline connection"),
+            );
+        }
         let mut admin = client
             .get_multiplexed_async_connection()
             .await
@@ -657,12 +674,13 @@ fn main() {
         let sh = Arc::new(Shared {
             store,
             baseline,
+            next: AtomicUsize::new(0),
             noop: Script::new(NOOP),
             unlock: Script::new(UNLOCK),
             extend: Script::new(EXTEND),
         });
         let header = format!(
-            "machine: {}\n{version} (allocator {allocator}) on 127.0.0.1:{} (no persistence), one multiplexed connection per side, \
+            "machine: {}\n{version} (allocator {allocator}) on 127.0.0.1:{} (no persistence), {connections} multiplexed connections per side, \
              {threads} client worker threads\nrounds {rounds}, {:.1} s measured + {:.1} s warm-up per run, levels {levels:?}\n\
              load average at start: {}",
             machine(),

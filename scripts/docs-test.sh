@@ -9,7 +9,8 @@
 #   - `cargo install` / `cargo build --release`: the suite builds and tests the same binary
 #     (the release build is exercised by the benchmark smoke run);
 #   - `TARGETLEASE_CASES=` / `TARGETLEASE_CHAOS_SECONDS=`: the long version of a suite that
-#     scripts/test.sh runs at its default length.
+#     scripts/test.sh runs at its default length;
+#   - `cargo bench`: the benchmarks take minutes; scripts/test.sh runs their smoke mode.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -59,7 +60,7 @@ for doc in "${docs[@]}"; do
   {
     for block in "${blocks[@]}"; do
       name="$doc block $(basename "$block" .sh | sed 's/.*\.//')"
-      if grep -Eq 'scripts/test\.sh|cargo install|cargo build --release|TARGETLEASE_CASES=|TARGETLEASE_CHAOS_SECONDS=' "$block"; then
+      if grep -Eq 'scripts/test\.sh|cargo install|cargo build --release|cargo bench|TARGETLEASE_CASES=|TARGETLEASE_CHAOS_SECONDS=' "$block"; then
         printf 'echo "SKIP %s (run elsewhere: see scripts/docs-test.sh)"\necho skip >>"%s"\n' "$name" "$work/results"
         continue
       fi

@@ -26,10 +26,10 @@ cargo clippy --locked --all-targets -- -D warnings
 step "cargo test (unit, lease-store contract, model and fuzz tests on real servers, controller and chart end to end)"
 cargo test --locked 2>&1 | tee "$log_dir/cargo.log"
 
-step "benchmark smoke runs (benches/: tiny sizes; checks that numbers come out, never speed)"
+step "benchmark smoke runs (release build; tiny sizes; checks that numbers come out, never speed)"
 {
-  cargo test --locked --bench store -- --smoke
-  cargo test --locked --bench controller -- --smoke
+  cargo bench --locked --bench store -- --smoke
+  cargo bench --locked --bench controller -- --smoke
 } 2>&1 | tee "$log_dir/suite-bench.log"
 
 step "local Kubernetes control plane self-test"

@@ -307,7 +307,13 @@ impl ControllerProcess {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> ControllerProcess {
-        Self::start_with(cluster, Path::new(cluster.kubeconfig()), valkey_url, args, env)
+        Self::start_with(
+            cluster,
+            Path::new(cluster.kubeconfig()),
+            valkey_url,
+            args,
+            env,
+        )
     }
 
     fn start_with(

@@ -18,7 +18,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::Arguments;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
@@ -27,6 +27,7 @@ use targetlease::api::{Phase, TargetLease};
 use support::kube::{Cluster, ControllerProcess};
 use support::proxy::{Mode, Proxy};
 use support::server::{Server, ServerKind};
+use support::suite;
 
 const NS: &str = "chaos";
 const TARGETS: usize = 6;
@@ -364,11 +365,16 @@ async fn workload(api: Api<TargetLease>, until: Instant, ops: Arc<AtomicU64>, se
     }
 }
 
-async fn chaos(cluster: Arc<Cluster>) {
-    let seconds: u64 = std::env::var("TARGETLEASE_CHAOS_SECONDS")
+/// Length of the fault phase: `TARGETLEASE_CHAOS_SECONDS`, 150 s by default.
+fn fault_seconds() -> u64 {
+    std::env::var("TARGETLEASE_CHAOS_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(150);
+        .unwrap_or(150)
+}
+
+async fn chaos(cluster: Arc<Cluster>) {
+    let seconds = fault_seconds();
     cluster.kubectl_ok(&["create", "namespace", NS]);
     let client = cluster.client().await;
     let valkey = Server::start_with(
@@ -526,36 +532,15 @@ fn main() {
         cluster.install_crd();
         cluster
     });
+    let seconds = fault_seconds();
+    let limit = Duration::from_secs(seconds + 300);
     let trial = {
         let cluster = cluster.clone();
-        Trial::test("chaos_with_independent_checker", move || {
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let runtime = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                    .expect("runtime");
-                runtime.block_on(chaos(cluster));
-            }));
-            outcome.map_err(|panic| {
-                Failed::from(
-                    panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "chaos panicked".into()),
-                )
-            })
+        suite::trial_with_limit("chaos_with_independent_checker", limit, move || {
+            chaos(cluster)
         })
     };
     let conclusion = libtest_mimic::run(&args, vec![trial]);
     drop(cluster);
-    println!(
-        "chaos: {} passed, {} failed",
-        conclusion.num_passed, conclusion.num_failed
-    );
-    if conclusion.num_passed == 0 {
-        std::process::exit(1);
-    }
-    conclusion.exit();
+    suite::finish("chaos", conclusion);
 }

@@ -11,7 +11,7 @@ use futures::StreamExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::Arguments;
 use targetlease::api::{Phase, TargetLease};
 use targetlease::redact::SecretUrl;
 use targetlease::store::valkey::keys::TargetKeys;
@@ -22,6 +22,7 @@ use support::kube::{
     Cluster, ControllerProcess, await_lease, condition, http_get, lease_yaml, phase_of, token_of,
 };
 use support::server::{Server, ServerKind};
+use support::suite;
 
 /// One scenario's world.
 struct Scenario {
@@ -784,46 +785,14 @@ fn main() {
         .into_iter()
         .map(|(name, body)| {
             let cluster = cluster.clone();
-            Trial::test(name, move || {
-                let cluster = cluster.clone().ok_or_else(|| Failed::from("no cluster"))?;
-                run(cluster, name, body)
+            suite::trial(name, move || async move {
+                let cluster = cluster.expect("the cluster was started for every wanted scenario");
+                let scenario = Scenario::new(cluster, &name.replace('_', "-")).await;
+                body(scenario).await;
             })
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
     drop(cluster);
-    println!(
-        "controller: {} passed, {} failed",
-        conclusion.num_passed, conclusion.num_failed
-    );
-    if conclusion.num_passed == 0 {
-        eprintln!("controller: no scenario ran; refusing to pass vacuously");
-        std::process::exit(1);
-    }
-    conclusion.exit();
-}
-
-fn run(cluster: Arc<Cluster>, name: &str, body: ScenarioFn) -> Result<(), Failed> {
-    let ns_name = name.replace('_', "-");
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            let scenario = Scenario::new(cluster, &ns_name).await;
-            tokio::time::timeout(Duration::from_secs(120), body(scenario))
-                .await
-                .expect("scenario timed out after 120 s");
-        });
-    }));
-    outcome.map_err(|panic| {
-        panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "scenario panicked".into())
-            .into()
-    })
+    suite::finish("controller", conclusion);
 }

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Conclusion, Failed, Trial};
 
 /// How long one test may take before it fails.
 pub const TEST_LIMIT: Duration = Duration::from_secs(180);
@@ -15,6 +15,15 @@ pub const TEST_LIMIT: Duration = Duration::from_secs(180);
 /// A trial that runs `body` on a fresh multi-threaded runtime (two workers, so a test's own
 /// blocking calls cannot freeze the proxy or the client's background tasks).
 pub fn trial<F, Fut>(name: impl Into<String>, body: F) -> Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    trial_with_limit(name, TEST_LIMIT, body)
+}
+
+/// [`trial`] with its own time limit, for long runs.
+pub fn trial_with_limit<F, Fut>(name: impl Into<String>, limit: Duration, body: F) -> Trial
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()> + 'static,
@@ -27,9 +36,9 @@ where
                 .build()
                 .expect("tokio runtime");
             runtime.block_on(async move {
-                tokio::time::timeout(TEST_LIMIT, body())
+                tokio::time::timeout(limit, body())
                     .await
-                    .unwrap_or_else(|_| panic!("test timed out after {TEST_LIMIT:?}"));
+                    .unwrap_or_else(|_| panic!("test timed out after {limit:?}"));
             });
         }));
         outcome.map_err(|panic| {
@@ -46,7 +55,12 @@ where
 /// Runs the trials, prints the closing line and exits (non-zero on failure or when nothing ran).
 pub fn run(suite: &str, trials: Vec<Trial>) -> ! {
     let args = Arguments::from_args();
-    let conclusion = libtest_mimic::run(&args, trials);
+    finish(suite, libtest_mimic::run(&args, trials))
+}
+
+/// Prints the closing line of a suite that ran its trials itself, and exits (non-zero on failure
+/// or when nothing ran).
+pub fn finish(suite: &str, conclusion: Conclusion) -> ! {
     println!(
         "{suite}: {} passed, {} failed",
         conclusion.num_passed, conclusion.num_failed

@@ -1,13 +1,17 @@
 -- acquire: claim the target when it is free or its lease expired; re-entrant for the same lease.
 -- KEYS[1] lease hash   KEYS[2] fence   KEYS[3] reply cache of this request id
+-- KEYS[4] the request id of the newest grant (never expires)
 -- ARGV[1] lease_id  ARGV[2] owner  ARGV[3] ttl_ms  ARGV[4] min_token  ARGV[5] reply_ttl_ms
+-- ARGV[6] request_id
 -- Reply: {'acquired', token, pttl_ms, server_ms, acquired_ms} | {'held', owner, pttl_ms}
 local ttl, min_token, reply_ttl = arg_int(ARGV[3]), arg_int(ARGV[4]), arg_int(ARGV[5])
 if not ttl or ttl < 1 then return invalid('ttl_ms must be a positive integer') end
-if not min_token then return invalid('min_token must be a non-negative integer') end
+if not min_token then return invalid('min_token must be an integer from 0 to 2^53-2') end
+if min_token >= MAX_TOKEN then return exhausted(0, min_token) end
 if not reply_ttl or reply_ttl < 1 then return invalid('reply_ttl_ms must be a positive integer') end
 
-local cached, err = cached_reply(KEYS[3])
+local bound = binding('acquire', ARGV[1], ARGV[2])
+local cached, err = cached_reply(KEYS[3], bound, 'acquire')
 if cached then
   -- Every path that answers 'acquired' writes, a replayed reply too: the client's WAITAOF (the
   -- durability option) waits for this connection's last write, and a retry may arrive on a new
@@ -21,29 +25,55 @@ end
 
 local lease, lease_err = read_lease(KEYS[1])
 if lease_err then return lease_err end
-
-if lease then
-  if lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2] then
-    return {'held', lease.owner, int(redis.call('PTTL', KEYS[1]))}
-  end
-  -- Already ours (a retry after the cache expired, or a controller that lost its status write):
-  -- same token, fresh TTL.
-  local _, now_ms = server_now()
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  return remember(KEYS[3], {'acquired', lease.token, int(ttl), int(now_ms), lease.acquired_ms}, reply_ttl)
+if lease and (lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2]) then
+  return {'held', lease.owner, int(lease.pttl)}
 end
 
 local fence, fence_err = read_fence(KEYS[2])
-if fence_err then return fence_err end
+if not fence then return fence_err end
 -- TIME only where a token or a time is answered: the `held` refusal above does not need it.
 local now_us, now_ms = server_now()
--- Tokens strictly grow even if the fence was lost with the data: the caller's floor covers
--- tokens it has seen, the server clock covers the rest.
-local token = int(math.max(fence + 1, min_token + 1, now_us))
--- Formatted once: %.0f of a 13- to 16-digit number is one of the costlier steps here.
 local now = int(now_ms)
+
+if lease then
+  -- Already ours (a retry after the cache expired, or a controller that lost its status write):
+  -- the same token with a fresh TTL, unless that token is not above the caller's floor or is
+  -- below the fence (an older record brought back by a restore or failover). Then the tenure
+  -- gets a new, larger token: a caller is never handed a token lower than one it has seen.
+  local token = lease.token_text
+  if lease.token <= min_token or lease.token < fence then
+    local issued = next_token(fence, min_token, now_us)
+    if not issued then return exhausted(fence, min_token) end
+    token = int(issued)
+    redis.call('HSET', KEYS[1], 'token', token)
+    redis.call('SET', KEYS[2], token)
+    redis.call('SET', KEYS[4], ARGV[6])
+  elseif fence < lease.token then
+    -- The fence was lost (or lowered) while the lease survived: raise it again.
+    redis.call('SET', KEYS[2], token)
+  end
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  return remember(KEYS[3], bound, 'acquire',
+    {'acquired', token, int(ttl), now, lease.acquired_ms}, reply_ttl)
+end
+
+-- A request id that issued the newest token is spent: replayed after its cached reply expired
+-- (after a release or an expiry), it must not take a second tenure.
+local last_request = redis.pcall('GET', KEYS[4])
+if type(last_request) == 'table' and last_request.err then
+  return read_error(last_request, 'grant record at ' .. KEYS[4] .. ' is not a string')
+end
+if last_request == ARGV[6] then
+  return invalid('request id already acquired token ' .. int(fence) .. ' on this target and its ' ..
+    'cached reply expired; a replay never takes a second tenure: use a new request id')
+end
+
+local issued = next_token(fence, min_token, now_us)
+if not issued then return exhausted(fence, min_token) end
+local token = int(issued)
 redis.call('HSET', KEYS[1], 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner', ARGV[2],
   'token', token, 'acquired_ms', now)
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('SET', KEYS[2], token)
-return remember(KEYS[3], {'acquired', token, int(ttl), now, now}, reply_ttl)
+redis.call('SET', KEYS[4], ARGV[6])
+return remember(KEYS[3], bound, 'acquire', {'acquired', token, int(ttl), now, now}, reply_ttl)

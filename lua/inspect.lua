@@ -4,8 +4,8 @@
 local lease, lease_err = read_lease(KEYS[1])
 if lease_err then return lease_err end
 local fence, fence_err = read_fence(KEYS[2])
-if fence_err then return fence_err end
+if not fence then return fence_err end
 local _, now_ms = server_now()
 if not lease then return {'free', int(fence), int(now_ms)} end
-return {'held', int(fence), int(now_ms), lease.owner, lease.token, lease.acquired_ms,
-  int(redis.call('PTTL', KEYS[1])), lease.lease_id}
+return {'held', int(fence), int(now_ms), lease.owner, lease.token_text, lease.acquired_ms,
+  int(lease.pttl), lease.lease_id}

@@ -6,6 +6,10 @@
 
 local RECORD_VERSION = '1'
 
+-- The largest token: 2^53-1, the largest integer a Lua number (a double) holds exactly. Every
+-- token, floor and stored fence is checked against it; nothing above it is ever issued.
+local MAX_TOKEN = 9007199254740991
+
 -- Integers are formatted by hand: Lua's tostring() and Valkey's argument conversion use %.14g,
 -- which would round a 16-digit fencing token.
 local function int(n)
@@ -27,10 +31,14 @@ local function read_error(r, what)
   return redis.error_reply(r.err)
 end
 
--- Parses a non-negative integer argument; nil when it is not one.
+-- Parses a canonical decimal integer from 0 to MAX_TOKEN ('0', or digits without a leading
+-- zero); nil for anything else: signs, exponents, hex, spaces, fractions and values a double
+-- would round are all refused rather than guessed at.
 local function arg_int(s)
+  if type(s) ~= 'string' or #s > 16 then return nil end
+  if s ~= '0' and not string.match(s, '^[1-9]%d*$') then return nil end
   local n = tonumber(s)
-  if n == nil or n < 0 or n ~= math.floor(n) then return nil end
+  if n > MAX_TOKEN then return nil end
   return n
 end
 
@@ -41,8 +49,30 @@ local function server_now()
   return us, math.floor(us / 1000)
 end
 
+-- The next token: above the fence, above the caller's floor, and at least the server clock in
+-- microseconds (which covers tokens lost with the data). nil when it would pass MAX_TOKEN.
+local function next_token(fence, min_token, now_us)
+  local token = math.max(fence + 1, min_token + 1, now_us)
+  if token > MAX_TOKEN then return nil end
+  return token
+end
+
+local function exhausted(fence, min_token)
+  return invalid('no token can be issued: the fence (' .. int(fence) .. ') or the floor (' ..
+    int(min_token) .. ') is at the largest token 2^53-1')
+end
+
+-- What a request id is bound to: the operation and every argument that identifies the call.
+-- Each part is length-prefixed, so no two different argument lists give the same text.
+local function binding(...)
+  local parts = {...}
+  for i = 1, #parts do parts[i] = #parts[i] .. ':' .. parts[i] end
+  return redis.sha1hex(table.concat(parts, ','))
+end
+
 -- Reads the lease hash at `key`. Returns nil when there is no lease, the record table when it is
--- well formed, or (false, error_reply) when the key holds anything else.
+-- well formed, or (false, error_reply) when the key holds anything else. A lease without a TTL
+-- (a restore or migration that dropped it, a PERSIST) is corrupt: it would never expire.
 local function read_lease(key)
   -- EXISTS first: the free target (the hot path of acquire) costs one command, and a key that
   -- exists but holds none of our fields is corrupt, not free.
@@ -67,15 +97,21 @@ local function read_lease(key)
   end
   local token = arg_int(r[4])
   if not token or token == 0 then
-    return false, corrupt('lease record at ' .. key .. ' has a non-numeric token')
+    return false, corrupt('lease record at ' .. key .. ' has a non-numeric token or one above 2^53-1')
   end
   if not arg_int(r[5]) then
     return false, corrupt('lease record at ' .. key .. ' has a non-numeric acquired_ms')
   end
-  return {lease_id = r[2], owner = r[3], token = r[4], acquired_ms = r[5]}
+  local pttl = redis.call('PTTL', key)
+  if pttl < 0 then
+    return false, corrupt('lease record at ' .. key .. ' has no expiry (a lease must expire)')
+  end
+  return {lease_id = r[2], owner = r[3], token = token, token_text = r[4], acquired_ms = r[5],
+    pttl = pttl}
 end
 
--- Reads the fencing high-water mark (0 when absent). Returns (number) or (false, error_reply).
+-- Reads the fence: the newest token issued for the target (0 when absent). Returns the number,
+-- or (false, error_reply).
 local function read_fence(key)
   local v = redis.pcall('GET', key)
   if type(v) == 'table' and v.err then
@@ -84,29 +120,37 @@ local function read_fence(key)
   if not v then return 0 end
   local n = arg_int(v)
   if not n then
-    return false, corrupt('fence at ' .. key .. ' is not a number')
+    return false, corrupt('fence at ' .. key .. ' is not a number from 0 to 2^53-1 ' ..
+      '(targetlease lease repair resets it)')
   end
   return n
 end
 
 -- The reply cache makes a retried call with the same request id return the first reply without
 -- acting again. Only replies of calls that changed state are cached; a refusal changed nothing,
--- so a retry of it simply asks again.
-local function cached_reply(key)
+-- so a retry of it simply asks again. An entry holds the binding of the call that made it: the
+-- same request id with other arguments (another caller, another operation) is refused, never
+-- answered with someone else's reply.
+local function cached_reply(key, bound, op)
   local v = redis.pcall('GET', key)
   if type(v) == 'table' and v.err then
     return false, read_error(v, 'reply cache at ' .. key .. ' is not a string')
   end
   if not v then return nil end
-  local ok, reply = pcall(cjson.decode, v)
-  if not ok or type(reply) ~= 'table' or type(reply[1]) ~= 'string' then
+  local ok, entry = pcall(cjson.decode, v)
+  if not ok or type(entry) ~= 'table' or type(entry.r) ~= 'table' or type(entry.r[1]) ~= 'string' then
     return false, corrupt('reply cache at ' .. key .. ' is not a cached reply')
   end
-  return reply
+  if entry.b ~= bound then
+    return false, invalid('request id already used for another call (' .. tostring(entry.o) ..
+      ' with other arguments) on this target; a request id names one call and its retries: ' ..
+      'use a new one for ' .. op)
+  end
+  return entry.r
 end
 
 -- Every element of a reply is a string, so the cjson round trip cannot round numbers.
-local function remember(key, reply, reply_ttl_ms)
-  redis.call('SET', key, cjson.encode(reply), 'PX', reply_ttl_ms)
+local function remember(key, bound, op, reply, reply_ttl_ms)
+  redis.call('SET', key, cjson.encode({b = bound, o = op, r = reply}), 'PX', reply_ttl_ms)
   return reply
 end

@@ -3,16 +3,18 @@
 -- KEYS[1] lease hash   KEYS[2] reply cache of this request id
 -- ARGV[1] lease_id  ARGV[2] owner  ARGV[3] token  ARGV[4] reply_ttl_ms
 -- Reply: {'released'} | {'not_holder'}
-local cached, err = cached_reply(KEYS[2])
-if cached then return cached elseif err then return err end
-
 local reply_ttl = arg_int(ARGV[4])
 if not reply_ttl or reply_ttl < 1 then return invalid('reply_ttl_ms must be a positive integer') end
+if not arg_int(ARGV[3]) then return invalid('token must be an integer from 1 to 2^53-1') end
+
+local bound = binding('release', ARGV[1], ARGV[2], ARGV[3])
+local cached, err = cached_reply(KEYS[2], bound, 'release')
+if cached then return cached elseif err then return err end
 
 local lease, lease_err = read_lease(KEYS[1])
 if lease_err then return lease_err end
-if not lease or lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2] or lease.token ~= ARGV[3] then
+if not lease or lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2] or lease.token_text ~= ARGV[3] then
   return {'not_holder'}
 end
 redis.call('DEL', KEYS[1])
-return remember(KEYS[2], {'released'}, reply_ttl)
+return remember(KEYS[2], bound, 'release', {'released'}, reply_ttl)

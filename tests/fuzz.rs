@@ -15,7 +15,8 @@ use targetlease::store::valkey::keys::TargetKeys;
 use targetlease::store::valkey::reply;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
-    AcquireOutcome, AcquireRequest, ErrorKind, LeaseId, LeaseStore, RequestId, TargetRef,
+    AcquireOutcome, AcquireRequest, CommitRequest, ErrorKind, LeaseHandle, LeaseId, LeaseStore,
+    MAX_TOKEN, ReleaseRequest, RenewRequest, RequestId, TargetRef,
 };
 
 use support::cases;
@@ -57,6 +58,7 @@ fn reply_decoders_never_panic() {
             let _ = reply::check(&parts);
             let _ = reply::read(&parts);
             let _ = reply::inspect(&parts);
+            let _ = reply::repair(&parts);
             Ok(())
         })
         .expect("decoders");
@@ -167,6 +169,10 @@ fn arbitrary_lease_records_fail_closed() {
             }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             server.raw(&args);
+            // Most records expire like a lease; the rest have no TTL (a restore that dropped it).
+            if !case.is_multiple_of(4) {
+                server.raw(&["PEXPIRE", &key, "60000"]);
+            }
             let request = AcquireRequest {
                 target,
                 lease_id: LeaseId::new("FUZZ-LEASE").expect("id"),
@@ -189,4 +195,238 @@ fn arbitrary_lease_records_fail_closed() {
             Ok(())
         })
         .expect("records");
+}
+
+/// A token-like value chosen to hurt: around 0, around 2^53, around 2^64, or anything.
+fn hostile_u64() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        0u64..3,
+        (MAX_TOKEN - 2)..=(MAX_TOKEN + 2),
+        (u64::MAX - 2)..=u64::MAX,
+        any::<u64>(),
+    ]
+}
+
+/// One call with hostile arguments.
+#[derive(Clone, Debug)]
+enum Hostile {
+    Acquire {
+        floor: u64,
+        owner: String,
+        lease: String,
+        rid: u8,
+    },
+    Renew {
+        token: u64,
+        owner: String,
+        lease: String,
+        rid: u8,
+    },
+    Release {
+        token: u64,
+        owner: String,
+        lease: String,
+        rid: u8,
+    },
+    Commit {
+        token: u64,
+        sequence: u64,
+        value: String,
+        rid: u8,
+    },
+    Check {
+        token: u64,
+    },
+}
+
+fn hostile() -> impl Strategy<Value = Hostile> {
+    // Few distinct names and request ids, so calls collide with each other on purpose.
+    let name = prop_oneof![Just("a".to_owned()), Just("b".to_owned()), "\\PC{1,8}"];
+    let rid = 0u8..4;
+    prop_oneof![
+        (hostile_u64(), name.clone(), name.clone(), rid.clone()).prop_map(
+            |(floor, owner, lease, rid)| Hostile::Acquire {
+                floor,
+                owner,
+                lease,
+                rid
+            }
+        ),
+        (hostile_u64(), name.clone(), name.clone(), rid.clone()).prop_map(
+            |(token, owner, lease, rid)| Hostile::Renew {
+                token,
+                owner,
+                lease,
+                rid
+            }
+        ),
+        (hostile_u64(), name.clone(), name.clone(), rid.clone()).prop_map(
+            |(token, owner, lease, rid)| Hostile::Release {
+                token,
+                owner,
+                lease,
+                rid
+            }
+        ),
+        (hostile_u64(), hostile_u64(), ".{0,64}", rid).prop_map(|(token, sequence, value, rid)| {
+            Hostile::Commit {
+                token,
+                sequence,
+                value,
+                rid,
+            }
+        }),
+        hostile_u64().prop_map(|token| Hostile::Check { token }),
+    ]
+}
+
+/// Hostile argument values against a real server: huge, zero and boundary tokens, floors and
+/// sequences, odd names, request ids reused across operations and callers. Nothing may panic,
+/// a refusal is an invalid request (never a corrupt record or an unexpected reply: the store
+/// must never write what it cannot read back), and every token issued is at most 2^53-1,
+/// above the caller's floor, and above every token issued before on the target.
+#[test]
+fn hostile_arguments_are_refused_cleanly() {
+    let server = Server::start(ServerKind::Valkey91);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store: Arc<ValkeyStore> = Arc::new(
+        runtime
+            .block_on(ValkeyStore::connect(ValkeyConfig::new(
+                SecretUrl::parse(&server.url()).expect("url"),
+            )))
+            .expect("connect"),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: cases(120),
+        ..Config::default()
+    });
+    let case = std::cell::Cell::new(0u32);
+    runner
+        .run(&proptest::collection::vec(hostile(), 1..24), |calls| {
+            case.set(case.get() + 1);
+            let target = TargetRef::new("hostile", &format!("t{}", case.get())).expect("target");
+            let rid = |n: u8| RequestId::new(&format!("rid-{n}")).expect("rid");
+            let lease_id = |s: &str| LeaseId::new(s.to_owned()).expect("lease id");
+            let handle = |token, owner: &str, lease: &str| LeaseHandle {
+                target: target.clone(),
+                lease_id: lease_id(lease),
+                owner: owner.to_owned(),
+                token,
+            };
+            let mut highest = 0u64;
+            for call in calls {
+                let result: Result<Option<(u64, u64)>, _> = runtime.block_on(async {
+                    match &call {
+                        Hostile::Acquire {
+                            floor,
+                            owner,
+                            lease,
+                            rid: n,
+                        } => store
+                            .acquire(&AcquireRequest {
+                                target: target.clone(),
+                                lease_id: lease_id(lease),
+                                owner: owner.clone(),
+                                ttl: Duration::from_secs(30),
+                                min_token: *floor,
+                                request_id: rid(*n),
+                            })
+                            .await
+                            .map(|o| match o {
+                                AcquireOutcome::Acquired(g) => Some((g.token, *floor)),
+                                AcquireOutcome::Held { .. } => None,
+                            }),
+                        Hostile::Renew {
+                            token,
+                            owner,
+                            lease,
+                            rid: n,
+                        } => store
+                            .renew(&RenewRequest {
+                                lease: handle(*token, owner, lease),
+                                ttl: Duration::from_secs(30),
+                                request_id: rid(*n),
+                            })
+                            .await
+                            .map(|_| None),
+                        Hostile::Release {
+                            token,
+                            owner,
+                            lease,
+                            rid: n,
+                        } => store
+                            .release(&ReleaseRequest {
+                                lease: handle(*token, owner, lease),
+                                request_id: rid(*n),
+                            })
+                            .await
+                            .map(|_| None),
+                        Hostile::Commit {
+                            token,
+                            sequence,
+                            value,
+                            rid: n,
+                        } => store
+                            .commit(&CommitRequest {
+                                target: target.clone(),
+                                token: *token,
+                                key: "data".into(),
+                                value: value.clone(),
+                                sequence: *sequence,
+                                request_id: rid(*n),
+                            })
+                            .await
+                            .map(|_| None),
+                        Hostile::Check { token } => {
+                            store.check(&target, *token).await.map(|_| None)
+                        }
+                    }
+                });
+                match result {
+                    Ok(Some((token, floor))) => {
+                        prop_assert!(
+                            token <= MAX_TOKEN,
+                            "{:?}: token {} above 2^53-1",
+                            call,
+                            token
+                        );
+                        prop_assert!(
+                            token > floor,
+                            "{:?}: token {} not above its floor",
+                            call,
+                            token
+                        );
+                        prop_assert!(
+                            token >= highest,
+                            "{:?}: token {} went back from {}",
+                            call,
+                            token,
+                            highest
+                        );
+                        highest = token;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        prop_assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{:?}: {}", call, e)
+                    }
+                }
+                let fence = runtime
+                    .block_on(store.inspect(&target))
+                    .map_err(|e| {
+                        TestCaseError::fail(format!("{call:?} left an unreadable target: {e}"))
+                    })?
+                    .fence;
+                prop_assert!(
+                    fence >= highest && fence <= MAX_TOKEN,
+                    "fence {} after {:?}",
+                    fence,
+                    call
+                );
+            }
+            Ok(())
+        })
+        .expect("hostile arguments");
 }

@@ -15,8 +15,9 @@ use targetlease::redact::SecretUrl;
 use targetlease::store::memory::{ManualClock, MemoryStore};
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
-    AcquireOutcome, AcquireRequest, CommitOutcome, CommitRequest, LeaseHandle, LeaseId, LeaseStore,
-    LossReason, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId, TargetRef,
+    AcquireOutcome, AcquireRequest, CommitOutcome, CommitRequest, ErrorKind, LeaseHandle, LeaseId,
+    LeaseStore, LossReason, MAX_TOKEN, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
+    RequestId, StoreError, TargetRef,
 };
 
 use support::cases;
@@ -31,6 +32,8 @@ enum Op {
     Acquire {
         client: usize,
         target: usize,
+        /// The caller's token floor: mostly none, sometimes at or past the largest token.
+        floor: u64,
     },
     Renew {
         client: usize,
@@ -46,15 +49,16 @@ enum Op {
         client: usize,
         target: usize,
         pick: usize,
+        /// Reuses a sequence number below the last write's: a late replay of an earlier write.
+        rewind: bool,
     },
     /// Re-sends the n-th earlier state-changing call with its request id.
-    Replay {
-        nth: usize,
-    },
+    Replay { nth: usize },
+    /// Sends the n-th earlier state-changing call's request id with another client's identity
+    /// (a request id reused by another caller): must be refused while the first reply is cached.
+    Reuse { nth: usize },
     /// Moves the clock (in-memory store only; a real server's clock cannot be moved).
-    Advance {
-        ms: u64,
-    },
+    Advance { ms: u64 },
 }
 
 /// Which of a client's tokens for a target it uses: mostly its latest, sometimes an older one
@@ -63,15 +67,25 @@ fn pick() -> impl Strategy<Value = usize> {
     prop_oneof![6 => Just(0usize), 2 => 1usize..4, 1 => Just(usize::MAX)]
 }
 
+/// A token floor: mostly none, sometimes hostile (at, around or far past the largest token).
+fn floor() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        12 => Just(0u64),
+        1 => (MAX_TOKEN - 3)..=(MAX_TOKEN + 2),
+        1 => Just(u64::MAX),
+    ]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let c = 0..CLIENTS;
     let t = 0..TARGETS;
     prop_oneof![
-        4 => (c.clone(), t.clone()).prop_map(|(client, target)| Op::Acquire { client, target }),
+        4 => (c.clone(), t.clone(), floor()).prop_map(|(client, target, floor)| Op::Acquire { client, target, floor }),
         2 => (c.clone(), t.clone(), pick()).prop_map(|(client, target, pick)| Op::Renew { client, target, pick }),
         2 => (c.clone(), t.clone(), pick()).prop_map(|(client, target, pick)| Op::Release { client, target, pick }),
-        2 => (c, t, pick()).prop_map(|(client, target, pick)| Op::Commit { client, target, pick }),
+        2 => (c, t, pick(), prop::bool::weighted(0.2)).prop_map(|(client, target, pick, rewind)| Op::Commit { client, target, pick, rewind }),
         2 => (0usize..64).prop_map(|nth| Op::Replay { nth }),
+        1 => (0usize..64).prop_map(|nth| Op::Reuse { nth }),
         2 => (0u64..1_500).prop_map(|ms| Op::Advance { ms }),
     ]
 }
@@ -79,14 +93,25 @@ fn op() -> impl Strategy<Value = Op> {
 /// What the store answered, reduced to what the model can predict exactly.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Seen {
-    Acquired { token: u64 },
-    Held { owner: String },
+    Acquired {
+        token: u64,
+    },
+    Held {
+        owner: String,
+    },
     Renewed,
     Lost(LossReason),
     Released,
     NotHolder,
-    Committed { token: u64 },
-    Stale { newest: u64 },
+    Committed {
+        token: u64,
+    },
+    Stale {
+        newest: u64,
+    },
+    /// Refused as an invalid request (a reused request id, a token never issued, a floor or
+    /// fence at the largest token): nothing changed.
+    Invalid,
 }
 
 /// A call that changed state, kept for replays.
@@ -109,7 +134,8 @@ struct Holder {
 struct TargetModel {
     holder: Option<Holder>,
     fence: u64,
-    guarded: Option<u64>,
+    /// The last accepted write: (token, sequence, value).
+    guarded: Option<(u64, u64, String)>,
 }
 
 struct World {
@@ -122,6 +148,8 @@ struct World {
     /// Every token each client was granted per target, oldest first.
     tokens: HashMap<(usize, usize), Vec<u64>>,
     history: Vec<(Call, Seen, u64)>,
+    /// The next commit sequence number.
+    sequence: u64,
 }
 
 fn owner(client: usize) -> String {
@@ -167,24 +195,75 @@ impl World {
 
     async fn send(&self, call: &Call) -> Seen {
         let store = &self.store;
+        /// An invalid request is an outcome the model predicts; any other failure is a bug.
+        fn refused<T>(result: Result<T, StoreError>, seen: impl FnOnce(T) -> Seen) -> Seen {
+            match result {
+                Ok(outcome) => seen(outcome),
+                Err(e) if e.kind() == ErrorKind::InvalidRequest => Seen::Invalid,
+                Err(e) => panic!("store call failed: {e}"),
+            }
+        }
         match call {
-            Call::Acquire(r) => match store.acquire(r).await.expect("acquire") {
+            Call::Acquire(r) => refused(store.acquire(r).await, |o| match o {
                 AcquireOutcome::Acquired(g) => Seen::Acquired { token: g.token },
                 AcquireOutcome::Held { owner, .. } => Seen::Held { owner },
-            },
-            Call::Renew(r) => match store.renew(r).await.expect("renew") {
+            }),
+            Call::Renew(r) => refused(store.renew(r).await, |o| match o {
                 RenewOutcome::Renewed { .. } => Seen::Renewed,
                 RenewOutcome::Lost { reason } => Seen::Lost(reason),
-            },
-            Call::Release(r) => match store.release(r).await.expect("release") {
+            }),
+            Call::Release(r) => refused(store.release(r).await, |o| match o {
                 ReleaseOutcome::Released => Seen::Released,
                 ReleaseOutcome::NotHolder => Seen::NotHolder,
-            },
-            Call::Commit(r) => match store.commit(r).await.expect("commit") {
+            }),
+            Call::Commit(r) => refused(store.commit(r).await, |o| match o {
                 CommitOutcome::Committed { token } => Seen::Committed { token },
                 CommitOutcome::Stale { newest } => Seen::Stale { newest },
-            },
+            }),
         }
+    }
+
+    /// The n-th fresh earlier call with its request id but another client's identity (on the
+    /// same target, where the cached reply lives).
+    fn reused(&self, nth: usize) -> Option<Call> {
+        let fresh = self.fresh_history();
+        if fresh.is_empty() {
+            return None;
+        }
+        let (call, _, _) = fresh[nth % fresh.len()].clone();
+        let other = |owner: &str| (client_of(owner) + 1) % CLIENTS;
+        Some(match call {
+            Call::Acquire(mut r) => {
+                let c = other(&r.owner);
+                r.owner = owner(c);
+                r.lease_id = LeaseId::new(format!("lease-{c}")).expect("id");
+                Call::Acquire(r)
+            }
+            Call::Renew(mut r) => {
+                let c = other(&r.lease.owner);
+                r.lease.owner = owner(c);
+                r.lease.lease_id = LeaseId::new(format!("lease-{c}")).expect("id");
+                Call::Renew(r)
+            }
+            Call::Release(mut r) => {
+                let c = other(&r.lease.owner);
+                r.lease.owner = owner(c);
+                r.lease.lease_id = LeaseId::new(format!("lease-{c}")).expect("id");
+                Call::Release(r)
+            }
+            Call::Commit(mut r) => {
+                r.value = format!("{} (reused)", r.value);
+                Call::Commit(r)
+            }
+        })
+    }
+
+    /// Earlier state-changing calls whose replies are surely still cached.
+    fn fresh_history(&self) -> Vec<&(Call, Seen, u64)> {
+        self.history
+            .iter()
+            .filter(|(_, _, at)| self.now_ms < at + REPLY_TTL_MS - 1_000)
+            .collect()
     }
 
     async fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
@@ -197,12 +276,20 @@ impl World {
                 }
                 return Ok(());
             }
+            Op::Reuse { nth } => {
+                let Some(call) = self.reused(nth) else {
+                    return Ok(());
+                };
+                let seen = self.send(&call).await;
+                prop_assert_eq!(
+                    &seen,
+                    &Seen::Invalid,
+                    "a request id reused with other arguments must be refused"
+                );
+                return Ok(());
+            }
             Op::Replay { nth } => {
-                let fresh: Vec<&(Call, Seen, u64)> = self
-                    .history
-                    .iter()
-                    .filter(|(_, _, at)| self.now_ms < at + REPLY_TTL_MS - 1_000)
-                    .collect();
+                let fresh = self.fresh_history();
                 if fresh.is_empty() {
                     return Ok(());
                 }
@@ -211,13 +298,17 @@ impl World {
                 prop_assert_eq!(&again, &first, "a replay must return the first reply");
                 return Ok(());
             }
-            Op::Acquire { client, target } => (
+            Op::Acquire {
+                client,
+                target,
+                floor,
+            } => (
                 Call::Acquire(AcquireRequest {
                     target: self.target(target),
                     lease_id: LeaseId::new(format!("lease-{client}")).expect("id"),
                     owner: owner(client),
                     ttl,
-                    min_token: 0,
+                    min_token: floor,
                     request_id: RequestId::random(),
                 }),
                 target,
@@ -249,16 +340,25 @@ impl World {
                 client,
                 target,
                 pick,
-            } => (
-                Call::Commit(CommitRequest {
-                    target: self.target(target),
-                    token: self.token(client, target, pick),
-                    key: "data".into(),
-                    value: format!("by {client}"),
-                    request_id: RequestId::random(),
-                }),
-                target,
-            ),
+                rewind,
+            } => {
+                self.sequence += 1;
+                let sequence = match (&self.model[target].guarded, rewind) {
+                    (Some((_, last, _)), true) => last.saturating_sub(1),
+                    _ => self.sequence,
+                };
+                (
+                    Call::Commit(CommitRequest {
+                        target: self.target(target),
+                        token: self.token(client, target, pick),
+                        key: "data".into(),
+                        value: format!("by {client} #{sequence}"),
+                        sequence,
+                        request_id: RequestId::random(),
+                    }),
+                    target,
+                )
+            }
         };
         self.expire(target);
         let seen = self.send(&call).await;
@@ -266,12 +366,47 @@ impl World {
         let ttl_ms = self.ttl_ms;
         let m = &mut self.model[target];
         let changed = match (&call, &seen) {
+            (Call::Acquire(r), Seen::Invalid) => {
+                // Only a floor or fence at the largest token refuses an acquire (its request id
+                // is fresh), and only where a new token is needed.
+                let client = client_of(&r.owner);
+                let held_by_other = m.holder.as_ref().is_some_and(|h| h.client != client);
+                let needs_new = m
+                    .holder
+                    .as_ref()
+                    .is_none_or(|h| h.token <= r.min_token || h.token < m.fence);
+                prop_assert!(
+                    r.min_token >= MAX_TOKEN
+                        || (!held_by_other && needs_new && r.min_token.max(m.fence) >= MAX_TOKEN),
+                    "acquire refused with floor {} and fence {}",
+                    r.min_token,
+                    m.fence
+                );
+                false
+            }
             (Call::Acquire(r), Seen::Acquired { token }) => {
                 let client = client_of(&r.owner);
+                prop_assert!(*token <= MAX_TOKEN, "token {} above 2^53-1", token);
+                prop_assert!(
+                    *token > r.min_token,
+                    "token {} not above the floor {}",
+                    token,
+                    r.min_token
+                );
                 match &mut m.holder {
                     Some(h) => {
                         prop_assert_eq!(h.client, client, "acquired a target held by another");
-                        prop_assert_eq!(h.token, *token, "a re-entrant acquire changed the token");
+                        if h.token > r.min_token {
+                            prop_assert_eq!(
+                                h.token,
+                                *token,
+                                "a re-entrant acquire changed the token"
+                            );
+                        } else {
+                            prop_assert!(*token > m.fence, "re-issued token not above the fence");
+                            m.fence = *token;
+                            h.token = *token;
+                        }
                         h.expires_ms = now + ttl_ms;
                     }
                     None => {
@@ -296,6 +431,7 @@ impl World {
                 true
             }
             (Call::Acquire(r), Seen::Held { owner: o }) => {
+                prop_assert!(r.min_token < MAX_TOKEN, "a floor at 2^53-1 was not refused");
                 let h = m.holder.as_ref();
                 prop_assert!(h.is_some(), "held reported for a free target");
                 prop_assert!(h.is_some_and(|h| h.client != client_of(&r.owner)));
@@ -336,16 +472,24 @@ impl World {
                 holds
             }
             (Call::Commit(r), outcome) => {
+                let ours = (r.token, r.sequence);
                 let expected = if r.token < m.fence {
                     Seen::Stale { newest: m.fence }
-                } else if let Some(last) = m.guarded.filter(|last| r.token < *last) {
-                    Seen::Stale { newest: last }
+                } else if r.token > m.fence {
+                    Seen::Invalid
                 } else {
-                    Seen::Committed { token: r.token }
+                    match &m.guarded {
+                        Some((t, q, v))
+                            if ours < (*t, *q) || (ours == (*t, *q) && *v != r.value) =>
+                        {
+                            Seen::Stale { newest: *t }
+                        }
+                        _ => Seen::Committed { token: r.token },
+                    }
                 };
                 prop_assert_eq!(outcome, &expected);
                 if let Seen::Committed { token } = outcome {
-                    m.guarded = Some(*token);
+                    m.guarded = Some((*token, r.sequence, r.value.clone()));
                 }
                 matches!(outcome, Seen::Committed { .. })
             }
@@ -401,6 +545,7 @@ fn check(
             model: (0..TARGETS).map(|_| TargetModel::default()).collect(),
             tokens: HashMap::new(),
             history: Vec::new(),
+            sequence: 0,
         };
         runtime.block_on(async {
             for op in &ops {

@@ -63,6 +63,11 @@ pub struct ControllerArgs {
     /// This replica's name (events, leader election).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// This installation's identity (the chart sets `<namespace>/<release>`): the controller
+    /// claims the Valkey key prefix for it and refuses to work on a prefix that another
+    /// installation claimed, so two installations never share leases by accident.
+    #[arg(long, env = "TARGETLEASE_INSTALLATION_ID")]
+    installation_id: Option<String>,
 }
 
 impl ControllerArgs {
@@ -70,7 +75,12 @@ impl ControllerArgs {
         match self.backend {
             Backend::Memory => Ok(Arc::new(MemoryStore::new())),
             // Lazy: the controller starts, and reports itself not ready, while Valkey is down.
-            Backend::Valkey => Ok(Arc::new(ValkeyStore::new_lazy(self.valkey.config()?)?)),
+            Backend::Valkey => {
+                let mut config = self.valkey.config()?;
+                config.installation = self.installation_id.clone();
+                config.validate()?;
+                Ok(Arc::new(ValkeyStore::new_lazy(config)?))
+            }
         }
     }
 

@@ -84,6 +84,11 @@ pub enum LeaseCommand {
         /// Value to write.
         #[arg(long)]
         value: String,
+        /// This write's number within the tenure: (token, sequence) must grow from write to
+        /// write, so a late replay of an earlier write is refused as stale. Default: the time
+        /// of the call in microseconds, which grows from one call to the next.
+        #[arg(long)]
+        sequence: Option<u64>,
         #[command(flatten)]
         request: RequestArgs,
     },
@@ -99,6 +104,16 @@ pub enum LeaseCommand {
     Inspect {
         #[command(flatten)]
         target: TargetArgs,
+    },
+    /// Replace the target's records that fail closed: an unreadable lease record is deleted,
+    /// an unreadable fence (not a number, above 2^53-1) is set to the largest of --floor, the
+    /// lease's token and the server clock in microseconds. Readable records are left alone.
+    Repair {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// The highest token you know was issued for the target (from your own records).
+        #[arg(long, default_value_t = 0)]
+        floor: u64,
     },
 }
 
@@ -263,6 +278,7 @@ impl LeaseCommand {
                 token,
                 key,
                 value,
+                sequence,
                 request,
             } => {
                 let (store, target) = target.open().await?;
@@ -273,6 +289,7 @@ impl LeaseCommand {
                         token: *token,
                         key: key.clone(),
                         value: value.clone(),
+                        sequence: sequence.unwrap_or_else(now_micros),
                         request_id: request_id.clone(),
                     })
                     .await?;
@@ -296,6 +313,19 @@ impl LeaseCommand {
                 let inspection = store.inspect(&target).await?;
                 Ok(printed(&inspection, true, None))
             }
+            LeaseCommand::Repair { target, floor } => {
+                let (store, target) = target.open().await?;
+                let outcome = store.repair(&target, *floor).await?;
+                Ok(printed(&outcome, true, None))
+            }
         }
     }
+}
+
+/// The client's clock in microseconds since the Unix epoch: the default commit sequence.
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }

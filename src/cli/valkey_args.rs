@@ -122,6 +122,18 @@ pub struct ValkeyArgs {
     /// replicas=N (AOF fsync on N replicas) or local,replicas=N. Needs WAITAOF (Valkey 8+).
     #[arg(long, env = "TARGETLEASE_VALKEY_DURABILITY", default_value = "none")]
     pub valkey_durability: Durability,
+
+    /// How long a call's reply stays cached for retries with the same request id: at least 4
+    /// call timeouts (--valkey-timeout). A retry after it is refused or acts again, never
+    /// answered from the cache.
+    #[arg(long, env = "TARGETLEASE_VALKEY_REPLY_TTL", value_parser = parse_duration, default_value = "60s")]
+    pub valkey_reply_ttl: Duration,
+
+    /// Accept a server whose maxmemory-policy may evict keys (anything but noeviction), with a
+    /// warning at every connect. Evicted leases are lost leases and evicted fences let tokens
+    /// go back: leave it off unless the server can never run out of memory.
+    #[arg(long, env = "TARGETLEASE_VALKEY_ALLOW_EVICTION")]
+    pub valkey_allow_eviction: bool,
 }
 
 impl ValkeyArgs {
@@ -171,6 +183,8 @@ impl ValkeyArgs {
         config.reconnect_min_delay = self.valkey_reconnect_min_delay;
         config.reconnect_max_delay = self.valkey_reconnect_max_delay;
         config.durability = self.valkey_durability;
+        config.reply_ttl = self.valkey_reply_ttl;
+        config.allow_eviction = self.valkey_allow_eviction;
         config.validate()?;
         Ok(config)
     }
@@ -255,6 +269,8 @@ mod tests {
         assert!(config.tls.is_some(), "a CA file turns TLS on");
         assert_eq!(config.durability.replicas, 1);
         assert_eq!(config.call_timeout, Duration::from_millis(750));
+        assert_eq!(config.reply_ttl, Duration::from_secs(60));
+        assert!(!config.allow_eviction);
         let shown = format!("{config:?}");
         assert!(!shown.contains("from-env"), "{shown}");
     }
@@ -268,6 +284,25 @@ mod tests {
             "cluster 10.0.0.1:7000,10.0.0.2:7000"
         );
         assert!(parse(&["--valkey-url=redis://a:1", "--valkey-cluster-seeds=b:2"]).is_err());
+    }
+
+    #[test]
+    fn a_reply_ttl_shorter_than_four_call_timeouts_is_refused() {
+        let cli = parse(&[
+            "--valkey-url=redis://a:1",
+            "--valkey-timeout=20s",
+            "--valkey-reply-ttl=60s",
+        ])
+        .unwrap();
+        let e = cli.valkey.config_with_env_password(None).unwrap_err();
+        assert!(e.to_string().contains("reply TTL"), "{e}");
+        let cli = parse(&[
+            "--valkey-url=redis://a:1",
+            "--valkey-timeout=20s",
+            "--valkey-reply-ttl=80s",
+        ])
+        .unwrap();
+        assert!(cli.valkey.config_with_env_password(None).is_ok());
     }
 
     #[test]

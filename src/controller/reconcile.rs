@@ -20,7 +20,7 @@ use super::status::{Observed, is_transition};
 use super::{Context, Error};
 use crate::api::{FIELD_MANAGER, FINALIZER, HolderRef, Phase, TargetLease, TargetLeaseStatus};
 use crate::store::{
-    AcquireOutcome, AcquireRequest, LeaseHandle, LeaseId, LossReason, ReleaseOutcome,
+    AcquireOutcome, AcquireRequest, LeaseHandle, LeaseId, LossReason, MAX_TOKEN, ReleaseOutcome,
     ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError, TargetRef,
 };
 
@@ -320,12 +320,23 @@ async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<
 
 /// The highest token any TargetLease status has shown for this target: the floor for the next
 /// token, so tokens grow even if Valkey lost its data.
+///
+/// Statuses are written by whoever has `targetleases/status` rights: a value that no store can
+/// have issued (above 2^53-1, which the CRD also refuses) is ignored with a warning rather than
+/// allowed to refuse every acquire on the target.
 fn min_token(claim: &Claim<'_>, ctx: &Context) -> u64 {
     ctx.targets
         .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target())
         .iter()
         .filter_map(|other| other.status.as_ref().and_then(|s| s.fencing_token))
         .chain(claim.last_token())
+        .filter(|token| {
+            let possible = *token <= MAX_TOKEN;
+            if !possible {
+                warn!(target = %claim.target, token, "ignoring a status fencing token above 2^53-1: no store issues one");
+            }
+            possible
+        })
         .max()
         .unwrap_or(0)
 }

@@ -11,8 +11,9 @@ use async_trait::async_trait;
 use super::types::{check_guarded_key, check_owner, ttl_millis};
 use super::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, Grant,
-    GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseStore, LeaseView, LossReason,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, StoreError, TargetRef,
+    GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseStore, LeaseView, LossReason, MAX_TOKEN,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId,
+    StoreError, TargetRef, check_token,
 };
 
 /// A source of time for the in-memory backend, in microseconds since the Unix epoch.
@@ -82,15 +83,31 @@ pub struct MemoryStore {
 #[derive(Default)]
 struct State {
     targets: HashMap<TargetRef, TargetState>,
-    replies: HashMap<(TargetRef, String), (Reply, u64)>,
+    replies: HashMap<(TargetRef, String), Cached>,
     calls_since_sweep: u32,
+}
+
+/// A cached reply and the call it answered.
+struct Cached {
+    reply: Reply,
+    binding: String,
+    expires_us: u64,
 }
 
 #[derive(Default)]
 struct TargetState {
     lease: Option<Lease>,
+    /// The newest token issued.
     fence: u64,
-    guarded: HashMap<String, (u64, String)>,
+    /// The request id of the acquire that issued `fence`: spent, even after its cached reply.
+    fence_request: Option<String>,
+    guarded: HashMap<String, GuardedRecord>,
+}
+
+struct GuardedRecord {
+    token: u64,
+    sequence: u64,
+    value: String,
 }
 
 struct Lease {
@@ -136,31 +153,40 @@ impl MemoryStore {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs one mutating call: returns the cached reply of `request_id` if there is one,
-    /// otherwise runs `op` and caches its reply when it changed state.
+    /// Runs one mutating call: returns the cached reply of `request_id` if there is one (and
+    /// refuses the id when it was first used for another call), otherwise runs `op` and caches
+    /// its reply when it changed state.
     fn idempotent(
         &self,
         target: &TargetRef,
-        request_id: &str,
-        op: impl FnOnce(&mut TargetState, u64) -> (Reply, bool),
-    ) -> Reply {
+        request_id: &RequestId,
+        binding: String,
+        op: impl FnOnce(&mut TargetState, u64) -> Result<(Reply, bool), StoreError>,
+    ) -> Result<Reply, StoreError> {
         let now = self.clock.now_micros();
         let mut state = self.lock();
         state.sweep(now);
-        let cache_key = (target.clone(), request_id.to_owned());
-        if let Some((reply, expires)) = state.replies.get(&cache_key)
-            && *expires > now
+        let cache_key = (target.clone(), request_id.as_str().to_owned());
+        if let Some(cached) = state.replies.get(&cache_key)
+            && cached.expires_us > now
         {
-            return reply.clone();
+            if cached.binding != binding {
+                return Err(reused_request_id(cached.reply.operation()));
+            }
+            return Ok(cached.reply.clone());
         }
         let entry = state.targets.entry(target.clone()).or_default();
         entry.expire(now);
-        let (reply, changed) = op(entry, now);
+        let (reply, changed) = op(entry, now)?;
         if changed {
-            let expires = now.saturating_add(self.reply_ttl_us);
-            state.replies.insert(cache_key, (reply.clone(), expires));
+            let cached = Cached {
+                reply: reply.clone(),
+                binding,
+                expires_us: now.saturating_add(self.reply_ttl_us),
+            };
+            state.replies.insert(cache_key, cached);
         }
-        reply
+        Ok(reply)
     }
 }
 
@@ -176,7 +202,7 @@ impl State {
         self.calls_since_sweep += 1;
         if self.calls_since_sweep >= 1024 {
             self.calls_since_sweep = 0;
-            self.replies.retain(|_, (_, expires)| *expires > now);
+            self.replies.retain(|_, cached| cached.expires_us > now);
             self.targets.retain(|_, t| {
                 t.expire(now);
                 t.lease.is_some() || t.fence > 0 || !t.guarded.is_empty()
@@ -203,9 +229,59 @@ fn micros_to_millis(us: u64) -> u64 {
     us / 1000
 }
 
+impl Reply {
+    fn operation(&self) -> &'static str {
+        match self {
+            Reply::Acquire(_) => "acquire",
+            Reply::Renew(_) => "renew",
+            Reply::Release(_) => "release",
+            Reply::Commit(_) => "commit",
+        }
+    }
+}
+
+/// What a request id is bound to: the operation and every argument that identifies the call,
+/// each length-prefixed so no two argument lists give the same text.
+fn binding(parts: &[&str]) -> String {
+    parts.iter().map(|p| format!("{}:{p},", p.len())).collect()
+}
+
+fn reused_request_id(first: &str) -> StoreError {
+    StoreError::InvalidRequest(format!(
+        "request id already used for another call ({first} with other arguments) on this \
+         target; a request id names one call and its retries: use a new one"
+    ))
+}
+
 fn unexpected(op: &str) -> StoreError {
     StoreError::UnexpectedReply(format!(
         "request id was first used for another kind of call than {op}"
+    ))
+}
+
+/// The next token: above the fence and the floor, at least the clock in microseconds.
+fn next_token(fence: u64, min_token: u64, now_us: u64) -> Result<u64, StoreError> {
+    let token = fence
+        .saturating_add(1)
+        .max(min_token.saturating_add(1))
+        .max(now_us);
+    if token > MAX_TOKEN {
+        return Err(exhausted(fence, min_token));
+    }
+    Ok(token)
+}
+
+fn exhausted(fence: u64, min_token: u64) -> StoreError {
+    StoreError::InvalidRequest(format!(
+        "no token can be issued: the fence ({fence}) or the floor ({min_token}) is at the \
+         largest token 2^53-1"
+    ))
+}
+
+fn never_issued(token: u64, fence: u64) -> StoreError {
+    StoreError::InvalidRequest(format!(
+        "token {token} was never issued for this target (the newest is {fence}; 0 means none, \
+         or the store lost its data)"
     ))
 }
 
@@ -214,8 +290,15 @@ impl LeaseStore for MemoryStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
         let ttl_ms = ttl_millis(req.ttl)?;
         check_owner(&req.owner)?;
-        let reply = self.idempotent(&req.target, req.request_id.as_str(), |t, now| {
+        check_token("min_token", req.min_token, false)?;
+        if req.min_token >= MAX_TOKEN {
+            return Err(exhausted(0, req.min_token));
+        }
+        let bound = binding(&["acquire", req.lease_id.expose(), &req.owner]);
+        let rid = req.request_id.as_str();
+        let reply = self.idempotent(&req.target, &req.request_id, bound, |t, now| {
             let now_ms = micros_to_millis(now);
+            let fence = t.fence;
             if let Some(lease) = t.lease.as_mut() {
                 if lease.lease_id != req.lease_id || lease.owner != req.owner {
                     let left = micros_to_millis(lease.expires_at_us - now);
@@ -223,7 +306,16 @@ impl LeaseStore for MemoryStore {
                         owner: lease.owner.clone(),
                         expires_in_ms: left,
                     };
-                    return (Reply::Acquire(held), false);
+                    return Ok((Reply::Acquire(held), false));
+                }
+                // Ours already: the same token, unless it is not above the floor or is below
+                // the fence (a restored record); a lost fence is raised again.
+                if lease.token <= req.min_token || lease.token < fence {
+                    lease.token = next_token(fence, req.min_token, now)?;
+                    t.fence_request = Some(rid.to_owned());
+                }
+                if t.fence < lease.token {
+                    t.fence = lease.token;
                 }
                 lease.expires_at_us = now + ttl_ms * 1000;
                 let grant = Grant {
@@ -232,10 +324,17 @@ impl LeaseStore for MemoryStore {
                     server_time_ms: now_ms,
                     expires_in_ms: ttl_ms,
                 };
-                return (Reply::Acquire(AcquireOutcome::Acquired(grant)), true);
+                return Ok((Reply::Acquire(AcquireOutcome::Acquired(grant)), true));
             }
-            let token = (t.fence + 1).max(req.min_token.saturating_add(1)).max(now);
+            if t.fence_request.as_deref() == Some(rid) {
+                return Err(StoreError::InvalidRequest(format!(
+                    "request id already acquired token {fence} on this target and its cached \
+                     reply expired; a replay never takes a second tenure: use a new request id"
+                )));
+            }
+            let token = next_token(fence, req.min_token, now)?;
             t.fence = token;
+            t.fence_request = Some(rid.to_owned());
             t.lease = Some(Lease {
                 lease_id: req.lease_id.clone(),
                 owner: req.owner.clone(),
@@ -249,8 +348,8 @@ impl LeaseStore for MemoryStore {
                 server_time_ms: now_ms,
                 expires_in_ms: ttl_ms,
             };
-            (Reply::Acquire(AcquireOutcome::Acquired(grant)), true)
-        });
+            Ok((Reply::Acquire(AcquireOutcome::Acquired(grant)), true))
+        })?;
         match reply {
             Reply::Acquire(outcome) => Ok(outcome),
             _ => Err(unexpected("acquire")),
@@ -260,19 +359,19 @@ impl LeaseStore for MemoryStore {
     async fn renew(&self, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
         let ttl_ms = ttl_millis(req.ttl)?;
         let handle = &req.lease;
-        let reply = self.idempotent(&handle.target, req.request_id.as_str(), |t, now| {
+        check_token("token", handle.token, true)?;
+        let token = handle.token.to_string();
+        let bound = binding(&["renew", handle.lease_id.expose(), &handle.owner, &token]);
+        let reply = self.idempotent(&handle.target, &req.request_id, bound, |t, now| {
+            let lost = |reason| Ok((Reply::Renew(RenewOutcome::Lost { reason }), false));
             if t.lease.is_none() {
-                let lost = RenewOutcome::Lost {
-                    reason: LossReason::Expired,
-                };
-                return (Reply::Renew(lost), false);
+                return lost(LossReason::Expired);
             }
-            if t.holds(handle).is_none() {
-                let lost = RenewOutcome::Lost {
-                    reason: LossReason::NotHolder,
-                };
-                return (Reply::Renew(lost), false);
+            // A token below the fence (a restored record) is not the holder's any more.
+            if t.holds(handle).is_none() || handle.token < t.fence {
+                return lost(LossReason::NotHolder);
             }
+            t.fence = handle.token;
             if let Some(lease) = t.lease.as_mut() {
                 lease.expires_at_us = now + ttl_ms * 1000;
             }
@@ -280,8 +379,8 @@ impl LeaseStore for MemoryStore {
                 server_time_ms: micros_to_millis(now),
                 expires_in_ms: ttl_ms,
             };
-            (Reply::Renew(renewed), true)
-        });
+            Ok((Reply::Renew(renewed), true))
+        })?;
         match reply {
             Reply::Renew(outcome) => Ok(outcome),
             _ => Err(unexpected("renew")),
@@ -290,13 +389,16 @@ impl LeaseStore for MemoryStore {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
         let handle = &req.lease;
-        let reply = self.idempotent(&handle.target, req.request_id.as_str(), |t, _| {
+        check_token("token", handle.token, true)?;
+        let token = handle.token.to_string();
+        let bound = binding(&["release", handle.lease_id.expose(), &handle.owner, &token]);
+        let reply = self.idempotent(&handle.target, &req.request_id, bound, |t, _| {
             if t.holds(handle).is_none() {
-                return (Reply::Release(ReleaseOutcome::NotHolder), false);
+                return Ok((Reply::Release(ReleaseOutcome::NotHolder), false));
             }
             t.lease = None;
-            (Reply::Release(ReleaseOutcome::Released), true)
-        });
+            Ok((Reply::Release(ReleaseOutcome::Released), true))
+        })?;
         match reply {
             Reply::Release(outcome) => Ok(outcome),
             _ => Err(unexpected("release")),
@@ -305,27 +407,44 @@ impl LeaseStore for MemoryStore {
 
     async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome, StoreError> {
         check_guarded_key(&req.key)?;
-        if req.token == 0 {
-            return Err(StoreError::InvalidRequest(
-                "token must be a positive integer".into(),
-            ));
-        }
-        let reply = self.idempotent(&req.target, req.request_id.as_str(), |t, _| {
+        check_token("token", req.token, true)?;
+        check_token("sequence", req.sequence, false)?;
+        let (token, sequence) = (req.token.to_string(), req.sequence.to_string());
+        let digest = sha1_smol::Sha1::from(req.value.as_bytes())
+            .digest()
+            .to_string();
+        let bound = binding(&["commit", &token, &req.key, &sequence, &digest]);
+        let reply = self.idempotent(&req.target, &req.request_id, bound, |t, _| {
+            let committed = || {
+                let committed = CommitOutcome::Committed { token: req.token };
+                Ok((Reply::Commit(committed), true))
+            };
+            let stale = |newest| Ok((Reply::Commit(CommitOutcome::Stale { newest }), false));
             if req.token < t.fence {
-                let stale = CommitOutcome::Stale { newest: t.fence };
-                return (Reply::Commit(stale), false);
+                return stale(t.fence);
             }
-            if let Some((last, _)) = t.guarded.get(&req.key)
-                && req.token < *last
-            {
-                let stale = CommitOutcome::Stale { newest: *last };
-                return (Reply::Commit(stale), false);
+            if req.token > t.fence {
+                return Err(never_issued(req.token, t.fence));
             }
-            t.guarded
-                .insert(req.key.clone(), (req.token, req.value.clone()));
-            let committed = CommitOutcome::Committed { token: req.token };
-            (Reply::Commit(committed), true)
-        });
+            if let Some(last) = t.guarded.get(&req.key) {
+                let ours = (req.token, req.sequence);
+                let theirs = (last.token, last.sequence);
+                if ours < theirs || (ours == theirs && last.value != req.value) {
+                    return stale(last.token);
+                }
+                if ours == theirs {
+                    // This very write is already there: answer as the first call did.
+                    return committed();
+                }
+            }
+            let record = GuardedRecord {
+                token: req.token,
+                sequence: req.sequence,
+                value: req.value.clone(),
+            };
+            t.guarded.insert(req.key.clone(), record);
+            committed()
+        })?;
         match reply {
             Reply::Commit(outcome) => Ok(outcome),
             _ => Err(unexpected("commit")),
@@ -340,26 +459,20 @@ impl LeaseStore for MemoryStore {
         check_guarded_key(key)?;
         let state = self.lock();
         let found = state.targets.get(target).and_then(|t| t.guarded.get(key));
-        Ok(found.map(|(token, value)| GuardedValue {
-            token: *token,
-            value: value.clone(),
+        Ok(found.map(|record| GuardedValue {
+            token: record.token,
+            value: record.value.clone(),
         }))
     }
 
     async fn check(&self, target: &TargetRef, token: u64) -> Result<CheckOutcome, StoreError> {
-        if token == 0 {
-            return Err(StoreError::InvalidRequest(
-                "token must be a positive integer".into(),
-            ));
-        }
+        check_token("token", token, true)?;
         let fence = self.lock().targets.get(target).map_or(0, |t| t.fence);
-        Ok(if token < fence {
-            CheckOutcome::Stale { newest: fence }
-        } else {
-            CheckOutcome::Current {
-                newest: fence.max(token),
-            }
-        })
+        match token.cmp(&fence) {
+            std::cmp::Ordering::Less => Ok(CheckOutcome::Stale { newest: fence }),
+            std::cmp::Ordering::Equal => Ok(CheckOutcome::Current { newest: fence }),
+            std::cmp::Ordering::Greater => Err(never_issued(token, fence)),
+        }
     }
 
     async fn inspect(&self, target: &TargetRef) -> Result<Inspection, StoreError> {
@@ -384,6 +497,13 @@ impl LeaseStore for MemoryStore {
                 lease_id: l.lease_id.clone(),
             }),
         })
+    }
+
+    /// Nothing in this process can be unreadable: every record is intact.
+    async fn repair(&self, target: &TargetRef, floor: u64) -> Result<RepairOutcome, StoreError> {
+        check_token("floor", floor, false)?;
+        let fence = self.lock().targets.get(target).map_or(0, |t| t.fence);
+        Ok(RepairOutcome::Intact { fence })
     }
 
     async fn health(&self) -> Result<(), StoreError> {

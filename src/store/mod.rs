@@ -15,14 +15,18 @@ use async_trait::async_trait;
 pub use error::{ErrorKind, StoreError};
 pub use types::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, Grant,
-    GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseView, LossReason, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, RequestId, TargetRef,
+    GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseView, LossReason, MAX_TOKEN,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId,
+    TargetRef, check_token,
 };
 
 /// A backend that keeps leases and fencing tokens.
 ///
 /// Every mutating call is atomic on the backend and idempotent by its request id: a retried call
-/// with the same [`RequestId`] returns the first call's outcome and acts once.
+/// with the same [`RequestId`] returns the first call's outcome and acts once. A request id is
+/// bound to the call that first used it (operation, lease id, owner, token, guarded key,
+/// sequence and value): the same id with other arguments is refused with
+/// [`StoreError::InvalidRequest`], never answered with another caller's reply.
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
     /// Claims the target when it is free or its lease has expired. The same lease id and owner
@@ -51,6 +55,12 @@ pub trait LeaseStore: Send + Sync {
 
     /// Read-only view of a target, for operators.
     async fn inspect(&self, target: &TargetRef) -> Result<Inspection, StoreError>;
+
+    /// Replaces the records of a target that fail closed (an unreadable lease record is
+    /// deleted, an unreadable fence is set to the largest of `floor`, the readable lease token
+    /// and the backend's clock in microseconds); readable records are left alone. For
+    /// operators, after a restore or a tool wrote what this version cannot read.
+    async fn repair(&self, target: &TargetRef, floor: u64) -> Result<RepairOutcome, StoreError>;
 
     /// Reachability check used by readiness probes.
     async fn health(&self) -> Result<(), StoreError>;

@@ -8,6 +8,23 @@ use super::StoreError;
 /// Longest accepted target name; the CRD enforces the same bound.
 pub const MAX_TARGET_LEN: usize = 200;
 
+/// The largest fencing token, 2^53-1: the largest integer that every link of the chain holds
+/// exactly (a Lua number in the scripts, a JSON number in a TargetLease status and in most
+/// clients that read it). Tokens, floors and stored fences above it are refused.
+pub const MAX_TOKEN: u64 = (1 << 53) - 1;
+
+/// Checks a token (or a floor) given by a caller: at most [`MAX_TOKEN`], and non-zero where
+/// `positive` is set.
+pub fn check_token(what: &str, value: u64, positive: bool) -> Result<(), StoreError> {
+    if value > MAX_TOKEN || (positive && value == 0) {
+        let low = if positive { 1 } else { 0 };
+        return Err(StoreError::InvalidRequest(format!(
+            "{what} {value} is out of range: tokens are integers from {low} to 2^53-1 ({MAX_TOKEN})"
+        )));
+    }
+    Ok(())
+}
+
 /// What is leased: leases on the same (namespace, target) exclude each other.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TargetRef {
@@ -195,8 +212,30 @@ pub struct CommitRequest {
     pub key: String,
     /// The value to store.
     pub value: String,
+    /// The writer's number for this write within its tenure: (token, sequence) must be above
+    /// the last accepted write's, so a late replay of an earlier write is refused as stale. The
+    /// same (token, sequence) with the same value is answered `committed` without writing.
+    pub sequence: u64,
     /// Makes retries of this call act once.
     pub request_id: RequestId,
+}
+
+/// The outcome of [`crate::store::LeaseStore::repair`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum RepairOutcome {
+    /// Every record of the target was readable: nothing was changed.
+    Intact {
+        /// The fence as it is.
+        fence: u64,
+    },
+    /// Unreadable records were replaced.
+    Repaired {
+        /// The fence now: the next token is larger.
+        fence: u64,
+        /// What was done.
+        what: String,
+    },
 }
 
 /// A granted lease as the backend reported it. All times are the backend's clock.

@@ -122,8 +122,24 @@ impl Harness {
         }
     }
 
+    /// A store whose cached replies expire soon, and how long to let pass until they have:
+    /// the in-memory store itself (its manual clock jumps past its 60 s reply TTL), or a second
+    /// store on the server with a 1 s reply TTL (and a call timeout that the 4x rule allows).
+    pub async fn short_replies(&self) -> (Arc<dyn LeaseStore>, Duration) {
+        match &self.env {
+            None => (self.store.clone(), Duration::from_secs(61)),
+            Some(env) => {
+                let mut config = env.config.clone();
+                config.reply_ttl = Duration::from_secs(1);
+                config.call_timeout = Duration::from_millis(250);
+                let store = ValkeyStore::connect(config).await.expect("connect");
+                (Arc::new(store), Duration::from_millis(1_200))
+            }
+        }
+    }
+
     /// Lets time pass: the manual clock moves, a real server is waited for.
-    async fn pass(&self, d: Duration) {
+    pub async fn pass(&self, d: Duration) {
         match &self.memory {
             Some((_, clock)) => clock.advance(d),
             None => tokio::time::sleep(d).await,
@@ -131,7 +147,7 @@ impl Harness {
     }
 
     /// Loses all data, as FLUSHALL or a restart without persistence does.
-    async fn wipe(&self) {
+    pub async fn wipe(&self) {
         match (&self.memory, &self.env) {
             (Some((store, _)), _) => store.forget_everything(),
             (_, Some(env)) => env.admin.flushall().await,
@@ -139,11 +155,13 @@ impl Harness {
         }
     }
 
-    fn env(&self) -> &ServerEnv {
+    /// The server under test (server backends only).
+    pub fn env(&self) -> &ServerEnv {
         self.env.as_ref().expect("server backend")
     }
 
-    fn admin(&self) -> &Admin {
+    /// The administrator's connection (server backends only).
+    pub fn admin(&self) -> &Admin {
         &self.env().admin
     }
 
@@ -151,7 +169,8 @@ impl Harness {
         self.env().raw.as_ref().expect("raw access")
     }
 
-    fn keys(&self, t: &TargetRef) -> TargetKeys {
+    /// The keys of a target under the store's prefix.
+    pub fn keys(&self, t: &TargetRef) -> TargetKeys {
         let prefix = self
             .env
             .as_ref()
@@ -204,13 +223,16 @@ pub fn release_req(h: LeaseHandle) -> ReleaseRequest {
     }
 }
 
-/// A commit to the guarded record `data` with a fresh request id.
+/// A commit to the guarded record `data` with a fresh request id and a sequence number larger
+/// than every earlier one of this process (so each new call is a later write).
 pub fn commit_req(t: &TargetRef, token: u64, value: &str) -> CommitRequest {
+    static SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     CommitRequest {
         target: t.clone(),
         token,
         key: "data".into(),
         value: value.into(),
+        sequence: SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
         request_id: RequestId::random(),
     }
 }
@@ -511,15 +533,17 @@ async fn send_without_reading(h: &Harness, env: &ServerEnv, req: &AcquireRequest
     let command = [
         "EVAL",
         SCRIPTS.acquire.source,
-        "3",
+        "4",
         &keys.lease(),
         &keys.fence(),
         &keys.reply(&req.request_id),
+        &keys.grant(),
         req.lease_id.expose(),
         &req.owner,
         &ttl,
         &min,
         "60000",
+        req.request_id.as_str(),
     ];
     let Some(raw) = &env.raw else {
         let _ = env.admin.try_cmd(&command).await;
@@ -855,8 +879,9 @@ async fn client_sends_only_scripts(h: Harness) {
             .and_then(|rest| rest.split('"').next());
         commands.push(name.unwrap_or("?").to_ascii_uppercase());
     }
+    // INFO is the connection's maxmemory-policy check.
     let allowed = [
-        "EVALSHA", "EVAL", "HELLO", "AUTH", "CLIENT", "PING", "SELECT",
+        "EVALSHA", "EVAL", "HELLO", "AUTH", "CLIENT", "PING", "SELECT", "INFO",
     ];
     let others: Vec<&String> = commands
         .iter()
@@ -942,11 +967,12 @@ async fn logs_hide_password_and_lease_id(h: Harness) {
     );
 }
 
-type TestFn = fn(Harness) -> Pin<Box<dyn Future<Output = ()>>>;
+/// One test body.
+pub type TestFn = fn(Harness) -> Pin<Box<dyn Future<Output = ()>>>;
 
 /// What a test needs from a backend.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Needs {
+pub enum Needs {
     /// Only the store: every backend.
     Store,
     /// An administrator connection: servers and clusters.
@@ -955,9 +981,12 @@ enum Needs {
     Raw,
 }
 
+/// A list of `(name, needs, body)` from `Needs name, ...`.
+#[macro_export]
 macro_rules! cases {
     ($($needs:ident $name:ident),* $(,)?) => {
-        [$((stringify!($name), Needs::$needs, (|h| Box::pin($name(h))) as TestFn)),*]
+        [$((stringify!($name), $crate::support::contract_cases::Needs::$needs,
+            (|h| Box::pin($name(h))) as $crate::support::contract_cases::TestFn)),*]
     };
 }
 
@@ -998,9 +1027,14 @@ pub struct Variant {
 
 /// The contract's trials for each variant: `<variant>::<test>`.
 pub fn trials(variants: &[Variant]) -> Vec<Trial> {
+    trials_of(variants, &CASES)
+}
+
+/// The trials of `cases` for each variant that offers what they need: `<variant>::<test>`.
+pub fn trials_of(variants: &[Variant], cases: &[(&'static str, Needs, TestFn)]) -> Vec<Trial> {
     let mut trials = Vec::new();
     for variant in variants {
-        for (name, needs, test) in CASES {
+        for &(name, needs, test) in cases {
             let offered = match needs {
                 Needs::Store => true,
                 Needs::Admin => variant.admin,

@@ -198,6 +198,13 @@ impl Server {
             .unwrap_or_else(|e| panic!("{}: {args:?} failed: {e}", self.kind.name()))
     }
 
+    /// Sends one command on a new connection after `auth` (an `AUTH user password` command),
+    /// and returns the raw reply.
+    pub fn raw_as(&self, auth: &[&str], args: &[&str]) -> String {
+        raw_command_after(self.port, Some(auth), args)
+            .unwrap_or_else(|e| panic!("{}: {args:?} failed: {e}", self.kind.name()))
+    }
+
     /// Kills the server with SIGKILL (data not persisted since the last fsync is lost).
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -317,14 +324,24 @@ pub fn resp(args: &[&str]) -> Vec<u8> {
 
 /// One command on a fresh blocking connection; returns the raw reply text (first read).
 pub fn raw_command(port: u16, password: Option<&str>, args: &[&str]) -> Result<String, String> {
+    match password {
+        Some(pw) => raw_command_after(port, Some(&["AUTH", pw]), args),
+        None => raw_command_after(port, None, args),
+    }
+}
+
+/// [`raw_command`] after an `AUTH ...` command of the caller's choosing.
+pub fn raw_command_after(
+    port: u16,
+    auth: Option<&[&str]>,
+    args: &[&str],
+) -> Result<String, String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;
-    if let Some(pw) = password {
-        stream
-            .write_all(&resp(&["AUTH", pw]))
-            .map_err(|e| e.to_string())?;
+    if let Some(auth) = auth {
+        stream.write_all(&resp(auth)).map_err(|e| e.to_string())?;
         let mut buf = [0u8; 256];
         let n = stream.read(&mut buf).map_err(|e| e.to_string())?;
         if !buf[..n].starts_with(b"+OK") {

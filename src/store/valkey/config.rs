@@ -230,9 +230,24 @@ pub struct ValkeyConfig {
     pub reconnect_max_delay: Duration,
     /// What an acquire waits for before it returns.
     pub durability: Durability,
-    /// How long a reply stays cached for retries with the same request id.
+    /// How long a reply stays cached for retries with the same request id. At least
+    /// [`REPLY_TTL_PER_CALL_TIMEOUT`] call timeouts, so every retry a caller makes within its
+    /// own deadlines finds the first reply.
     pub reply_ttl: Duration,
+    /// Accept a server whose `maxmemory-policy` may evict keys (anything but `noeviction`),
+    /// with a warning at every connect. Off by default: an evicted lease or fence is a lost
+    /// lease or a token that can go back.
+    pub allow_eviction: bool,
+    /// This installation's identity. When set, every connection claims the key prefix for it
+    /// (the `<prefix>:installation` marker) and is refused when another installation holds the
+    /// prefix: two controllers without a shared leader never share leases by accident.
+    pub installation: Option<String>,
 }
+
+/// The reply TTL must cover this many call timeouts: a caller's retries with one request id
+/// (each bounded by the call timeout, with backoff between them) must all land while the first
+/// reply is cached, or a late retry would act again.
+pub const REPLY_TTL_PER_CALL_TIMEOUT: u32 = 4;
 
 impl ValkeyConfig {
     /// Defaults for everything but the endpoint: prefix `tl`, 4 connections, 2 s to connect,
@@ -261,6 +276,8 @@ impl ValkeyConfig {
             reconnect_max_delay: Duration::from_secs(2),
             durability: Durability::NONE,
             reply_ttl: DEFAULT_REPLY_TTL,
+            allow_eviction: false,
+            installation: None,
         }
     }
 
@@ -292,6 +309,26 @@ impl ValkeyConfig {
         if self.reconnect_min_delay.is_zero() || self.reconnect_min_delay > self.reconnect_max_delay
         {
             return invalid("reconnect delays must satisfy 0 < min <= max");
+        }
+        if self.reply_ttl < self.call_timeout * REPLY_TTL_PER_CALL_TIMEOUT {
+            return Err(StoreError::InvalidConfig(format!(
+                "the reply TTL ({} ms) must be at least {REPLY_TTL_PER_CALL_TIMEOUT} call \
+                 timeouts ({} ms): a retry that lands after its cached reply expired acts again",
+                self.reply_ttl.as_millis(),
+                (self.call_timeout * REPLY_TTL_PER_CALL_TIMEOUT).as_millis()
+            )));
+        }
+        if let Some(id) = &self.installation {
+            let ok = !id.is_empty()
+                && id.len() <= 253
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
+            if !ok {
+                return invalid(
+                    "the installation id must be 1 to 253 characters of A-Z, a-z, 0-9 and . _ : / -",
+                );
+            }
         }
         let tls = self.effective_tls();
         if let (

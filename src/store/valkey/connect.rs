@@ -166,6 +166,10 @@ impl Connector {
         let checked = async {
             let mut conn = attempt.await?;
             self.check_durability(&mut conn, limit).await?;
+            self.check_eviction(&mut conn, limit).await?;
+            if let Some(id) = &self.config.installation {
+                self.claim_installation(&mut conn, id, limit).await?;
+            }
             Ok(conn)
         };
         match tokio::time::timeout(limit, checked).await {
@@ -207,6 +211,82 @@ impl Connector {
             )))
         } else {
             Err(classify(&self.endpoint, &e, limit, true))
+        }
+    }
+
+    /// Refuses a server that may evict keys: under any `maxmemory-policy` but `noeviction`
+    /// (`volatile-lru` and `allkeys-lru` are the defaults of several hosted offerings) Valkey
+    /// silently drops live leases and fences when memory runs short. With
+    /// [`ValkeyConfig::allow_eviction`] the connection is accepted with a warning. Read from
+    /// `INFO memory` (on a cluster: every node that answers), which an ACL user may run where
+    /// `CONFIG GET` is often withheld.
+    async fn check_eviction(&self, conn: &mut Conn, limit: Duration) -> Result<(), StoreError> {
+        let info = redis::cmd("INFO")
+            .arg("memory")
+            .query_async::<Value>(conn)
+            .await
+            .map_err(|e| classify(&self.endpoint, &e, limit, true))?;
+        let mut texts = Vec::new();
+        collect_text(&info, &mut texts);
+        let policies: Vec<&str> = texts
+            .iter()
+            .flat_map(|t| t.lines())
+            .filter_map(|line| line.trim().strip_prefix("maxmemory_policy:"))
+            .collect();
+        if policies.is_empty() {
+            return Err(StoreError::InvalidConfig(format!(
+                "the server at {} did not report its maxmemory-policy in INFO memory; \
+                 targetlease needs to know that leases are never evicted",
+                self.endpoint
+            )));
+        }
+        let Some(policy) = policies.into_iter().find(|p| *p != "noeviction") else {
+            return Ok(());
+        };
+        if self.config.allow_eviction {
+            warn!(
+                endpoint = %self.endpoint,
+                policy,
+                "the server may EVICT keys (maxmemory-policy is not noeviction): a lease or a \
+                 fence dropped under memory pressure is a lost lease or a token that goes back; \
+                 accepted because eviction is explicitly allowed"
+            );
+            return Ok(());
+        }
+        Err(StoreError::InvalidConfig(format!(
+            "the server at {} runs with maxmemory-policy {policy}, which may evict live leases \
+             and fences under memory pressure (a lost lease, a token that goes back); set \
+             maxmemory-policy noeviction, or accept the risk with --valkey-allow-eviction",
+            self.endpoint
+        )))
+    }
+
+    /// Claims the key prefix for this installation (`SET <prefix>:installation <id> NX GET`,
+    /// one atomic command) and refuses a prefix that another installation holds.
+    async fn claim_installation(
+        &self,
+        conn: &mut Conn,
+        id: &str,
+        limit: Duration,
+    ) -> Result<(), StoreError> {
+        let key = format!("{}:installation", self.config.key_prefix);
+        let previous: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(id)
+            .arg("NX")
+            .arg("GET")
+            .query_async(conn)
+            .await
+            .map_err(|e| classify(&self.endpoint, &e, limit, true))?;
+        match previous {
+            Some(other) if other != id => Err(StoreError::InvalidConfig(format!(
+                "the key prefix {:?} on {} belongs to another installation ({other}); two \
+                 installations on one prefix would share leases without a shared leader: give \
+                 this one its own --valkey-key-prefix (or delete {key} if that installation is \
+                 gone)",
+                self.config.key_prefix, self.endpoint
+            ))),
+            _ => Ok(()),
         }
     }
 
@@ -278,6 +358,19 @@ impl Connector {
             redis = redis.set_password(password.expose());
         }
         Ok(info.set_redis_settings(redis))
+    }
+}
+
+/// Every text in a reply, however nested (a cluster answers INFO per node).
+fn collect_text(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::BulkString(bytes) => out.push(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(s) | Value::VerbatimString { text: s, .. } => out.push(s.clone()),
+        Value::Array(items) | Value::Set(items) => {
+            items.iter().for_each(|item| collect_text(item, out));
+        }
+        Value::Map(pairs) => pairs.iter().for_each(|(_, v)| collect_text(v, out)),
+        _ => {}
     }
 }
 

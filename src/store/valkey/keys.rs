@@ -28,9 +28,22 @@ impl TargetKeys {
         format!("{}:fence", self.base)
     }
 
+    /// The request id of the acquire that issued the newest token: never expires, so a replay of
+    /// that acquire after its cached reply expired is refused instead of taking a second tenure.
+    pub fn grant(&self) -> String {
+        format!("{}:grant", self.base)
+    }
+
     /// The cached reply of one request id.
     pub fn reply(&self, request_id: &RequestId) -> String {
         format!("{}:req:{}", self.base, request_id.as_str())
+    }
+
+    /// The cached reply of one commit. Apart from the lease and reply keys of the controller,
+    /// so that the workload ACL rule (docs/operations.md) can grant `tl:{*}:commit-req:*`
+    /// without any right on the controller's keys.
+    pub fn commit_reply(&self, request_id: &RequestId) -> String {
+        format!("{}:commit-req:{}", self.base, request_id.as_str())
     }
 
     /// A guarded record written by fenced commits.
@@ -65,7 +78,14 @@ mod tests {
         let t = TargetRef::new("shop", "orders-db/migration").unwrap();
         let k = TargetKeys::new("tl", &t);
         let rid = RequestId::new("r1").unwrap();
-        for key in [k.lease(), k.fence(), k.reply(&rid), k.guarded("x")] {
+        for key in [
+            k.lease(),
+            k.fence(),
+            k.reply(&rid),
+            k.commit_reply(&rid),
+            k.grant(),
+            k.guarded("x"),
+        ] {
             assert!(key.starts_with("tl:{shop/orders-db/migration}:"), "{key}");
             assert_eq!(key.matches('{').count(), 1);
         }

@@ -34,7 +34,7 @@ use super::types::{check_guarded_key, check_owner, ttl_millis};
 use super::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, ErrorKind,
     GuardedValue, Inspection, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome,
-    RenewRequest, StoreError, TargetRef,
+    RenewRequest, RepairOutcome, StoreError, TargetRef, check_token,
 };
 
 /// The Valkey lease store. Cheap to clone; clones share the pool.
@@ -321,16 +321,23 @@ impl LeaseStore for ValkeyStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
         let ttl_ms = ttl_millis(req.ttl)?.to_string();
         check_owner(&req.owner)?;
+        check_token("min_token", req.min_token, false)?;
         let keys = self.keys(&req.target);
         let call = ScriptCall::new(
             &SCRIPTS.acquire,
-            vec![keys.lease(), keys.fence(), keys.reply(&req.request_id)],
+            vec![
+                keys.lease(),
+                keys.fence(),
+                keys.reply(&req.request_id),
+                keys.grant(),
+            ],
             &[
                 req.lease_id.expose(),
                 &req.owner,
                 &ttl_ms,
                 &req.min_token.to_string(),
                 &self.inner.reply_ttl_ms,
+                req.request_id.as_str(),
             ],
         );
         let result = if self.config().durability.is_none() {
@@ -346,11 +353,12 @@ impl LeaseStore for ValkeyStore {
     async fn renew(&self, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
         let ttl_ms = ttl_millis(req.ttl)?.to_string();
         let lease = &req.lease;
+        check_token("token", lease.token, true)?;
         let keys = self.keys(&lease.target);
         let result = self
             .run(ScriptCall::new(
                 &SCRIPTS.renew,
-                vec![keys.lease(), keys.reply(&req.request_id)],
+                vec![keys.lease(), keys.fence(), keys.reply(&req.request_id)],
                 &[
                     lease.lease_id.expose(),
                     &lease.owner,
@@ -367,6 +375,7 @@ impl LeaseStore for ValkeyStore {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
         let lease = &req.lease;
+        check_token("token", lease.token, true)?;
         let keys = self.keys(&lease.target);
         let result = self
             .run(ScriptCall::new(
@@ -387,6 +396,8 @@ impl LeaseStore for ValkeyStore {
 
     async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome, StoreError> {
         check_guarded_key(&req.key)?;
+        check_token("token", req.token, true)?;
+        check_token("sequence", req.sequence, false)?;
         let keys = self.keys(&req.target);
         let result = self
             .run(ScriptCall::new(
@@ -394,9 +405,15 @@ impl LeaseStore for ValkeyStore {
                 vec![
                     keys.fence(),
                     keys.guarded(&req.key),
-                    keys.reply(&req.request_id),
+                    keys.commit_reply(&req.request_id),
                 ],
-                &[&req.token.to_string(), &req.value, &self.inner.reply_ttl_ms],
+                &[
+                    &req.token.to_string(),
+                    &req.value,
+                    &self.inner.reply_ttl_ms,
+                    &req.sequence.to_string(),
+                    &req.key,
+                ],
             ))
             .await
             .and_then(|r| reply::commit(&r));
@@ -419,6 +436,7 @@ impl LeaseStore for ValkeyStore {
     }
 
     async fn check(&self, target: &TargetRef, token: u64) -> Result<CheckOutcome, StoreError> {
+        check_token("token", token, true)?;
         let keys = self.keys(target);
         let result = self
             .run(ScriptCall::new(
@@ -442,6 +460,21 @@ impl LeaseStore for ValkeyStore {
             .await
             .and_then(|r| reply::inspect(&r));
         logged("inspect", target, result)
+    }
+
+    async fn repair(&self, target: &TargetRef, floor: u64) -> Result<RepairOutcome, StoreError> {
+        check_token("floor", floor, false)?;
+        let keys = self.keys(target);
+        let result = self
+            .run(ScriptCall::new(
+                &SCRIPTS.repair,
+                vec![keys.lease(), keys.fence()],
+                &[&floor.to_string()],
+            ))
+            .await
+            .and_then(|r| reply::repair(&r));
+        warn!(%target, ?result, "repair");
+        logged("repair", target, result)
     }
 
     /// `PING` under the call deadline (on a cluster: every primary), through the pool, so a

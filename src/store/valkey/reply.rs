@@ -3,7 +3,7 @@
 
 use crate::store::{
     AcquireOutcome, CheckOutcome, CommitOutcome, Grant, GuardedValue, Inspection, LeaseId,
-    LeaseView, LossReason, ReleaseOutcome, RenewOutcome, StoreError,
+    LeaseView, LossReason, MAX_TOKEN, ReleaseOutcome, RenewOutcome, RepairOutcome, StoreError,
 };
 
 fn bad(what: &str, reply: &[String]) -> StoreError {
@@ -15,12 +15,24 @@ fn number(field: &str, s: &str) -> Result<u64, StoreError> {
         .map_err(|_| StoreError::UnexpectedReply(format!("{field} is not a number")))
 }
 
+/// A token in a reply: a number no larger than [`MAX_TOKEN`]. The scripts never answer more, so
+/// a larger one means the reply is not what this version's scripts send.
+fn token(field: &str, s: &str) -> Result<u64, StoreError> {
+    let n = number(field, s)?;
+    if n > MAX_TOKEN {
+        return Err(StoreError::UnexpectedReply(format!(
+            "{field} is above the largest token 2^53-1"
+        )));
+    }
+    Ok(n)
+}
+
 /// Decodes the reply of `acquire.lua`.
 pub fn acquire(reply: &[String]) -> Result<AcquireOutcome, StoreError> {
     match reply {
-        [kind, token, pttl, now, acquired] if kind == "acquired" => {
+        [kind, granted, pttl, now, acquired] if kind == "acquired" => {
             Ok(AcquireOutcome::Acquired(Grant {
-                token: number("token", token)?,
+                token: token("token", granted)?,
                 expires_in_ms: number("pttl", pttl)?,
                 server_time_ms: number("server time", now)?,
                 acquired_at_ms: number("acquired_ms", acquired)?,
@@ -65,11 +77,11 @@ pub fn release(reply: &[String]) -> Result<ReleaseOutcome, StoreError> {
 /// Decodes the reply of `commit.lua`.
 pub fn commit(reply: &[String]) -> Result<CommitOutcome, StoreError> {
     match reply {
-        [kind, token] if kind == "committed" => Ok(CommitOutcome::Committed {
-            token: number("token", token)?,
+        [kind, committed] if kind == "committed" => Ok(CommitOutcome::Committed {
+            token: token("token", committed)?,
         }),
         [kind, newest] if kind == "stale" => Ok(CommitOutcome::Stale {
-            newest: number("newest token", newest)?,
+            newest: token("newest token", newest)?,
         }),
         _ => Err(bad("commit reply", reply)),
     }
@@ -79,8 +91,8 @@ pub fn commit(reply: &[String]) -> Result<CommitOutcome, StoreError> {
 pub fn read(reply: &[String]) -> Result<Option<GuardedValue>, StoreError> {
     match reply {
         [kind] if kind == "absent" => Ok(None),
-        [kind, token, value] if kind == "present" => Ok(Some(GuardedValue {
-            token: number("token", token)?,
+        [kind, written, value] if kind == "present" => Ok(Some(GuardedValue {
+            token: token("token", written)?,
             value: value.clone(),
         })),
         _ => Err(bad("read reply", reply)),
@@ -91,10 +103,10 @@ pub fn read(reply: &[String]) -> Result<Option<GuardedValue>, StoreError> {
 pub fn check(reply: &[String]) -> Result<CheckOutcome, StoreError> {
     match reply {
         [kind, newest] if kind == "current" => Ok(CheckOutcome::Current {
-            newest: number("newest token", newest)?,
+            newest: token("newest token", newest)?,
         }),
         [kind, newest] if kind == "stale" => Ok(CheckOutcome::Stale {
-            newest: number("newest token", newest)?,
+            newest: token("newest token", newest)?,
         }),
         _ => Err(bad("check reply", reply)),
     }
@@ -104,17 +116,17 @@ pub fn check(reply: &[String]) -> Result<CheckOutcome, StoreError> {
 pub fn inspect(reply: &[String]) -> Result<Inspection, StoreError> {
     match reply {
         [kind, fence, now] if kind == "free" => Ok(Inspection {
-            fence: number("fence", fence)?,
+            fence: token("fence", fence)?,
             server_time_ms: number("server time", now)?,
             lease: None,
         }),
-        [kind, fence, now, owner, token, acquired, pttl, lease_id] if kind == "held" => {
+        [kind, fence, now, owner, held, acquired, pttl, lease_id] if kind == "held" => {
             Ok(Inspection {
-                fence: number("fence", fence)?,
+                fence: token("fence", fence)?,
                 server_time_ms: number("server time", now)?,
                 lease: Some(LeaseView {
                     owner: owner.clone(),
-                    token: number("token", token)?,
+                    token: token("token", held)?,
                     acquired_at_ms: number("acquired_ms", acquired)?,
                     expires_in_ms: pttl.parse::<i64>().map_or(0, |v| v.max(0) as u64),
                     lease_id: LeaseId::new(lease_id.clone())?,
@@ -122,6 +134,20 @@ pub fn inspect(reply: &[String]) -> Result<Inspection, StoreError> {
             })
         }
         _ => Err(bad("inspect reply", reply)),
+    }
+}
+
+/// Decodes the reply of `repair.lua`.
+pub fn repair(reply: &[String]) -> Result<RepairOutcome, StoreError> {
+    match reply {
+        [kind, fence] if kind == "intact" => Ok(RepairOutcome::Intact {
+            fence: token("fence", fence)?,
+        }),
+        [kind, fence, what] if kind == "repaired" => Ok(RepairOutcome::Repaired {
+            fence: token("fence", fence)?,
+            what: what.clone(),
+        }),
+        _ => Err(bad("repair reply", reply)),
     }
 }
 
@@ -169,6 +195,8 @@ mod tests {
         assert!(renew(&s(&["lost", "why"])).is_err());
         assert!(release(&s(&["released", "extra"])).is_err());
         assert!(check(&s(&["current", "-3"])).is_err());
+        assert!(check(&s(&["current", "9007199254740992"])).is_err());
+        assert!(check(&s(&["current", "9007199254740991"])).is_ok());
         assert!(inspect(&s(&["held", "1", "2"])).is_err());
     }
 }

@@ -43,6 +43,8 @@ pub struct Scripts {
     pub read: LuaScript,
     /// `lua/inspect.lua`
     pub inspect: LuaScript,
+    /// `lua/repair.lua`
+    pub repair: LuaScript,
 }
 
 /// The scripts, hashed once per process.
@@ -54,4 +56,5 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     check: lua!("check.lua"),
     read: lua!("read.lua"),
     inspect: lua!("inspect.lua"),
+    repair: lua!("repair.lua"),
 });

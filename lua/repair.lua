@@ -1,0 +1,31 @@
+-- repair: the operator's way out of a record that fails closed. A lease record that cannot be
+-- read is deleted (nobody can renew it anyway); a fence that is not a token is replaced by the
+-- largest of the operator's floor, the readable lease token and the server clock in
+-- microseconds, so the next token is still above every token this store could have issued from
+-- its clock. Readable records are left alone.
+-- KEYS[1] lease hash   KEYS[2] fence
+-- ARGV[1] floor
+-- Reply: {'intact', fence} | {'repaired', fence, what}
+local floor = arg_int(ARGV[1])
+if not floor or floor >= MAX_TOKEN then return invalid('floor must be an integer from 0 to 2^53-2') end
+local repaired = {}
+local lease_token = 0
+local lease, lease_err = read_lease(KEYS[1])
+if lease_err then
+  if not string.find(lease_err.err, 'TLCORRUPT', 1, true) then return lease_err end
+  redis.call('DEL', KEYS[1])
+  table.insert(repaired, 'deleted the unreadable lease record')
+elseif lease then
+  lease_token = lease.token
+end
+local fence, fence_err = read_fence(KEYS[2])
+if not fence then
+  if not string.find(fence_err.err, 'TLCORRUPT', 1, true) then return fence_err end
+  local now_us = server_now()
+  fence = math.max(floor, lease_token, now_us)
+  redis.call('DEL', KEYS[2])
+  redis.call('SET', KEYS[2], int(fence))
+  table.insert(repaired, 'reset the fence')
+end
+if #repaired == 0 then return {'intact', int(fence)} end
+return {'repaired', int(fence), table.concat(repaired, '; ')}

@@ -1,0 +1,597 @@
+//! The lease store under attack: request ids reused by another caller, tokens at and past 2^53,
+//! floors and fences that a re-entrant acquire must respect, tokens that were never issued,
+//! replays that arrive after their cached reply expired, lease records without a TTL, lost
+//! fences, servers that evict keys, workloads with the controller's credentials and two
+//! installations on one prefix. One test per numbered item of the store-safety issue, each
+//! written to fail on the store as it was before and to pass now, run on every backend of the
+//! contract suite that offers what the test needs (memory, Valkey 9.1, Valkey 8.1, Redis 7.0).
+//! Prints a closing `adversarial: N passed, N failed` line.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use targetlease::redact::Secret;
+use targetlease::store::valkey::{PasswordSource, ValkeyStore};
+use targetlease::store::{
+    CheckOutcome, CommitOutcome, ErrorKind, LeaseStore, MAX_TOKEN, ReleaseOutcome, RenewOutcome,
+    RepairOutcome, RequestId, StoreError,
+};
+
+use support::contract_cases::{
+    Harness, TTL, Variant, acquire_req, acquired, commit_req, handle, release_req, renew_req,
+    target, trials_of, valkey_config,
+};
+use support::server::{Server, ServerKind};
+use support::suite;
+
+/// Asserts that `result` is an invalid-request refusal whose message contains `words`.
+fn refused<T: std::fmt::Debug>(result: Result<T, StoreError>, words: &str) -> StoreError {
+    match result {
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+            assert!(e.to_string().contains(words), "expected {words:?} in: {e}");
+            e
+        }
+        Ok(outcome) => panic!("expected a refusal ({words}), got {outcome:?}"),
+    }
+}
+
+// 1. A request id reused by another caller is refused, never answered with the first reply.
+async fn reused_request_id_is_refused(h: Harness) {
+    let t = target("reuse");
+    let job = RequestId::new("job-1").expect("request id");
+    let mut a = acquire_req(&t, "lease-a", "alice", TTL);
+    a.request_id = job.clone();
+    let granted = acquired(&*h.store, &a).await;
+    let mut b = acquire_req(&t, "lease-b", "bob", TTL);
+    b.request_id = job.clone();
+    refused(h.store.acquire(&b).await, "request id already used");
+    let seen = h.store.inspect(&t).await.expect("inspect");
+    assert_eq!(seen.lease.map(|l| l.owner), Some("alice".to_owned()));
+    // Alice's own retry still gets her grant.
+    assert_eq!(acquired(&*h.store, &a).await, granted);
+
+    // release: Bob's release with the id Alice's release used does not answer `released`.
+    let mut release = release_req(handle(&t, "lease-a", "alice", granted.token));
+    release.request_id = RequestId::new("job-1-release").expect("id");
+    assert_eq!(
+        h.store.release(&release).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let bob = acquired(&*h.store, &acquire_req(&t, "lease-b", "bob", TTL)).await;
+    let mut theirs = release_req(handle(&t, "lease-b", "bob", bob.token));
+    theirs.request_id = release.request_id.clone();
+    refused(h.store.release(&theirs).await, "request id already used");
+    let seen = h.store.inspect(&t).await.expect("inspect");
+    assert_eq!(seen.lease.map(|l| l.token), Some(bob.token), "Bob's lease");
+
+    // renew: the same id with another token.
+    let mut renew = renew_req(handle(&t, "lease-b", "bob", bob.token), TTL);
+    renew.request_id = RequestId::new("job-1-renew").expect("id");
+    assert!(matches!(
+        h.store.renew(&renew).await.expect("renew"),
+        RenewOutcome::Renewed { .. }
+    ));
+    let mut other = renew_req(handle(&t, "lease-a", "alice", granted.token), TTL);
+    other.request_id = renew.request_id.clone();
+    refused(h.store.renew(&other).await, "request id already used");
+
+    // commit: the id of a commit to `x` replayed for a commit to `y` writes nothing and says so.
+    let mut to_x = commit_req(&t, bob.token, "for x");
+    to_x.key = "x".into();
+    to_x.request_id = RequestId::new("job-1-commit").expect("id");
+    assert!(matches!(
+        h.store.commit(&to_x).await.expect("commit"),
+        CommitOutcome::Committed { .. }
+    ));
+    let mut to_y = commit_req(&t, bob.token, "for y");
+    to_y.key = "y".into();
+    to_y.request_id = to_x.request_id.clone();
+    refused(h.store.commit(&to_y).await, "request id already used");
+    assert_eq!(h.store.read_guarded(&t, "y").await.expect("read"), None);
+    // Another operation with the same id is refused too.
+    let mut as_acquire = acquire_req(&t, "lease-c", "carol", TTL);
+    as_acquire.request_id = renew.request_id.clone();
+    refused(
+        h.store.acquire(&as_acquire).await,
+        "request id already used",
+    );
+}
+
+// 2. Tokens are bounded to 2^53-1: a floor at or past it is refused, the token issued is always
+//    above the floor, and nothing unparseable is ever stored.
+async fn tokens_at_and_past_2_53(h: Harness) {
+    let t = target("huge");
+    for floor in [MAX_TOKEN, MAX_TOKEN + 2, u64::MAX] {
+        let mut req = acquire_req(&t, "lease-a", "alice", TTL);
+        req.min_token = floor;
+        let e = h
+            .store
+            .acquire(&req)
+            .await
+            .expect_err("a floor at 2^53-1 or past it");
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{floor}: {e}");
+        assert!(e.to_string().contains("2^53-1"), "{e}");
+    }
+    assert_eq!(
+        h.store.inspect(&t).await.expect("inspect").fence,
+        0,
+        "wrote"
+    );
+    // The last token there is: issued once, strictly above the floor.
+    let mut req = acquire_req(&t, "lease-a", "alice", TTL);
+    req.min_token = MAX_TOKEN - 1;
+    let last = acquired(&*h.store, &req).await;
+    assert_eq!(last.token, MAX_TOKEN);
+    h.store
+        .release(&release_req(handle(&t, "lease-a", "alice", last.token)))
+        .await
+        .expect("release");
+    // No larger token exists: the next acquire is refused (never given the same token again).
+    refused(
+        h.store
+            .acquire(&acquire_req(&t, "lease-b", "bob", TTL))
+            .await,
+        "no token can be issued",
+    );
+    // Tokens past the bound are refused wherever a caller gives one.
+    let past = MAX_TOKEN + 1;
+    refused(h.store.check(&t, past).await, "2^53-1");
+    refused(h.store.commit(&commit_req(&t, past, "v")).await, "2^53-1");
+    let lease = handle(&t, "lease-a", "alice", past);
+    refused(
+        h.store.renew(&renew_req(lease.clone(), TTL)).await,
+        "2^53-1",
+    );
+    refused(h.store.release(&release_req(lease)).await, "2^53-1");
+    refused(h.store.repair(&t, u64::MAX).await, "2^53-1");
+}
+
+// 2b. A stored fence that cannot be a token (written by an older version or a tool) fails
+//     closed, and `repair` makes the target usable again with a token above the bad state.
+async fn unparseable_fence_fails_closed_and_repairs(h: Harness) {
+    let t = target("poisoned");
+    let keys = h.keys(&t);
+    h.admin()
+        .cmd(&["SET", &keys.fence(), "18446744073709551615"])
+        .await;
+    let e = h
+        .store
+        .acquire(&acquire_req(&t, "lease-a", "alice", TTL))
+        .await
+        .expect_err("an unparseable fence");
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(e.to_string().contains("repair"), "{e}");
+    let floor = 5_000_000_000_000_000;
+    match h.store.repair(&t, floor).await.expect("repair") {
+        RepairOutcome::Repaired { fence, .. } => assert_eq!(fence, floor),
+        other => panic!("expected a repair, got {other:?}"),
+    }
+    let g = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    assert!(g.token > floor);
+    assert!(matches!(
+        h.store.repair(&t, 0).await.expect("repair"),
+        RepairOutcome::Intact { .. }
+    ));
+    // An unreadable lease record is deleted; the readable fence stays.
+    h.admin().cmd(&["SET", &keys.lease(), "junk"]).await;
+    match h.store.repair(&t, 0).await.expect("repair") {
+        RepairOutcome::Repaired { fence, what } => {
+            assert_eq!(fence, g.token);
+            assert!(what.contains("lease"), "{what}");
+        }
+        other => panic!("expected a repair, got {other:?}"),
+    }
+    let next = acquired(&*h.store, &acquire_req(&t, "lease-b", "bob", TTL)).await;
+    assert!(next.token > g.token);
+}
+
+// 3. Re-entrant acquire respects the caller's floor and the fence: the token it answers is
+//    above both, and the fence follows it.
+async fn reentrant_acquire_respects_floor_and_fence(h: Harness) {
+    let t = target("reentrant");
+    let first = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    let mut again = acquire_req(&t, "lease-a", "alice", TTL);
+    again.min_token = first.token + 2_000_000_000_000_000;
+    let second = acquired(&*h.store, &again).await;
+    assert!(
+        second.token > again.min_token,
+        "a re-entrant acquire answered {} under the floor {}",
+        second.token,
+        again.min_token
+    );
+    let seen = h.store.inspect(&t).await.expect("inspect");
+    assert_eq!(
+        seen.fence, second.token,
+        "the fence must follow the new token"
+    );
+    assert_eq!(seen.lease.map(|l| l.token), Some(second.token));
+    // The old token is stale now; the new one is current.
+    assert_eq!(
+        h.store.check(&t, first.token).await.expect("check"),
+        CheckOutcome::Stale {
+            newest: second.token
+        }
+    );
+    // Without a floor the token stays (a plain retry is not a new tenure).
+    let third = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    assert_eq!(third.token, second.token);
+}
+
+// 3b. A restore that brings back an older lease record under a newer fence: the holder's token
+//     is below the fence, so renew says it is not the holder and a re-entrant acquire issues a
+//     larger token instead of publishing the older one.
+async fn restored_older_record_gets_a_larger_token(h: Harness) {
+    let t = target("restored");
+    let keys = h.keys(&t);
+    let g = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    let newer = g.token + 1_000;
+    h.admin()
+        .cmd(&["SET", &keys.fence(), &newer.to_string()])
+        .await;
+    assert_eq!(
+        h.store
+            .renew(&renew_req(handle(&t, "lease-a", "alice", g.token), TTL))
+            .await
+            .expect("renew"),
+        RenewOutcome::Lost {
+            reason: targetlease::store::LossReason::NotHolder
+        }
+    );
+    let again = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    assert!(again.token > newer, "{} <= {newer}", again.token);
+}
+
+// 4. commit and check refuse a token that was never issued: a typo or another target's token
+//    cannot lock the record for the legitimate holder.
+async fn tokens_never_issued_are_refused(h: Harness) {
+    let t = target("never-issued");
+    let g = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    let typo = g.token + 12_345;
+    refused(h.store.check(&t, typo).await, "never issued");
+    refused(
+        h.store.commit(&commit_req(&t, typo, "typo")).await,
+        "never issued",
+    );
+    assert_eq!(h.store.read_guarded(&t, "data").await.expect("read"), None);
+    // The holder is not locked out.
+    assert_eq!(
+        h.store
+            .commit(&commit_req(&t, g.token, "mine"))
+            .await
+            .expect("commit"),
+        CommitOutcome::Committed { token: g.token }
+    );
+    assert_eq!(
+        h.store.check(&t, g.token).await.expect("check"),
+        CheckOutcome::Current { newest: g.token }
+    );
+    // A target that never had a token accepts none.
+    refused(
+        h.store.check(&target("nothing-here"), 7).await,
+        "never issued",
+    );
+}
+
+// 5a. A late replay of an earlier commit (after its cached reply expired) cannot roll the
+//     record back: (token, sequence) must grow.
+async fn late_commit_replay_cannot_roll_back(h: Harness) {
+    let (store, expiry) = h.short_replies().await;
+    let t = target("rollback");
+    let g = acquired(
+        &*store,
+        &acquire_req(&t, "lease-a", "alice", Duration::from_secs(600)),
+    )
+    .await;
+    let v1 = commit_req(&t, g.token, "v1");
+    let v2 = commit_req(&t, g.token, "v2");
+    let first = store.commit(&v1).await.expect("commit v1");
+    assert_eq!(first, CommitOutcome::Committed { token: g.token });
+    store.commit(&v2).await.expect("commit v2");
+    h.pass(expiry).await;
+    assert_eq!(
+        store.commit(&v1).await.expect("late replay"),
+        CommitOutcome::Stale { newest: g.token },
+        "a late replay of v1 must be refused"
+    );
+    let stored = store.read_guarded(&t, "data").await.expect("read");
+    assert_eq!(stored.map(|v| v.value), Some("v2".to_owned()));
+    // The same write again (same token, sequence and value) is harmless: answered, not redone.
+    assert_eq!(
+        store.commit(&v2).await.expect("retry of v2"),
+        CommitOutcome::Committed { token: g.token }
+    );
+    // The same sequence with another value is refused.
+    let mut other = v2.clone();
+    other.value = "v2'".into();
+    other.request_id = RequestId::random();
+    assert!(matches!(
+        store.commit(&other).await.expect("conflict"),
+        CommitOutcome::Stale { .. }
+    ));
+}
+
+// 5b. An acquire replayed after a release and after its cached reply expired does not take a
+//     second tenure.
+async fn late_acquire_replay_takes_no_second_tenure(h: Harness) {
+    let (store, expiry) = h.short_replies().await;
+    let t = target("replayed-acquire");
+    let req = acquire_req(&t, "lease-a", "alice", Duration::from_secs(600));
+    let g = acquired(&*store, &req).await;
+    assert_eq!(
+        store
+            .release(&release_req(handle(&t, "lease-a", "alice", g.token)))
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    h.pass(expiry).await;
+    refused(
+        store.acquire(&req).await,
+        "replay never takes a second tenure",
+    );
+    let seen = store.inspect(&t).await.expect("inspect");
+    assert!(seen.lease.is_none(), "the replay took a second tenure");
+    assert_eq!(seen.fence, g.token, "the replay issued another token");
+}
+
+// 5c. A reply TTL that does not cover the caller's retries is refused by the configuration.
+async fn reply_ttl_shorter_than_retries_is_refused(h: Harness) {
+    let mut config = h.env().config.clone();
+    config.call_timeout = Duration::from_secs(2);
+    config.reply_ttl = Duration::from_secs(5);
+    let e = ValkeyStore::new_lazy(config).expect_err("a reply TTL under 4 call timeouts");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("reply TTL"), "{e}");
+}
+
+// 6. A lease record without a TTL fails closed instead of being held forever at "0 ms left".
+async fn lease_without_ttl_fails_closed(h: Harness) {
+    let t = target("persisted");
+    let keys = h.keys(&t);
+    acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    h.admin().cmd(&["PERSIST", &keys.lease()]).await;
+    let e = h
+        .store
+        .acquire(&acquire_req(&t, "lease-b", "bob", TTL))
+        .await
+        .expect_err("a lease record without expiry");
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(e.to_string().contains("no expiry"), "{e}");
+    let e = h.store.inspect(&t).await.expect_err("inspect too");
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+}
+
+// 7. A fence lost while the lease survived is raised again by the holder's re-entrant acquire
+//    and by its renew, so the next tenure's token is still above the holder's.
+async fn lost_fence_is_raised_again(h: Harness) {
+    let t = target("lost-fence");
+    let keys = h.keys(&t);
+    let g = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    h.admin().cmd(&["DEL", &keys.fence()]).await;
+    let again = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    assert_eq!(again.token, g.token);
+    assert_eq!(h.store.inspect(&t).await.expect("inspect").fence, g.token);
+    h.admin().cmd(&["DEL", &keys.fence()]).await;
+    h.store
+        .renew(&renew_req(handle(&t, "lease-a", "alice", g.token), TTL))
+        .await
+        .expect("renew");
+    assert_eq!(
+        h.store.inspect(&t).await.expect("inspect").fence,
+        g.token,
+        "renew must raise a lost fence"
+    );
+    // A fence lowered below the holder's token is raised the same way.
+    h.admin().cmd(&["SET", &keys.fence(), "5"]).await;
+    acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    assert_eq!(h.store.inspect(&t).await.expect("inspect").fence, g.token);
+}
+
+// 8. A server that may evict keys is refused at connect, with the reason; allowed explicitly,
+//    it is accepted.
+async fn evicting_server_is_refused(h: Harness) {
+    let admin = h.admin();
+    admin
+        .cmd(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"])
+        .await;
+    let e = ValkeyStore::connect(h.env().config.clone())
+        .await
+        .expect_err("a server that may evict keys");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("allkeys-lru"), "{e}");
+    let mut allowed = h.env().config.clone();
+    allowed.allow_eviction = true;
+    let store = ValkeyStore::connect(allowed)
+        .await
+        .expect("eviction allowed");
+    acquired(&store, &acquire_req(&target("evictable"), "l", "o", TTL)).await;
+    admin
+        .cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .await;
+    ValkeyStore::connect(h.env().config.clone())
+        .await
+        .expect("noeviction is accepted");
+}
+
+/// The workload ACL rule from docs/operations.md for `password`.
+fn documented_workload_rule(password: &str) -> Vec<String> {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
+            .expect("docs/operations.md");
+    let line = doc
+        .lines()
+        .skip_while(|l| !l.contains("<!-- acl-workload-rule:begin -->"))
+        .find(|l| l.starts_with("ACL SETUSER"))
+        .expect("the documented workload rule");
+    line.split_whitespace()
+        .map(|w| match w {
+            ">CHANGE-ME" => format!(">{password}"),
+            other => other.to_owned(),
+        })
+        .collect()
+}
+
+// 9a. Workloads get a user that can commit, check and read, and nothing else: no lease, no
+//     fence write, not even from a script of their own.
+async fn workload_user_cannot_touch_leases(h: Harness) {
+    let kind = h.env().kind;
+    let password = "workload-pw-1c9e";
+    let server = Server::start(kind);
+    let mut rule = documented_workload_rule(password);
+    if kind == ServerKind::Redis70 {
+        // Redis 7.0 does not know CLIENT SETINFO (docs/operations.md says to drop it).
+        rule.retain(|w| w != "+client|setinfo");
+    }
+    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+    let reply = server.raw(&args);
+    assert!(reply.starts_with("+OK"), "{args:?}: {reply}");
+    let controller = ValkeyStore::connect(valkey_config(&server.url()))
+        .await
+        .expect("controller");
+    let mut config = valkey_config(&server.url());
+    config.username = Some("targetlease-workload".into());
+    config.password = Some(PasswordSource::Value(Secret::new(password)));
+    let workload = ValkeyStore::connect(config)
+        .await
+        .expect("workload connects");
+
+    let t = target("workload");
+    let g = acquired(&controller, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    assert_eq!(
+        workload
+            .commit(&commit_req(&t, g.token, "by the workload"))
+            .await
+            .expect("commit"),
+        CommitOutcome::Committed { token: g.token }
+    );
+    assert!(matches!(
+        workload.check(&t, g.token).await.expect("check"),
+        CheckOutcome::Current { .. }
+    ));
+    assert!(
+        workload
+            .read_guarded(&t, "data")
+            .await
+            .expect("read")
+            .is_some()
+    );
+    let denied = |r: Result<(), StoreError>, what: &str| match r {
+        Err(e) => assert_eq!(e.kind(), ErrorKind::AccessDenied, "{what}: {e}"),
+        Ok(()) => panic!("{what}: the workload user was allowed"),
+    };
+    let lease = handle(&t, "lease-a", "alice", g.token);
+    denied(
+        workload
+            .acquire(&acquire_req(&t, "lease-m", "mallory", TTL))
+            .await
+            .map(drop),
+        "acquire",
+    );
+    denied(
+        workload
+            .renew(&renew_req(lease.clone(), TTL))
+            .await
+            .map(drop),
+        "renew",
+    );
+    denied(
+        workload.release(&release_req(lease)).await.map(drop),
+        "release",
+    );
+    denied(workload.inspect(&t).await.map(drop), "inspect");
+    // A script of the workload's own that writes the fence or the lease is refused too.
+    let keys = h.keys(&t);
+    for key in [keys.fence(), keys.lease(), keys.grant()] {
+        let auth = ["AUTH", "targetlease-workload", password];
+        let write = [
+            "EVAL",
+            "return redis.call('SET', KEYS[1], '1')",
+            "1",
+            key.as_str(),
+        ];
+        let reply = server.raw_as(&auth, &write);
+        // Valkey says NOPERM; Redis 7.0 says the user "can't access" the key.
+        assert!(
+            reply.starts_with('-')
+                && ["NOPERM", "permission", "can't access"]
+                    .iter()
+                    .any(|w| reply.contains(w)),
+            "{key}: {reply}"
+        );
+    }
+    assert_eq!(
+        controller.inspect(&t).await.expect("inspect").fence,
+        g.token,
+        "the fence changed"
+    );
+}
+
+// 9b. Two installations on one prefix: the second is refused, naming the first; the same
+//     installation reconnects; another prefix is fine.
+async fn two_installations_never_share_a_prefix(h: Harness) {
+    let mut first = h.env().config.clone();
+    first.installation = Some("prod/targetlease".into());
+    let a = ValkeyStore::connect(first.clone()).await.expect("first");
+    a.health().await.expect("health");
+    let mut second = first.clone();
+    second.installation = Some("staging/targetlease".into());
+    let e = ValkeyStore::connect(second.clone())
+        .await
+        .expect_err("a second installation on the prefix");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("prod/targetlease"), "{e}");
+    ValkeyStore::connect(first)
+        .await
+        .expect("same installation");
+    second.key_prefix = "staging-tl".into();
+    ValkeyStore::connect(second).await.expect("its own prefix");
+}
+
+fn main() {
+    let variants = [
+        Variant {
+            name: "memory",
+            make: || Box::pin(async { Harness::memory() }),
+            admin: false,
+            raw: false,
+        },
+        Variant {
+            name: ServerKind::Valkey91.name(),
+            make: || Box::pin(Harness::plain(ServerKind::Valkey91)),
+            admin: true,
+            raw: true,
+        },
+        Variant {
+            name: ServerKind::Valkey81.name(),
+            make: || Box::pin(Harness::plain(ServerKind::Valkey81)),
+            admin: true,
+            raw: true,
+        },
+        Variant {
+            name: ServerKind::Redis70.name(),
+            make: || Box::pin(Harness::plain(ServerKind::Redis70)),
+            admin: true,
+            raw: true,
+        },
+    ];
+    let cases = cases![
+        Store reused_request_id_is_refused,
+        Store tokens_at_and_past_2_53,
+        Admin unparseable_fence_fails_closed_and_repairs,
+        Store reentrant_acquire_respects_floor_and_fence,
+        Admin restored_older_record_gets_a_larger_token,
+        Store tokens_never_issued_are_refused,
+        Store late_commit_replay_cannot_roll_back,
+        Store late_acquire_replay_takes_no_second_tenure,
+        Admin reply_ttl_shorter_than_retries_is_refused,
+        Admin lease_without_ttl_fails_closed,
+        Admin lost_fence_is_raised_again,
+        Admin evicting_server_is_refused,
+        Admin workload_user_cannot_touch_leases,
+        Admin two_installations_never_share_a_prefix,
+    ];
+    suite::run("adversarial", trials_of(&variants, &cases));
+}

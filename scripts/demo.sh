@@ -85,7 +85,7 @@ stale=$?
 set -e
 printf '    $ %s\n' "targetlease lease commit ... --token $old_token   (worker-1, paused too long)"
 sed 's/^/    /' "$work/stale.json"
-[[ $stale -eq 2 ]] || { note "expected the stale write to be refused (exit 2), got $stale"; exit 1; }
+[[ $stale -eq 3 ]] || { note "expected the stale write to be refused (exit 3), got $stale"; exit 1; }
 show "$tl" lease read --namespace shop --target orders-db/migration --key progress
 
 bold "a command run under a lease with targetlease run"

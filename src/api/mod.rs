@@ -24,6 +24,9 @@ pub const DEFAULT_TTL_SECONDS: u32 = 30;
 pub const MAX_TTL_SECONDS: u32 = 3600;
 /// Longest accepted `maxHoldSeconds` (7 days).
 pub const MAX_HOLD_SECONDS: u32 = 7 * 24 * 3600;
+/// Annotation that `targetlease run` refreshes every quarter of the TTL: a TargetLease carrying
+/// it whose value has not changed for half the TTL has lost its holder and is released.
+pub const HEARTBEAT_ANNOTATION: &str = "targetlease.dev/heartbeat";
 
 /// A claim on a named target: at most one TargetLease per (namespace, target) holds it at a time,
 /// and each tenure gets a fencing token larger than every earlier one.
@@ -101,6 +104,11 @@ pub struct HolderRef {
     /// Name of the holder, in the TargetLease's namespace.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
+    /// UID of the holder pod (`metadata.uid`, from the downward API): a pod of the same name
+    /// with another UID (recreated, as a StatefulSet does) is not the holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub uid: Option<String>,
 }
 
 /// The CRD as YAML, as `targetlease crd` prints it and `crds/` holds it.

@@ -36,10 +36,10 @@ pub struct TargetLeaseStatus {
     pub owner: Option<String>,
     /// The fencing token of the current (or last) tenure: larger than every token issued for the
     /// target before it. Pass it with every write to the protected store.
-    // int64 in the schema: the API server does not know the uint64 format. Tokens are
-    // microsecond timestamps, far below 2^63.
+    // int64 in the schema: the API server does not know the uint64 format. Tokens are at most
+    // 2^53-1 (the store's bound), so a status patch cannot publish one no store issues.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Option<i64>")]
+    #[schemars(with = "Option<i64>", range(min = 1, max = 9007199254740991_i64))]
     pub fencing_token: Option<u64>,
     /// When this tenure began (Valkey server time).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,7 +1,8 @@
 //! `targetlease lease ...`: one store call per invocation, one JSON object on stdout.
 //!
-//! Exit status: 0 when the call did what was asked, 2 when it was refused (held by someone
-//! else, lost, not the holder, stale token), 1 on a failure.
+//! Exit status: 0 when the call did what was asked, 3 when it was refused (held by someone
+//! else, lost, not the holder, stale token), 1 on a failure (see [`super::exit`]; 2 is clap's
+//! usage error).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,8 +12,8 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::parse_duration;
 use super::valkey_args::ValkeyArgs;
+use super::{exit, parse_duration};
 use crate::store::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, LeaseHandle,
     LeaseId, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId,
@@ -196,11 +197,11 @@ impl LeaseCommand {
     pub async fn run(self) -> ExitCode {
         let result = self.call().await;
         let (body, code) = match result {
-            Ok(Printed { body, done: true }) => (body, 0),
-            Ok(Printed { body, done: false }) => (body, 2),
+            Ok(Printed { body, done: true }) => (body, exit::OK),
+            Ok(Printed { body, done: false }) => (body, exit::REFUSED),
             Err(e) => (
                 json!({"outcome": "error", "kind": e.kind().as_str(), "message": e.to_string()}),
-                1,
+                exit::FAILURE,
             ),
         };
         println!("{body}");

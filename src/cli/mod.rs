@@ -1,10 +1,12 @@
 //! The command line: one binary, one subcommand per use.
 
 mod controller;
+pub mod exit;
 mod lease;
 mod run;
 mod valkey_args;
 mod wait;
+mod watch;
 
 pub use valkey_args::{PASSWORD_ENV, ValkeyArgs};
 

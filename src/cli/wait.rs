@@ -1,13 +1,17 @@
-//! `targetlease wait NAME`: blocks until the TargetLease is Held, prints its fencing token.
+//! `targetlease wait NAME`: blocks until the TargetLease is Held and prints its fencing token.
+//! Survives watch errors (retried with backoff), resolves on deletion, never waits past its
+//! timeout, and exits on SIGTERM/SIGINT; the exit statuses are in [`super::exit`].
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use futures::StreamExt;
 use kube::Api;
-use kube::runtime::wait::await_condition;
+use tokio::signal::unix::{SignalKind, signal};
 
-use super::{kube_client, parse_duration};
+use super::watch::{Sighting, watch_one};
+use super::{exit, kube_client, parse_duration};
 use crate::api::{Phase, TargetLease};
 
 /// Flags of `targetlease wait`.
@@ -18,50 +22,85 @@ pub struct WaitArgs {
     /// Namespace (default: the kubeconfig's or the pod's namespace).
     #[arg(long, short = 'n')]
     namespace: Option<String>,
-    /// Give up after this long (exit status 1).
+    /// Give up after this long (exit status 75).
     #[arg(long, value_parser = parse_duration, default_value = "5m")]
     timeout: Duration,
 }
 
-/// Whether the lease is held: the condition `wait` and `run` wait for.
-pub fn is_held(lease: Option<&TargetLease>) -> bool {
-    lease
-        .and_then(|l| l.status.as_ref())
-        .is_some_and(|s| s.phase == Phase::Held && s.fencing_token.is_some())
+/// Whether the lease is held: Held with a token, and not being deleted.
+pub fn is_held(lease: &TargetLease) -> bool {
+    lease.metadata.deletion_timestamp.is_none()
+        && lease
+            .status
+            .as_ref()
+            .is_some_and(|s| s.phase == Phase::Held && s.fencing_token.is_some())
 }
 
 impl WaitArgs {
     /// Waits and prints the token.
     pub async fn run(self) -> ExitCode {
-        match self.wait().await {
+        let (code, message) = match self.wait().await {
             Ok(token) => {
                 println!("{token}");
-                ExitCode::SUCCESS
+                (exit::OK, None)
             }
-            Err(message) => {
-                eprintln!("targetlease wait: {message}");
-                ExitCode::FAILURE
+            Err((code, message)) => (code, Some(message)),
+        };
+        if let Some(message) = message {
+            eprintln!("targetlease wait: {message}");
+        }
+        ExitCode::from(code)
+    }
+
+    async fn wait(&self) -> Result<u64, (u8, String)> {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return Err((exit::FAILURE, "cannot listen for SIGTERM/SIGINT".into()));
+        };
+        let (client, namespace) = kube_client(self.namespace.clone())
+            .await
+            .map_err(|m| (exit::FAILURE, m))?;
+        let api: Api<TargetLease> = Api::namespaced(client, &namespace);
+        let what = format!("TargetLease {namespace}/{}", self.name);
+        let sightings = watch_one(api, &self.name);
+        tokio::pin!(sightings);
+        let deadline = tokio::time::sleep(self.timeout);
+        tokio::pin!(deadline);
+        // A TargetLease that does not exist yet (applied with the pod that waits for it) is
+        // waited for; one that existed and is gone was deleted.
+        let mut existed = false;
+        loop {
+            tokio::select! {
+                _ = &mut deadline => {
+                    return Err((exit::NOT_ACQUIRED, format!("{what} was not Held within {:?}", self.timeout)));
+                }
+                _ = term.recv() => return Err((exit::interrupted(libc_signal::TERM), "interrupted (SIGTERM)".into())),
+                _ = int.recv() => return Err((exit::interrupted(libc_signal::INT), "interrupted (SIGINT)".into())),
+                seen = sightings.next() => match seen {
+                    Some(Sighting::Present(lease)) if lease.metadata.deletion_timestamp.is_some() => {
+                        return Err((exit::DELETED, format!("{what} is being deleted")));
+                    }
+                    Some(Sighting::Present(lease)) => {
+                        existed = true;
+                        if is_held(&lease)
+                            && let Some(token) = lease.status.as_ref().and_then(|s| s.fencing_token)
+                        {
+                            return Ok(token);
+                        }
+                    }
+                    Some(Sighting::Gone) if existed => return Err((exit::DELETED, format!("{what} was deleted"))),
+                    Some(Sighting::Gone) => {}
+                    None => return Err((exit::FAILURE, format!("the watch of {what} ended"))),
+                },
             }
         }
     }
+}
 
-    async fn wait(&self) -> Result<u64, String> {
-        let (client, namespace) = kube_client(self.namespace.clone()).await?;
-        let api: Api<TargetLease> = Api::namespaced(client, &namespace);
-        let held = await_condition(api, &self.name, is_held);
-        let lease = tokio::time::timeout(self.timeout, held)
-            .await
-            .map_err(|_| {
-                format!(
-                    "TargetLease {namespace}/{} was not Held within {:?}",
-                    self.name, self.timeout
-                )
-            })?
-            .map_err(|e| format!("watching TargetLease {namespace}/{}: {e}", self.name))?;
-        lease
-            .as_ref()
-            .and_then(|l| l.status.as_ref())
-            .and_then(|s| s.fencing_token)
-            .ok_or_else(|| format!("TargetLease {namespace}/{} was deleted", self.name))
-    }
+/// Signal numbers for exit statuses.
+mod libc_signal {
+    pub const INT: i32 = nix::sys::signal::Signal::SIGINT as i32;
+    pub const TERM: i32 = nix::sys::signal::Signal::SIGTERM as i32;
 }

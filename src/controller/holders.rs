@@ -1,6 +1,9 @@
 //! Tracks the pods named by `spec.holderRef`, so a lease is released as soon as its holder is
 //! deleted or has finished. Pods are watched, but only the fate of referenced pods is kept:
-//! memory grows with the number of holders, not with the number of pods in the cluster.
+//! memory grows with the number of holders, not with the number of pods in the cluster. A
+//! relist (after a 410 Gone or an API server restart) marks every referenced pod it did not
+//! list as gone: pods deleted while the watch was down are noticed. A holderRef with a `uid`
+//! matches only the pod with that uid: a pod recreated under the same name is not the holder.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,10 +29,23 @@ pub enum Fate {
 
 type PodKey = (String, String);
 
+/// What the watch (or a direct read) last saw of a pod: its fate and its uid.
+type Seen = (Fate, Option<String>);
+
 #[derive(Default)]
 struct State {
-    fates: HashMap<PodKey, Fate>,
+    seen: HashMap<PodKey, Seen>,
     referrers: HashMap<PodKey, HashSet<ObjectRef<TargetLease>>>,
+    /// Referenced pods listed so far by a relist in progress.
+    relisted: Option<HashSet<PodKey>>,
+}
+
+/// The fate of the holder a TargetLease names, given what was seen of the pod of that name.
+fn fate_for(seen: &Seen, uid: Option<&str>) -> Fate {
+    match (seen, uid) {
+        ((Fate::Alive, Some(pod_uid)), Some(wanted)) if pod_uid != wanted => Fate::Done,
+        ((fate, _), _) => *fate,
+    }
 }
 
 /// Shared between the reconciler (which registers references) and the pod watch (which records
@@ -62,13 +78,14 @@ impl Holders {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers that `lease` depends on pod `namespace/name` and returns the pod's fate if the
-    /// watch has seen it.
+    /// Registers that `lease` depends on pod `namespace/name` (with `uid`, when the holderRef
+    /// names one) and returns the holder's fate if the watch has seen the pod.
     pub fn register(
         &self,
         lease: ObjectRef<TargetLease>,
         namespace: &str,
         name: &str,
+        uid: Option<&str>,
     ) -> Option<Fate> {
         let key = (namespace.to_owned(), name.to_owned());
         let mut state = self.lock();
@@ -77,50 +94,75 @@ impl Holders {
             .entry(key.clone())
             .or_default()
             .insert(lease);
-        state.fates.get(&key).copied()
+        state.seen.get(&key).map(|seen| fate_for(seen, uid))
     }
 
-    /// Records a fate learned by a direct read (the watch had not seen the pod yet).
-    pub fn record(&self, namespace: &str, name: &str, fate: Fate) {
+    /// Records what a direct read found (the watch had not seen the pod yet).
+    pub fn record(&self, namespace: &str, name: &str, fate: Fate, uid: Option<String>) {
         let key = (namespace.to_owned(), name.to_owned());
         let mut state = self.lock();
         if state.referrers.contains_key(&key) {
-            state.fates.insert(key, fate);
+            state.seen.insert(key, (fate, uid));
         }
     }
 
     /// Forgets that `lease` depends on any pod (it was deleted).
     pub fn unregister(&self, lease: &ObjectRef<TargetLease>) {
         let mut state = self.lock();
-        let State { fates, referrers } = &mut *state;
+        let State {
+            seen, referrers, ..
+        } = &mut *state;
         referrers.retain(|key, leases| {
             leases.remove(lease);
             let keep = !leases.is_empty();
             if !keep {
-                fates.remove(key);
+                seen.remove(key);
             }
             keep
         });
     }
 
-    /// Applies a pod event: referenced pods get their fate recorded and their TargetLeases woken
-    /// when the fate changed; other pods are dropped on the spot.
-    fn observe(&self, namespace: &str, name: &str, fate: Fate) {
-        let key = (namespace.to_owned(), name.to_owned());
+    /// Applies what was seen of a pod: referenced pods get it recorded and their TargetLeases
+    /// woken when it changed; other pods are dropped on the spot.
+    fn observe(&self, key: PodKey, now: Seen) {
         let to_wake: Vec<ObjectRef<TargetLease>> = {
             let mut state = self.lock();
             let Some(referrers) = state.referrers.get(&key) else {
                 return;
             };
             let referrers: Vec<_> = referrers.iter().cloned().collect();
-            if state.fates.insert(key, fate) == Some(fate) {
+            if let Some(relisted) = state.relisted.as_mut() {
+                relisted.insert(key.clone());
+            }
+            if state.seen.get(&key) == Some(&now) {
                 return;
             }
+            state.seen.insert(key.clone(), now.clone());
             referrers
         };
         for lease in to_wake {
-            debug!(pod = %name, namespace, ?fate, "holder changed, waking its TargetLease");
+            debug!(pod = %key.1, namespace = %key.0, fate = ?now.0, "holder changed, waking its TargetLease");
             let _ = self.wake.send(lease);
+        }
+    }
+
+    /// A relist ended: every referenced pod it did not list is gone (deleted while the watch
+    /// was down).
+    fn relist_done(&self) {
+        let gone: Vec<PodKey> = {
+            let mut state = self.lock();
+            let Some(listed) = state.relisted.take() else {
+                return;
+            };
+            state
+                .referrers
+                .keys()
+                .filter(|key| !listed.contains(*key))
+                .cloned()
+                .collect()
+        };
+        for key in gone {
+            self.observe(key, (Fate::Done, None));
         }
     }
 
@@ -144,16 +186,85 @@ impl Holders {
     }
 
     fn apply(&self, event: watcher::Event<Pod>) {
+        let key = |pod: &Pod| (pod.namespace().unwrap_or_default(), pod.name_any());
         match event {
             watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
-                let ns = pod.namespace().unwrap_or_default();
-                self.observe(&ns, &pod.name_any(), fate_of(&pod));
+                self.observe(key(&pod), (fate_of(&pod), pod.metadata.uid.clone()));
             }
-            watcher::Event::Delete(pod) => {
-                let ns = pod.namespace().unwrap_or_default();
-                self.observe(&ns, &pod.name_any(), Fate::Done);
-            }
-            watcher::Event::Init | watcher::Event::InitDone => {}
+            watcher::Event::Delete(pod) => self.observe(key(&pod), (Fate::Done, None)),
+            watcher::Event::Init => self.lock().relisted = Some(HashSet::new()),
+            watcher::Event::InitDone => self.relist_done(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::api::ObjectMeta;
+    use tokio::sync::mpsc;
+
+    use super::*;
+
+    fn pod(name: &str, uid: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                uid: Some(uid.into()),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        }
+    }
+
+    fn lease(name: &str) -> ObjectRef<TargetLease> {
+        ObjectRef::new(name).within("ns")
+    }
+
+    #[test]
+    fn a_relist_without_the_pod_means_it_is_gone() {
+        let (tx, mut woken) = mpsc::unbounded_channel();
+        let holders = Holders::new(tx);
+        assert_eq!(holders.register(lease("l"), "ns", "p", None), None);
+        holders.apply(watcher::Event::Apply(pod("p", "u1")));
+        assert_eq!(woken.try_recv().ok(), Some(lease("l")));
+        assert_eq!(
+            holders.register(lease("l"), "ns", "p", None),
+            Some(Fate::Alive)
+        );
+        // The pod is deleted while the watch is down; the relist does not list it.
+        holders.apply(watcher::Event::Init);
+        holders.apply(watcher::Event::InitApply(pod("other", "u9")));
+        holders.apply(watcher::Event::InitDone);
+        assert_eq!(
+            holders.register(lease("l"), "ns", "p", None),
+            Some(Fate::Done)
+        );
+        assert_eq!(woken.try_recv().ok(), Some(lease("l")));
+    }
+
+    #[test]
+    fn a_pod_recreated_under_the_name_is_not_the_holder() {
+        let (tx, _woken) = mpsc::unbounded_channel();
+        let holders = Holders::new(tx);
+        assert_eq!(
+            holders.register(lease("l"), "ns", "web-0", Some("old")),
+            None
+        );
+        holders.apply(watcher::Event::Apply(pod("web-0", "old")));
+        assert_eq!(
+            holders.register(lease("l"), "ns", "web-0", Some("old")),
+            Some(Fate::Alive)
+        );
+        holders.apply(watcher::Event::Delete(pod("web-0", "old")));
+        holders.apply(watcher::Event::Apply(pod("web-0", "new")));
+        assert_eq!(
+            holders.register(lease("l"), "ns", "web-0", Some("old")),
+            Some(Fate::Done)
+        );
+        assert_eq!(
+            holders.register(lease("m"), "ns", "web-0", None),
+            Some(Fate::Alive)
+        );
     }
 }

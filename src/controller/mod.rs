@@ -3,6 +3,7 @@
 
 pub mod election;
 mod error;
+pub mod heartbeat;
 pub mod holders;
 pub mod http;
 pub mod index;
@@ -50,6 +51,8 @@ pub struct Context {
     pub wake: UnboundedSender<ObjectRef<TargetLease>>,
     /// The holder pods named by `spec.holderRef`.
     pub holders: Holders,
+    /// The heartbeats of `targetlease run`.
+    pub heartbeats: heartbeat::Heartbeats,
     /// Consecutive failures per object, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<TargetLease>, u32>>,
 }
@@ -137,6 +140,7 @@ pub async fn run(
         targets,
         wake,
         holders: holders.clone(),
+        heartbeats: heartbeat::Heartbeats::default(),
         failures: Mutex::default(),
     });
     let pods = tokio::spawn(holders.watch(client, settings.namespace.clone()));

@@ -15,6 +15,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use super::heartbeat::stale_after;
 use super::holders::{Fate, fate_of};
 use super::status::{Observed, is_transition};
 use super::{Context, Error};
@@ -175,18 +176,17 @@ async fn timed<T>(
     result
 }
 
-/// Why a lease must be given up, if it must.
-fn release_reason(claim: &Claim<'_>, holder_done: bool) -> Option<(&'static str, String)> {
+/// Why a lease must be given up, if it must. `holder_gone` says why the holder is gone, if it is.
+fn release_reason(
+    claim: &Claim<'_>,
+    holder_gone: Option<String>,
+) -> Option<(&'static str, String)> {
     let spec = &claim.lease.spec;
     if spec.release {
         return Some(("ReleaseRequested", "spec.release is true".to_owned()));
     }
-    if holder_done {
-        let name = spec.holder_ref.as_ref().map_or("", |h| h.name.as_str());
-        return Some((
-            "HolderGone",
-            format!("holder pod {name} is gone or has finished"),
-        ));
+    if let Some(why) = holder_gone {
+        return Some(("HolderGone", why));
     }
     let (Some(max), Some(status)) = (spec.max_hold_seconds, claim.status) else {
         return None;
@@ -221,35 +221,76 @@ async fn holder_done(
     ctx: &Context,
 ) -> Result<bool, Error> {
     let ns = lease.namespace().unwrap_or_default();
+    let uid = holder.uid.as_deref();
     if let Some(fate) = ctx
         .holders
-        .register(ObjectRef::from_obj(lease), &ns, &holder.name)
+        .register(ObjectRef::from_obj(lease), &ns, &holder.name, uid)
     {
         return Ok(fate == Fate::Done);
     }
     // The watch has not seen the pod (yet): read it once.
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let fate = match pods.get_opt(&holder.name).await? {
-        Some(pod) => fate_of(&pod),
+    let pod = pods.get_opt(&holder.name).await?;
+    let fate = match &pod {
+        Some(pod) => fate_of(pod),
         None => Fate::Done,
     };
-    ctx.holders.record(&ns, &holder.name, fate);
-    Ok(fate == Fate::Done)
+    let pod_uid = pod.as_ref().and_then(|p| p.metadata.uid.clone());
+    ctx.holders.record(&ns, &holder.name, fate, pod_uid);
+    Ok(ctx
+        .holders
+        .register(ObjectRef::from_obj(lease), &ns, &holder.name, uid)
+        .is_none_or(|fate| fate == Fate::Done))
+}
+
+/// Why the holder is gone, if it is: its pod is gone, finished or another pod of the same name,
+/// or the heartbeat of its `targetlease run` stopped (see [`heartbeat`](super::heartbeat)).
+async fn holder_gone(
+    claim: &Claim<'_>,
+    ctx: &Context,
+    now: Instant,
+) -> Result<Option<String>, Error> {
+    let lease = claim.lease;
+    if let Some(holder) = &lease.spec.holder_ref
+        && holder_done(lease, holder, ctx).await?
+    {
+        return Ok(Some(format!(
+            "holder pod {} is gone, has finished or is another pod of that name",
+            holder.name
+        )));
+    }
+    let silent = ctx.heartbeats.silent_for(lease, now);
+    let limit = stale_after(claim.ttl());
+    Ok(silent.filter(|s| *s >= limit).map(|s| {
+        format!(
+            "the heartbeat of targetlease run stopped {} s ago (limit {} ms, half the TTL)",
+            s.as_secs(),
+            limit.as_millis()
+        )
+    }))
 }
 
 async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
     let claim = Claim::new(lease, ctx)?;
-    let holder_done = match &lease.spec.holder_ref {
-        Some(holder) => holder_done(lease, holder, ctx).await?,
-        None => false,
-    };
-    if let Some((reason, message)) = release_reason(&claim, holder_done) {
+    let now = Instant::now();
+    let gone = holder_gone(&claim, ctx, now).await?;
+    if let Some((reason, message)) = release_reason(&claim, gone) {
         return give_up(&claim, ctx, reason, message).await;
     }
-    match claim.held_handle() {
+    let next = match claim.held_handle() {
         Some(handle) => renew(&claim, ctx, handle).await,
         None => acquire(&claim, ctx).await,
-    }
+    }?;
+    // A claim with a heartbeat is looked at again when it would go stale, so a crashed run's
+    // lease is released within half a TTL of its last heartbeat.
+    let next = match ctx.heartbeats.silent_for(lease, now) {
+        Some(silent) => {
+            let left = stale_after(claim.ttl()).saturating_sub(silent) + Duration::from_millis(20);
+            next.min(left)
+        }
+        None => next,
+    };
+    Ok(Action::requeue(next))
 }
 
 /// The renewal interval: a third of the TTL, so two renewals can fail before the lease expires.
@@ -274,7 +315,8 @@ fn next_check(claim: &Claim<'_>) -> Duration {
     }
 }
 
-async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<Action, Error> {
+/// Renews the lease; answers when to look at the claim again.
+async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<Duration, Error> {
     let request = RenewRequest {
         lease: handle,
         ttl: claim.ttl(),
@@ -299,7 +341,7 @@ async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<
             claim
                 .settle(ctx, Observed::held(&grant, claim.holder()), None)
                 .await?;
-            Ok(Action::requeue(next_check(claim)))
+            Ok(next_check(claim))
         }
         Ok(RenewOutcome::Lost { reason }) => {
             let (reason, message) = match reason {
@@ -312,7 +354,7 @@ async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<
                 .settle(ctx, observed, Some((reason, message.to_owned())))
                 .await?;
             // Try again at once: a new tenure can only get a larger token.
-            Ok(Action::requeue(Duration::from_millis(100)))
+            Ok(Duration::from_millis(100))
         }
         Err(e) => Err(claim.fail(ctx, e).await),
     }
@@ -341,7 +383,8 @@ fn min_token(claim: &Claim<'_>, ctx: &Context) -> u64 {
         .unwrap_or(0)
 }
 
-async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Action, Error> {
+/// Tries to take the target; answers when to look at the claim again.
+async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Duration, Error> {
     let request = AcquireRequest {
         target: claim.target.clone(),
         lease_id: claim.lease_id.clone(),
@@ -368,7 +411,7 @@ async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Action, Error> {
             if matches!(previous, Some(Phase::Waiting | Phase::Lost)) {
                 ctx.metrics.handover();
             }
-            Ok(Action::requeue(renew_interval(claim.ttl())))
+            Ok(renew_interval(claim.ttl()))
         }
         Ok(AcquireOutcome::Held {
             owner,
@@ -384,9 +427,7 @@ async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Action, Error> {
                 .await?;
             // A release through this controller wakes waiters at once; this requeue covers a
             // holder that stopped renewing: try again when Valkey said the lease expires.
-            Ok(Action::requeue(
-                Duration::from_millis(expires_in_ms) + Duration::from_millis(20),
-            ))
+            Ok(Duration::from_millis(expires_in_ms) + Duration::from_millis(20))
         }
         Err(e) => Err(claim.fail(ctx, e).await),
     }
@@ -416,24 +457,40 @@ async fn give_up(
 /// status does not say Held (a crash between acquire and the status write), the store is asked
 /// whether this lease id holds the target, so nothing is left behind.
 async fn release_in_store(claim: &Claim<'_>, ctx: &Context) -> Result<(), Error> {
-    let handle = match claim.held_handle() {
-        Some(handle) => Some(handle),
-        None => match timed(ctx, "inspect", ctx.store.inspect(&claim.target)).await {
-            Ok(seen) => seen
-                .lease
-                .filter(|l| l.lease_id == claim.lease_id)
-                .map(|l| LeaseHandle {
-                    target: claim.target.clone(),
-                    lease_id: claim.lease_id.clone(),
-                    owner: l.owner,
-                    token: l.token,
-                }),
-            Err(e) => return Err(claim.fail(ctx, e).await),
-        },
+    match claim.held_handle() {
+        Some(handle) => release_handle(claim, ctx, handle, true).await,
+        None => release_by_lease_id(claim, ctx).await,
+    }
+}
+
+/// Asks the store what this lease id holds on the target and releases it.
+async fn release_by_lease_id(claim: &Claim<'_>, ctx: &Context) -> Result<(), Error> {
+    let handle = match timed(ctx, "inspect", ctx.store.inspect(&claim.target)).await {
+        Ok(seen) => seen
+            .lease
+            .filter(|l| l.lease_id == claim.lease_id)
+            .map(|l| LeaseHandle {
+                target: claim.target.clone(),
+                lease_id: claim.lease_id.clone(),
+                owner: l.owner,
+                token: l.token,
+            }),
+        Err(e) => return Err(claim.fail(ctx, e).await),
     };
     let Some(handle) = handle else {
+        wake_waiters(claim, ctx);
         return Ok(());
     };
+    release_handle(claim, ctx, handle, false).await
+}
+
+/// Releases `handle`; `from_status` when it came from the status rather than the store.
+async fn release_handle(
+    claim: &Claim<'_>,
+    ctx: &Context,
+    handle: LeaseHandle,
+    from_status: bool,
+) -> Result<(), Error> {
     let request = ReleaseRequest {
         lease: handle,
         request_id: RequestId::random(),
@@ -443,6 +500,13 @@ async fn release_in_store(claim: &Claim<'_>, ctx: &Context) -> Result<(), Error>
             info!(lease = %claim.lease.name_any(), target = %claim.target, "released");
             wake_waiters(claim, ctx);
             Ok(())
+        }
+        Ok(ReleaseOutcome::NotHolder) if from_status => {
+            // The status's token is stale (a re-entrant acquire gave this claim a new one, or a
+            // status write was lost): ask the store what this lease id holds and release that,
+            // rather than leave it held until its TTL runs out.
+            debug!(lease = %claim.lease.name_any(), "the status's token no longer holds; asking the store by lease id");
+            Box::pin(release_by_lease_id(claim, ctx)).await
         }
         Ok(ReleaseOutcome::NotHolder) => {
             debug!(lease = %claim.lease.name_any(), "nothing to release: the lease had expired or was taken");
@@ -474,6 +538,7 @@ async fn cleanup(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
     // with backoff, so no lease is forgotten.
     release_in_store(&claim, ctx).await?;
     ctx.holders.unregister(&ObjectRef::from_obj(lease));
+    ctx.heartbeats.forget(&ObjectRef::from_obj(lease));
     if claim.held_handle().is_some() {
         claim
             .publish(

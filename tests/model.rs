@@ -438,6 +438,15 @@ impl World {
                 prop_assert_eq!(o, &owner(h.map_or(0, |h| h.client)));
                 false
             }
+            // A token past the bound is refused before anything is looked at.
+            (Call::Renew(r), outcome) if r.lease.token > MAX_TOKEN => {
+                prop_assert_eq!(outcome, &Seen::Invalid);
+                false
+            }
+            (Call::Release(r), outcome) if r.lease.token > MAX_TOKEN => {
+                prop_assert_eq!(outcome, &Seen::Invalid);
+                false
+            }
             (Call::Renew(r), outcome) => {
                 let expected = match &m.holder {
                     None => Seen::Lost(LossReason::Expired),

@@ -4,142 +4,17 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
-use libtest_mimic::Arguments;
-use targetlease::api::{Phase, TargetLease};
-use targetlease::redact::SecretUrl;
-use targetlease::store::valkey::keys::TargetKeys;
-use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
-use targetlease::store::{LeaseStore, TargetRef};
+use targetlease::api::Phase;
+use targetlease::store::LeaseStore;
 
-use support::kube::{
-    Cluster, ControllerProcess, await_lease, condition, http_get, lease_yaml, phase_of, token_of,
-};
-use support::server::{Server, ServerKind};
-use support::suite;
-
-/// One scenario's world.
-struct Scenario {
-    cluster: Arc<Cluster>,
-    ns: String,
-    client: Client,
-    valkey: Server,
-    controller: Option<ControllerProcess>,
-}
-
-impl Scenario {
-    async fn new(cluster: Arc<Cluster>, name: &str) -> Scenario {
-        let ns = format!("tl-{name}");
-        cluster.kubectl_ok(&["create", "namespace", &ns]);
-        let valkey = Server::start(ServerKind::Valkey91);
-        let client = cluster.client().await;
-        let mut scenario = Scenario {
-            cluster,
-            ns,
-            client,
-            valkey,
-            controller: None,
-        };
-        scenario.controller = Some(scenario.start_controller(&[]));
-        scenario
-    }
-
-    fn start_controller(&self, extra: &[&str]) -> ControllerProcess {
-        let mut args = vec!["--watch-namespace", &self.ns];
-        args.extend_from_slice(extra);
-        ControllerProcess::start(&self.cluster, &self.valkey.url(), &args)
-    }
-
-    fn controller(&mut self) -> &mut ControllerProcess {
-        self.controller.as_mut().expect("controller running")
-    }
-
-    fn api(&self) -> Api<TargetLease> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    fn apply(&self, name: &str, target: &str, holder: &str, extra: &str) {
-        self.cluster
-            .apply(&lease_yaml(&self.ns, name, target, holder, extra));
-    }
-
-    async fn get(&self, name: &str) -> TargetLease {
-        self.api().get(name).await.expect("get TargetLease")
-    }
-
-    /// Waits (by watch) until `name` satisfies `pred`.
-    async fn wait(
-        &self,
-        name: &str,
-        what: &str,
-        limit: Duration,
-        pred: impl Fn(&TargetLease) -> bool + Send + 'static,
-    ) -> TargetLease {
-        match await_lease(&self.api(), name, what, limit, pred).await {
-            Ok(lease) => lease,
-            Err(why) => panic!(
-                "{why}\ncontroller log:\n{}",
-                self.controller
-                    .as_ref()
-                    .map(|c| c.logs())
-                    .unwrap_or_default()
-            ),
-        }
-    }
-
-    async fn wait_phase(&self, name: &str, phase: Phase, limit: Duration) -> TargetLease {
-        self.wait(name, &format!("{phase:?}"), limit, move |l| {
-            phase_of(l) == Some(phase)
-        })
-        .await
-    }
-
-    async fn store(&self) -> ValkeyStore {
-        let url = SecretUrl::parse(&self.valkey.url()).expect("url");
-        ValkeyStore::connect(ValkeyConfig::new(url))
-            .await
-            .expect("connect to valkey")
-    }
-
-    fn target(&self, target: &str) -> TargetRef {
-        TargetRef::new(&self.ns, target).expect("target")
-    }
-
-    async fn delete(&self, name: &str) {
-        self.api()
-            .delete(name, &DeleteParams::default())
-            .await
-            .expect("delete TargetLease");
-    }
-
-    async fn wait_gone(&self, name: &str, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        while self.api().get_opt(name).await.expect("get").is_some() {
-            assert!(
-                Instant::now() < deadline,
-                "{name} still exists after {limit:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for Scenario {
-    fn drop(&mut self) {
-        self.controller.take();
-        let _ = self
-            .cluster
-            .kubectl(&["delete", "namespace", &self.ns, "--wait=false"]);
-    }
-}
-
-const SEC: Duration = Duration::from_secs(1);
+use support::kube::{condition, http_get, lease_yaml, phase_of, token_of};
+use support::scenario::{SEC, Scenario, run_suite};
 
 // 1. kubectl apply leads to Held; kubectl wait works on the condition and on the phase.
 async fn apply_leads_to_held(s: Scenario) {
@@ -402,6 +277,34 @@ async fn holder_pod_gone_releases(s: Scenario) {
         "holderRef: {kind: Pod, name: ghost}",
     );
     s.wait_phase("orphan", Phase::Released, 30 * SEC).await;
+    // A pod of that name with another uid (recreated, as a StatefulSet does) is not the holder;
+    // the right uid is.
+    s.cluster.apply(&pod);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let uid = pods
+        .get("worker-pod")
+        .await
+        .expect("pod")
+        .uid()
+        .expect("uid");
+    s.apply(
+        "stale-uid",
+        "uid-target",
+        "worker-pod",
+        "holderRef: {kind: Pod, name: worker-pod, uid: 0b1e7a52-uid-of-an-earlier-pod}",
+    );
+    let refused = s.wait_phase("stale-uid", Phase::Released, 30 * SEC).await;
+    assert_eq!(
+        condition(&refused, "Ready").map(|c| c.reason.as_str()),
+        Some("HolderGone")
+    );
+    s.apply(
+        "right-uid",
+        "uid-target-2",
+        "worker-pod",
+        &format!("holderRef: {{kind: Pod, name: worker-pod, uid: {uid}}}"),
+    );
+    s.wait_phase("right-uid", Phase::Held, 30 * SEC).await;
 }
 
 // 5a. SIGKILL and restart within the TTL: owner and token unchanged, renewals carry on.
@@ -541,150 +444,6 @@ async fn backend_outage_keeps_finalizer(mut s: Scenario) {
     let _ = s.controller();
 }
 
-// 8. `targetlease run`: runs the command with the token, releases when it exits, SIGTERMs it
-//    when the lease is lost.
-async fn run_command_under_lease(s: Scenario) {
-    let dir = tempfile::tempdir().expect("dir");
-    let out_file = dir.path().join("token");
-    let script = format!(
-        "echo \"$TARGETLEASE_TOKEN $TARGETLEASE_OWNER $TARGETLEASE_TARGET\" > {}",
-        out_file.display()
-    );
-    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
-        .args([
-            "run",
-            "--target",
-            "run-target",
-            "--holder",
-            "job-1",
-            "-n",
-            &s.ns,
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ])
-        .envs(s.cluster.envs())
-        .status()
-        .await
-        .expect("run");
-    assert!(status.success(), "{status}");
-    let written = std::fs::read_to_string(&out_file).expect("the command ran");
-    let parts: Vec<&str> = written.split_whitespace().collect();
-    assert_eq!(parts.len(), 3, "{written}");
-    assert!(parts[0].parse::<u64>().expect("token") > 0);
-    assert_eq!(&parts[1..], ["job-1", "run-target"]);
-    // The TargetLease is gone and the lease released.
-    let leftover = s
-        .api()
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .items;
-    assert!(
-        leftover.is_empty()
-            || leftover
-                .iter()
-                .all(|l| l.metadata.deletion_timestamp.is_some())
-    );
-    let deadline = Instant::now() + 10 * SEC;
-    while s
-        .store()
-        .await
-        .inspect(&s.target("run-target"))
-        .await
-        .expect("inspect")
-        .lease
-        .is_some()
-    {
-        assert!(Instant::now() < deadline, "the lease was not released");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // Exit status is the command's.
-    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
-        .args([
-            "run",
-            "--target",
-            "run-target",
-            "--holder",
-            "job-2",
-            "-n",
-            &s.ns,
-            "--",
-            "sh",
-            "-c",
-            "exit 3",
-        ])
-        .envs(s.cluster.envs())
-        .status()
-        .await
-        .expect("run");
-    assert_eq!(status.code(), Some(3));
-
-    // Lost lease: the command gets SIGTERM.
-    let term_file = dir.path().join("term");
-    let script = format!(
-        "trap 'echo term > {}; exit 7' TERM; while true; do sleep 0.1; done",
-        term_file.display()
-    );
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
-        .args([
-            "run",
-            "--target",
-            "lost-target",
-            "--holder",
-            "job-3",
-            "--ttl",
-            "3",
-            "-n",
-            &s.ns,
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ])
-        .envs(s.cluster.envs())
-        .spawn()
-        .expect("run");
-    let deadline = Instant::now() + 30 * SEC;
-    let name = loop {
-        let items = s
-            .api()
-            .list(&ListParams::default())
-            .await
-            .expect("list")
-            .items;
-        if let Some(l) = items
-            .iter()
-            .find(|l| l.spec.target == "lost-target" && phase_of(l) == Some(Phase::Held))
-        {
-            break l.name_any();
-        }
-        assert!(Instant::now() < deadline, "run never held its lease");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    // Someone wipes the lease in Valkey and takes the target: the controller's next renewal
-    // finds it lost.
-    let keys = TargetKeys::new("tl", &s.target("lost-target"));
-    s.valkey.raw(&["DEL", &keys.lease()]);
-    let status = tokio::time::timeout(30 * SEC, child.wait())
-        .await
-        .expect("run exits after the loss")
-        .expect("run status");
-    assert_eq!(
-        status.code(),
-        Some(7),
-        "run should exit with the command's status"
-    );
-    assert_eq!(
-        std::fs::read_to_string(&term_file)
-            .expect("SIGTERM reached the command")
-            .trim(),
-        "term"
-    );
-    s.wait_gone(&name, 30 * SEC).await;
-}
-
 // spec.release gives the lease up and keeps the resource; maxHoldSeconds bounds a tenure.
 async fn release_flag_and_max_hold(s: Scenario) {
     s.apply("gitops", "flag-target", "worker-1", "");
@@ -749,18 +508,7 @@ async fn release_flag_and_max_hold(s: Scenario) {
     assert!(seen.lease.is_none(), "the target is held again");
 }
 
-type ScenarioFn = fn(Scenario) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-
-macro_rules! scenarios {
-    ($($name:ident),* $(,)?) => {
-        [$((stringify!($name), (|s| Box::pin($name(s))) as ScenarioFn)),*]
-    };
-}
-
 fn main() {
-    let mut args = Arguments::from_args();
-    // Scenarios measure latencies and kill processes: one at a time on this 2-core machine.
-    args.test_threads = Some(1);
     let scenarios = scenarios![
         apply_leads_to_held,
         handover_on_delete,
@@ -771,28 +519,6 @@ fn main() {
         renewals_do_not_write_status,
         release_flag_and_max_hold,
         backend_outage_keeps_finalizer,
-        run_command_under_lease,
     ];
-    let wanted = scenarios
-        .iter()
-        .any(|(name, _)| args.filter.as_deref().is_none_or(|f| name.contains(f)));
-    let cluster = wanted.then(|| {
-        let cluster = Cluster::start();
-        cluster.install_crd();
-        Arc::new(cluster)
-    });
-    let trials = scenarios
-        .into_iter()
-        .map(|(name, body)| {
-            let cluster = cluster.clone();
-            suite::trial(name, move || async move {
-                let cluster = cluster.expect("the cluster was started for every wanted scenario");
-                let scenario = Scenario::new(cluster, &name.replace('_', "-")).await;
-                body(scenario).await;
-            })
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    drop(cluster);
-    suite::finish("controller", conclusion);
+    run_suite("controller", scenarios.to_vec());
 }

@@ -394,11 +394,16 @@ impl RunArgs {
             }
         };
         heartbeat.abort();
-        // Deleting the TargetLease releases the lease (through the controller's finalizer).
-        match api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(e) if api_code(&e) == Some(404) => {}
-            Err(e) => {
+        // Deleting the TargetLease releases the lease (through the controller's finalizer). It is
+        // bounded: with the API server unreachable, the stopped heartbeat releases it instead.
+        let limit = self.ttl.min(Duration::from_secs(10));
+        match tokio::time::timeout(limit, api.delete(&name, &DeleteParams::default())).await {
+            Err(_) => {
+                warn!(%name, "the API server did not answer the delete in time; the controller releases the lease when the heartbeat stops")
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if api_code(&e) == Some(404) => {}
+            Ok(Err(e)) => {
                 warn!(%name, error = %e, "could not delete the TargetLease; the controller releases it when the heartbeat stops")
             }
         }
@@ -533,13 +538,18 @@ impl RunArgs {
             return Err(format!("{program} exited before it could be watched"));
         };
         let group = Pid::from_raw(pgid);
+        // Recorded for a restarted `run` to clean up after this one; in the background, so an
+        // unreachable API server never delays watching the command.
         let record = json!({"metadata": {"annotations": {COMMAND_ANNOTATION: describe(pgid)}}});
-        if let Err(e) = api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&record))
-            .await
-        {
-            warn!(%name, error = %e, "could not record the command's process group");
-        }
+        let (records, recorded) = (api.clone(), name.to_owned());
+        tokio::spawn(async move {
+            if let Err(e) = records
+                .patch(&recorded, &PatchParams::default(), &Patch::Merge(&record))
+                .await
+            {
+                warn!(name = %recorded, error = %e, "could not record the command's process group");
+            }
+        });
 
         let mut confirmed = Instant::now();
         let mut stop: Option<(Stop, Instant)> = None;

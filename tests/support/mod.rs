@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod contract_cases;
 pub mod kube;
 pub mod proxy;
+pub mod scenario;
 pub mod server;
 pub mod suite;
 pub mod tls;

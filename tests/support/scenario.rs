@@ -1,0 +1,192 @@
+//! The world of one end-to-end scenario on the real control plane: its own namespace, Valkey
+//! server and controller process (watching only that namespace), and the runner that starts one
+//! control plane per suite and runs the scenarios one at a time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::api::{Api, DeleteParams};
+use libtest_mimic::Arguments;
+use targetlease::api::{Phase, TargetLease};
+use targetlease::redact::SecretUrl;
+use targetlease::store::TargetRef;
+use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
+
+use super::kube::{Cluster, ControllerProcess, await_lease, lease_yaml, phase_of};
+use super::server::{Server, ServerKind};
+use super::suite;
+
+/// One second.
+pub const SEC: Duration = Duration::from_secs(1);
+
+/// One scenario's world.
+pub struct Scenario {
+    /// The control plane, shared by the suite.
+    pub cluster: Arc<Cluster>,
+    /// This scenario's namespace.
+    pub ns: String,
+    /// A client of the control plane.
+    pub client: Client,
+    /// This scenario's Valkey.
+    pub valkey: Server,
+    /// The controller process, while it runs.
+    pub controller: Option<ControllerProcess>,
+}
+
+impl Scenario {
+    /// A new scenario named `name`, with its controller running.
+    pub async fn new(cluster: Arc<Cluster>, name: &str) -> Scenario {
+        let ns = format!("tl-{name}");
+        cluster.kubectl_ok(&["create", "namespace", &ns]);
+        let valkey = Server::start(ServerKind::Valkey91);
+        let client = cluster.client().await;
+        let mut scenario = Scenario {
+            cluster,
+            ns,
+            client,
+            valkey,
+            controller: None,
+        };
+        scenario.controller = Some(scenario.start_controller(&[]));
+        scenario
+    }
+
+    /// Starts a controller on this scenario's namespace and Valkey, with `extra` flags.
+    pub fn start_controller(&self, extra: &[&str]) -> ControllerProcess {
+        let mut args = vec!["--watch-namespace", &self.ns];
+        args.extend_from_slice(extra);
+        ControllerProcess::start(&self.cluster, &self.valkey.url(), &args)
+    }
+
+    /// The running controller.
+    pub fn controller(&mut self) -> &mut ControllerProcess {
+        self.controller.as_mut().expect("controller running")
+    }
+
+    /// TargetLeases of this namespace.
+    pub fn api(&self) -> Api<TargetLease> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Applies a TargetLease.
+    pub fn apply(&self, name: &str, target: &str, holder: &str, extra: &str) {
+        self.cluster
+            .apply(&lease_yaml(&self.ns, name, target, holder, extra));
+    }
+
+    /// Reads a TargetLease.
+    pub async fn get(&self, name: &str) -> TargetLease {
+        self.api().get(name).await.expect("get TargetLease")
+    }
+
+    /// Waits (by watch) until `name` satisfies `pred`.
+    pub async fn wait(
+        &self,
+        name: &str,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&TargetLease) -> bool + Send + 'static,
+    ) -> TargetLease {
+        match await_lease(&self.api(), name, what, limit, pred).await {
+            Ok(lease) => lease,
+            Err(why) => panic!(
+                "{why}\ncontroller log:\n{}",
+                self.controller
+                    .as_ref()
+                    .map(|c| c.logs())
+                    .unwrap_or_default()
+            ),
+        }
+    }
+
+    /// Waits until `name` is in `phase`.
+    pub async fn wait_phase(&self, name: &str, phase: Phase, limit: Duration) -> TargetLease {
+        self.wait(name, &format!("{phase:?}"), limit, move |l| {
+            phase_of(l) == Some(phase)
+        })
+        .await
+    }
+
+    /// A store on this scenario's Valkey.
+    pub async fn store(&self) -> ValkeyStore {
+        let url = SecretUrl::parse(&self.valkey.url()).expect("url");
+        ValkeyStore::connect(ValkeyConfig::new(url))
+            .await
+            .expect("connect to valkey")
+    }
+
+    /// A target in this namespace.
+    pub fn target(&self, target: &str) -> TargetRef {
+        TargetRef::new(&self.ns, target).expect("target")
+    }
+
+    /// Deletes a TargetLease.
+    pub async fn delete(&self, name: &str) {
+        self.api()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete TargetLease");
+    }
+
+    /// Waits until `name` no longer exists.
+    pub async fn wait_gone(&self, name: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.api().get_opt(name).await.expect("get").is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "{name} still exists after {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        self.controller.take();
+        let _ = self
+            .cluster
+            .kubectl(&["delete", "namespace", &self.ns, "--wait=false"]);
+    }
+}
+
+/// One scenario body.
+pub type ScenarioFn = fn(Scenario) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
+/// `[(name, body)]` from scenario function names.
+#[macro_export]
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        [$((stringify!($name), (|s| Box::pin($name(s))) as $crate::support::scenario::ScenarioFn)),*]
+    };
+}
+
+/// Runs `scenarios` one at a time (they measure latencies and kill processes: one at a time on
+/// a 2-core machine) on one control plane, and exits with the suite's closing line.
+pub fn run_suite(name: &str, scenarios: Vec<(&'static str, ScenarioFn)>) -> ! {
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    let wanted = scenarios
+        .iter()
+        .any(|(name, _)| args.filter.as_deref().is_none_or(|f| name.contains(f)));
+    let cluster = wanted.then(|| {
+        let cluster = Cluster::start();
+        cluster.install_crd();
+        Arc::new(cluster)
+    });
+    let trials = scenarios
+        .into_iter()
+        .map(|(name, body)| {
+            let cluster = cluster.clone();
+            suite::trial(name, move || async move {
+                let cluster = cluster.expect("the cluster was started for every wanted scenario");
+                let scenario = Scenario::new(cluster, &name.replace('_', "-")).await;
+                body(scenario).await;
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(cluster);
+    suite::finish(name, conclusion)
+}

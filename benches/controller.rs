@@ -186,6 +186,7 @@ fn lease(name: &str, target: &str, holder: &str, ttl: u32, label: &str) -> Targe
             ttl_seconds: ttl,
             max_hold_seconds: None,
             release: false,
+            priority: None,
         },
     );
     lease.metadata = ObjectMeta {

@@ -156,6 +156,32 @@ impl Checker {
         }
     }
 
+    /// Invariant 3: no two resources on one target show Held for longer than
+    /// [`DOUBLE_HELD_LIMIT`] (a grant wakes every other claim on its target, so one that still
+    /// shows Held learns within one reconcile that it lost). Sampled every 50 ms.
+    async fn double_held(self: Arc<Self>, until: Instant) {
+        let mut since: HashMap<String, Instant> = HashMap::new();
+        let mut reported: HashSet<String> = HashSet::new();
+        while Instant::now() < until {
+            let mut per_target: HashMap<String, Vec<u64>> = HashMap::new();
+            for (target, token) in self.holding.lock().unwrap().values() {
+                per_target.entry(target.clone()).or_default().push(*token);
+            }
+            let now = Instant::now();
+            since.retain(|target, _| per_target.get(target).is_some_and(|t| t.len() > 1));
+            for (target, tokens) in per_target.iter().filter(|(_, t)| t.len() > 1) {
+                let first = *since.entry(target.clone()).or_insert(now);
+                if now - first > DOUBLE_HELD_LIMIT && reported.insert(target.clone()) {
+                    self.violation(format!(
+                        "{target}: {} resources show Held (tokens {tokens:?}) for more than {DOUBLE_HELD_LIMIT:?}",
+                        tokens.len()
+                    ));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Holders: every resource whose status says Held writes every 100 ms with its token.
     async fn holders(self: Arc<Self>, until: Instant) {
         while Instant::now() < until {
@@ -348,6 +374,7 @@ async fn workload(api: Api<TargetLease>, until: Instant, ops: Arc<AtomicU64>, se
                     ttl_seconds: TTL_SECONDS as u32,
                     max_hold_seconds: None,
                     release: false,
+                    priority: None,
                 },
             );
             if api.create(&PostParams::default(), &lease).await.is_ok() {
@@ -366,6 +393,10 @@ async fn workload(api: Api<TargetLease>, until: Instant, ops: Arc<AtomicU64>, se
 }
 
 /// Length of the fault phase: `TARGETLEASE_CHAOS_SECONDS`, 150 s by default.
+/// How long two resources on one target may both show Held: the new holder's grant wakes the
+/// old one, whose renewal finds it lost; a few reconciles under load.
+const DOUBLE_HELD_LIMIT: Duration = Duration::from_secs(3);
+
 fn fault_seconds() -> u64 {
     std::env::var("TARGETLEASE_CHAOS_SECONDS")
         .ok()
@@ -400,6 +431,7 @@ async fn chaos(cluster: Arc<Cluster>) {
     tokio::spawn(checker.clone().watch(api.clone()));
     let holders_end = fault_phase_end + Duration::from_secs(TTL_SECONDS + 20);
     tokio::spawn(checker.clone().holders(holders_end));
+    tokio::spawn(checker.clone().double_held(holders_end));
     let ops = Arc::new(AtomicU64::new(0));
     let seed: u64 = std::env::var("TARGETLEASE_CHAOS_SEED")
         .ok()

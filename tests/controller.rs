@@ -426,6 +426,19 @@ async fn backend_outage_keeps_finalizer(mut s: Scenario) {
         })
         .await;
     assert!(stuck.metadata.deletion_timestamp.is_some());
+    // Whoever can read the TargetLease must not learn where Valkey is: the status names the
+    // failure and what to do, the address is in the controller's log only.
+    let shown = serde_json::to_string(&stuck.status).expect("status json");
+    let port = s.valkey.port.to_string();
+    assert!(
+        !shown.contains(&format!("127.0.0.1:{port}")) && !shown.contains(&port),
+        "the status names the Valkey address: {shown}"
+    );
+    assert!(shown.contains("controller's log"), "{shown}");
+    assert!(
+        s.controller().logs().contains(&port),
+        "the details belong in the controller's log"
+    );
     assert!(
         stuck
             .finalizers()
@@ -444,8 +457,66 @@ async fn backend_outage_keeps_finalizer(mut s: Scenario) {
     let _ = s.controller();
 }
 
+// Fair hand-over: five waiters created 200 ms apart get the target in creation order, and a
+// claim with a higher spec.priority overtakes the ones still waiting.
+async fn fair_handover_in_creation_order(s: Scenario) {
+    s.apply("first", "queue-target", "holder-0", "");
+    s.wait_phase("first", Phase::Held, 30 * SEC).await;
+    let waiters: Vec<String> = (1..=5).map(|i| format!("waiter-{i}")).collect();
+    for (i, name) in waiters.iter().enumerate() {
+        s.apply(name, "queue-target", &format!("holder-{}", i + 1), "");
+        s.wait_phase(name, Phase::Waiting, 30 * SEC).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut order = vec!["first".to_owned()];
+    let mut took = Vec::new();
+    let mut current = "first".to_owned();
+    for step in 0..5 {
+        if step == 2 {
+            // Created last, but urgent: it goes before waiter-3, waiter-4 and waiter-5.
+            s.apply("urgent", "queue-target", "holder-urgent", "priority: 10");
+            s.wait_phase("urgent", Phase::Waiting, 30 * SEC).await;
+        }
+        let start = Instant::now();
+        s.delete(&current).await;
+        let next = loop {
+            let all = s.api().list(&Default::default()).await.expect("list").items;
+            let held: Vec<String> = all
+                .iter()
+                .filter(|l| {
+                    l.metadata.deletion_timestamp.is_none() && phase_of(l) == Some(Phase::Held)
+                })
+                .map(|l| l.name_any())
+                .collect();
+            assert!(held.len() <= 1, "two TargetLeases show Held: {held:?}");
+            if let Some(name) = held.first() {
+                break name.clone();
+            }
+            assert!(
+                start.elapsed() < 10 * SEC,
+                "nobody took the target after {current}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        took.push(start.elapsed());
+        order.push(next.clone());
+        current = next;
+    }
+    eprintln!("hand-over order {order:?}, latencies {took:?}");
+    assert_eq!(
+        order,
+        [
+            "first", "waiter-1", "waiter-2", "urgent", "waiter-3", "waiter-4"
+        ],
+        "the target must pass in creation order, the priority claim first"
+    );
+    for t in &took {
+        assert!(*t < SEC, "a hand-over took {t:?}");
+    }
+}
+
 // spec.release gives the lease up and keeps the resource; maxHoldSeconds bounds a tenure.
-async fn release_flag_and_max_hold(s: Scenario) {
+async fn release_flag_and_max_hold(mut s: Scenario) {
     s.apply("gitops", "flag-target", "worker-1", "");
     let held = s.wait_phase("gitops", Phase::Held, 30 * SEC).await;
     s.apply("next", "flag-target", "worker-2", "");
@@ -506,6 +577,55 @@ async fn release_flag_and_max_hold(s: Scenario) {
         .await
         .expect("inspect");
     assert!(seen.lease.is_none(), "the target is held again");
+    assert_eq!(
+        still
+            .status
+            .as_ref()
+            .and_then(|st| st.max_hold_spent_generation),
+        still.metadata.generation
+    );
+    // Through a Valkey outage (which rewrites the conditions) and a controller restart, the
+    // spent claim stays spent when Valkey is back.
+    s.valkey.kill();
+    s.cluster.kubectl_ok(&[
+        "annotate",
+        "tl",
+        "bounded",
+        "-n",
+        &s.ns,
+        "poke=3",
+        "--overwrite",
+    ]);
+    s.wait("bounded", "a store failure", 30 * SEC, |l| {
+        condition(l, "Ready").is_some_and(|c| c.reason.starts_with("Backend"))
+    })
+    .await;
+    s.valkey.restart();
+    s.controller().kill();
+    s.controller = Some(s.start_controller(&[]));
+    s.cluster.kubectl_ok(&[
+        "annotate",
+        "tl",
+        "bounded",
+        "-n",
+        &s.ns,
+        "poke=4",
+        "--overwrite",
+    ]);
+    tokio::time::sleep(3 * SEC).await;
+    let after = s.get("bounded").await;
+    assert_eq!(
+        phase_of(&after),
+        Some(Phase::Released),
+        "a spent claim took the target again after an outage and a restart"
+    );
+    let seen = s
+        .store()
+        .await
+        .inspect(&s.target("bounded-target"))
+        .await
+        .expect("inspect");
+    assert!(seen.lease.is_none(), "the target is held again");
 }
 
 fn main() {
@@ -519,6 +639,7 @@ fn main() {
         renewals_do_not_write_status,
         release_flag_and_max_hold,
         backend_outage_keeps_finalizer,
+        fair_handover_in_creation_order,
     ];
     run_suite("controller", scenarios.to_vec());
 }

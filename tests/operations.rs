@@ -169,9 +169,9 @@ async fn acl_wrong_password_is_access_denied() {
 }
 
 async fn acl_user_without_rights_is_access_denied() {
-    // Can connect and PING, but may not run scripts.
+    // Can connect, PING and read INFO (the eviction check), but may not run scripts.
     let rule: Vec<String> =
-        "ACL SETUSER no-scripts on >pw1 resetkeys ~tl:* -@all +ping +hello +auth +client|setinfo"
+        "ACL SETUSER no-scripts on >pw1 resetkeys ~tl:* -@all +ping +hello +auth +client|setinfo +info"
             .split_whitespace()
             .map(str::to_owned)
             .collect();
@@ -537,8 +537,9 @@ async fn durable_acquire_sends_scripts_and_waitaof_only() {
             .and_then(|rest| rest.split('"').next());
         commands.push(name.unwrap_or("?").to_ascii_uppercase());
     }
+    // INFO is the eviction check of every new connection.
     let allowed = [
-        "EVALSHA", "EVAL", "WAITAOF", "HELLO", "AUTH", "CLIENT", "PING", "SELECT",
+        "EVALSHA", "EVAL", "WAITAOF", "HELLO", "AUTH", "CLIENT", "PING", "SELECT", "INFO",
     ];
     let others: Vec<&String> = commands
         .iter()

@@ -88,6 +88,13 @@ pub struct TargetLeaseSpec {
     /// Give the lease up but keep the resource (GitOps-friendly release).
     #[serde(default)]
     pub release: bool,
+
+    /// Order among the claims waiting for the target: a higher priority gets it first; equal
+    /// priorities go in the order the claims were created (then by name), so a new claim never
+    /// jumps an older one. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = -1000, max = 1000))]
+    pub priority: Option<i32>,
 }
 
 fn default_ttl() -> u32 {

@@ -53,6 +53,11 @@ pub struct TargetLeaseStatus {
     /// The generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The generation whose tenure reached `maxHoldSeconds`: this TargetLease does not take the
+    /// target again until its spec changes. A field of its own, so store failures, wake-ups and
+    /// controller restarts cannot wash it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_hold_spent_generation: Option<i64>,
     /// `Ready`, `Held`, `Reconciling` and `Stalled`, in the metav1.Condition shape.
     #[serde(default)]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]

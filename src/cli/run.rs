@@ -335,6 +335,7 @@ impl RunArgs {
                 ttl_seconds: u32::try_from(self.ttl.as_secs().max(1)).unwrap_or(u32::MAX),
                 max_hold_seconds: None,
                 release: false,
+                priority: None,
             },
             status: None,
         }

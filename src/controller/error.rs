@@ -55,3 +55,41 @@ pub fn store_reason(kind: ErrorKind) -> &'static str {
         ErrorKind::UnexpectedReply => "BackendUnexpectedReply",
     }
 }
+
+/// The condition message for a store failure: what happened and what to do, for everyone who
+/// can read the TargetLease. It never carries the endpoint, the ACL user or the server's words
+/// (the controller's log has them); only the validation of our own request and the name of an
+/// unreadable record, which hold nothing secret, are passed on.
+pub fn store_message(error: &StoreError) -> String {
+    let see_log = "details in the controller's log";
+    match error {
+        StoreError::Unavailable { .. } => format!(
+            "the lease store cannot be reached; the controller retries with backoff ({see_log})"
+        ),
+        StoreError::Timeout { .. } => format!(
+            "a lease store call timed out; it is retried with the same request id ({see_log})"
+        ),
+        StoreError::Tls { .. } => format!(
+            "the TLS handshake with the lease store failed: check the CA, the client certificate \
+             and the server name settings ({see_log})"
+        ),
+        StoreError::AccessDenied { .. } => format!(
+            "the lease store refused the controller's credentials or rights: check the ACL user, \
+             its password and its rule ({see_log})"
+        ),
+        StoreError::NotDurable { .. } => format!(
+            "the lease store did not confirm the acquire durable in time; it is retried ({see_log})"
+        ),
+        StoreError::InvalidConfig(_) => {
+            format!("the controller's lease store settings are unusable ({see_log})")
+        }
+        StoreError::Corrupt { detail } => format!(
+            "a record in the lease store is unreadable ({detail}); an operator inspects it and \
+             runs `targetlease lease repair`"
+        ),
+        StoreError::InvalidRequest(why) => format!("the lease store refused the request: {why}"),
+        StoreError::UnexpectedReply(_) => format!(
+            "the lease store answered something this version does not understand ({see_log})"
+        ),
+    }
+}

@@ -71,6 +71,7 @@ mod tests {
                 ttl_seconds: 30,
                 max_hold_seconds: None,
                 release: false,
+                priority: None,
             },
         );
         lease.metadata = ObjectMeta {

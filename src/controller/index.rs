@@ -130,6 +130,7 @@ mod tests {
                 ttl_seconds: 30,
                 max_hold_seconds: None,
                 release: false,
+                priority: None,
             },
         );
         l.metadata.namespace = Some(ns.into());

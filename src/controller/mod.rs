@@ -8,6 +8,7 @@ pub mod holders;
 pub mod http;
 pub mod index;
 pub mod metrics;
+pub mod queue;
 mod reconcile;
 pub mod status;
 

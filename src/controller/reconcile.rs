@@ -17,7 +17,8 @@ use tracing::{debug, info, warn};
 
 use super::heartbeat::stale_after;
 use super::holders::{Fate, fate_of};
-use super::status::{Observed, is_transition};
+use super::queue;
+use super::status::{MAX_HOLD_REACHED, Observed, is_transition};
 use super::{Context, Error};
 use crate::api::{FIELD_MANAGER, FINALIZER, HolderRef, Phase, TargetLease, TargetLeaseStatus};
 use crate::store::{
@@ -101,30 +102,9 @@ impl<'a> Claim<'a> {
         observed: Observed,
         event: Option<(&'static str, String)>,
     ) -> Result<(), Error> {
-        let new = observed.into_status(
-            self.lease.metadata.generation,
-            self.status,
-            Timestamp::now(),
-        );
-        if !is_transition(self.status, &new) {
+        if !write_status(ctx, &self.api, self.lease, observed).await? {
             return Ok(());
         }
-        let phase_changed = self.status.map(|s| s.phase) != Some(new.phase);
-        let patch = json!({
-            "apiVersion": "targetlease.dev/v1alpha1",
-            "kind": "TargetLease",
-            "status": new,
-        });
-        self.api
-            .patch_status(
-                &self.lease.name_any(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await?;
-        let phase_name = format!("{:?}", new.phase);
-        ctx.metrics
-            .status_written(phase_changed.then_some(phase_name.as_str()));
         if let Some((reason, note)) = event {
             self.publish(ctx, reason, note).await;
         }
@@ -163,6 +143,49 @@ impl<'a> Claim<'a> {
     }
 }
 
+/// Writes `observed` as the status of `lease` when it is a transition; answers whether it wrote.
+async fn write_status(
+    ctx: &Context,
+    api: &Api<TargetLease>,
+    lease: &TargetLease,
+    observed: Observed,
+) -> Result<bool, Error> {
+    let old = lease.status.as_ref();
+    let new = observed.into_status(lease.metadata.generation, old, Timestamp::now());
+    if !is_transition(old, &new) {
+        return Ok(false);
+    }
+    let phase_changed = old.map(|s| s.phase) != Some(new.phase);
+    let patch = json!({
+        "apiVersion": "targetlease.dev/v1alpha1",
+        "kind": "TargetLease",
+        "status": new,
+    });
+    api.patch_status(
+        &lease.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    let phase_name = format!("{:?}", new.phase);
+    ctx.metrics
+        .status_written(phase_changed.then_some(phase_name.as_str()));
+    Ok(true)
+}
+
+/// A TargetLease the store cannot take (a target or namespace it refuses) gets a Failed status
+/// that says why, rather than no status at all.
+async fn refuse_claim(lease: &TargetLease, ctx: &Context, error: StoreError) -> Error {
+    if let Some(ns) = lease.namespace() {
+        let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
+        let observed = Observed::store_failed(lease.status.as_ref(), &error);
+        if let Err(e) = write_status(ctx, &api, lease, observed).await {
+            warn!(error = %e, lease = %lease.name_any(), "could not record the refusal in the status");
+        }
+    }
+    Error::Store(error)
+}
+
 /// Times one store call for the metrics.
 async fn timed<T>(
     ctx: &Context,
@@ -192,16 +215,13 @@ fn release_reason(
         return None;
     };
     // A spent claim stays released until its spec changes: otherwise the same TargetLease would
-    // take the target again at once and the bound would bound nothing.
-    let spent = status.phase == Phase::Released
-        && status.observed_generation == claim.lease.metadata.generation
-        && status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.reason == "MaxHoldReached");
+    // take the target again at once and the bound would bound nothing. The mark is a status field
+    // of its own, kept through store failures (which rewrite the conditions) and restarts.
+    let spent = status.max_hold_spent_generation.is_some()
+        && status.max_hold_spent_generation == claim.lease.metadata.generation;
     if spent {
         return Some((
-            "MaxHoldReached",
+            MAX_HOLD_REACHED,
             format!("held for {max} s, the maxHoldSeconds bound"),
         ));
     }
@@ -209,7 +229,7 @@ fn release_reason(
     let held_for = Timestamp::now().duration_since(acquired);
     (held_for.as_secs() >= i64::from(max)).then(|| {
         (
-            "MaxHoldReached",
+            MAX_HOLD_REACHED,
             format!("held for {max} s, the maxHoldSeconds bound"),
         )
     })
@@ -271,7 +291,11 @@ async fn holder_gone(
 }
 
 async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
-    let claim = Claim::new(lease, ctx)?;
+    let claim = match Claim::new(lease, ctx) {
+        Ok(claim) => claim,
+        Err(Error::Store(e)) => return Err(refuse_claim(lease, ctx, e).await),
+        Err(e) => return Err(e),
+    };
     let now = Instant::now();
     let gone = holder_gone(&claim, ctx, now).await?;
     if let Some((reason, message)) = release_reason(&claim, gone) {
@@ -383,8 +407,27 @@ fn min_token(claim: &Claim<'_>, ctx: &Context) -> u64 {
         .unwrap_or(0)
 }
 
-/// Tries to take the target; answers when to look at the claim again.
+/// Tries to take the target, in its turn; answers when to look at the claim again.
 async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Duration, Error> {
+    let on_target =
+        ctx.targets
+            .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target());
+    if let Some(ahead) = queue::ahead_of(claim.lease, &on_target) {
+        // Not this claim's turn: it asks the store nothing. It is woken when the target is
+        // released or a grant happens, and looks again at the renewal interval at the latest.
+        let holder = on_target
+            .iter()
+            .find(|l| l.status.as_ref().is_some_and(|s| s.phase == Phase::Held))
+            .map_or_else(|| ahead.spec.holder.clone(), |l| l.spec.holder.clone());
+        let mut observed = Observed::waiting(&holder, claim.last_token());
+        observed.message = format!(
+            "target is held by {holder}; in line after {} (claims get the target in the order \
+             they were created, higher spec.priority first)",
+            ahead.name_any()
+        );
+        claim.settle(ctx, observed, None).await?;
+        return Ok(renew_interval(claim.ttl()));
+    }
     let request = AcquireRequest {
         target: claim.target.clone(),
         lease_id: claim.lease_id.clone(),
@@ -408,9 +451,15 @@ async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Duration, Error> {
                     Some(("Acquired", note)),
                 )
                 .await?;
-            if matches!(previous, Some(Phase::Waiting | Phase::Lost)) {
+            // A hand-over is a target passing to a claim that waited for it; a Lost claim taking
+            // its target back is not one.
+            if previous == Some(Phase::Waiting) {
                 ctx.metrics.handover();
             }
+            // Every other claim on the target looks again now, Held ones included: one that
+            // still says Held (after a data loss or an outage) learns at its renewal that it
+            // lost, so at most one shows Held beyond this reconcile.
+            wake_others(claim, ctx, |_| true);
             Ok(renew_interval(claim.ttl()))
         }
         Ok(AcquireOutcome::Held {
@@ -517,16 +566,24 @@ async fn release_handle(
     }
 }
 
-/// Hand-over is event-driven: every other TargetLease on the target that does not hold it is
-/// reconciled now rather than at its next requeue.
+/// Hand-over is event-driven: every other TargetLease on the target that waits for it is
+/// reconciled now rather than at its next requeue (the next in line takes it).
 fn wake_waiters(claim: &Claim<'_>, ctx: &Context) {
+    wake_others(claim, ctx, |other| {
+        let status = other.status.as_ref();
+        let waiting = status.is_none_or(|s| !matches!(s.phase, Phase::Held | Phase::Released));
+        waiting && !other.spec.release
+    });
+}
+
+/// Schedules a reconcile of every other TargetLease on the claim's target that `pick` selects.
+fn wake_others(claim: &Claim<'_>, ctx: &Context, pick: impl Fn(&TargetLease) -> bool) {
     let me = claim.lease.uid();
     let on_target =
         ctx.targets
             .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target());
     for other in on_target {
-        let waiting = other.status.as_ref().is_none_or(|s| s.phase != Phase::Held);
-        if other.uid() != me && waiting && !other.spec.release {
+        if other.uid() != me && pick(&other) {
             let _ = ctx.wake.send(ObjectRef::from_obj(other.as_ref()));
         }
     }

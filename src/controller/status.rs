@@ -3,9 +3,12 @@
 
 use jiff::Timestamp;
 
-use super::error::store_reason;
+use super::error::{store_message, store_reason};
 use crate::api::{Condition, Phase, TargetLeaseStatus};
 use crate::store::{Grant, StoreError};
+
+/// The reason of a release at the `maxHoldSeconds` bound.
+pub const MAX_HOLD_REACHED: &str = "MaxHoldReached";
 
 /// What one reconcile learned about a TargetLease.
 #[derive(Clone, Debug, PartialEq)]
@@ -124,7 +127,7 @@ impl Observed {
             expires_at: previous.expires_at,
             held_by: previous.held_by,
             reason,
-            message: error.to_string(),
+            message: store_message(error),
         }
     }
 
@@ -169,6 +172,13 @@ impl Observed {
                 }
             })
             .collect();
+        // Spent by this very release, or kept from before for as long as the spec is the same.
+        let spent = if self.phase == Phase::Released && self.reason == MAX_HOLD_REACHED {
+            generation
+        } else {
+            old.and_then(|o| o.max_hold_spent_generation)
+                .filter(|g| generation == Some(*g))
+        };
         TargetLeaseStatus {
             phase: self.phase,
             owner: self.owner,
@@ -177,6 +187,7 @@ impl Observed {
             expires_at: self.expires_at,
             held_by: self.held_by,
             observed_generation: generation,
+            max_hold_spent_generation: spent,
             conditions,
         }
     }
@@ -194,6 +205,7 @@ pub fn is_transition(old: Option<&TargetLeaseStatus>, new: &TargetLeaseStatus) -
             s.acquired_at,
             s.held_by.clone(),
             s.observed_generation,
+            s.max_hold_spent_generation,
         )
     };
     let conditions = |s: &TargetLeaseStatus| {
@@ -323,5 +335,40 @@ mod tests {
             condition(&s, "Stalled").map(|c| c.reason.as_str()),
             Some("CorruptRecord")
         );
+    }
+
+    #[test]
+    fn store_failures_never_show_the_endpoint_or_the_user() {
+        let failures = [
+            StoreError::Unavailable {
+                endpoint: "10.9.8.7:6380".into(),
+                cause: "connection refused".into(),
+            },
+            StoreError::AccessDenied {
+                endpoint: "10.9.8.7:6380".into(),
+                cause: "WRONGPASS user ops-admin".into(),
+            },
+            StoreError::Tls {
+                endpoint: "10.9.8.7:6380".into(),
+                cause: "unknown CA for valkey.internal".into(),
+            },
+            StoreError::Timeout {
+                endpoint: "10.9.8.7:6380".into(),
+                after_ms: 2000,
+            },
+            StoreError::InvalidConfig("cannot read /etc/secret/10.9.8.7".into()),
+        ];
+        for error in failures {
+            let s = Observed::store_failed(None, &error).into_status(
+                Some(1),
+                None,
+                Timestamp::UNIX_EPOCH,
+            );
+            let shown = serde_json::to_string(&s).expect("json");
+            for secret in ["10.9.8.7", "ops-admin", "valkey.internal", "/etc/secret"] {
+                assert!(!shown.contains(secret), "{secret} in {shown}");
+            }
+            assert!(shown.contains("controller's log"), "{shown}");
+        }
     }
 }

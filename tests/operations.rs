@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use targetlease::redact::Secret;
 use targetlease::store::valkey::keys::TargetKeys;
 use targetlease::store::valkey::{
-    Durability, PasswordSource, TlsConfig, ValkeyConfig, ValkeyStore,
+    ClientCertificate, Durability, PasswordSource, TlsConfig, ValkeyConfig, ValkeyStore,
 };
 use targetlease::store::{ErrorKind, LeaseStore, StoreError};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -102,8 +102,10 @@ fn tls_config(certs: &Certs, port: u16, mtls: bool) -> ValkeyConfig {
     let mut config = valkey_config(&format!("rediss://127.0.0.1:{port}"));
     config.tls = Some(TlsConfig {
         ca_file: Some(certs.path("ca.crt")),
-        client_cert_file: mtls.then(|| certs.path("client.crt")),
-        client_key_file: mtls.then(|| certs.path("client.key")),
+        client: mtls.then(|| ClientCertificate {
+            cert_file: certs.path("client.crt"),
+            key_file: certs.path("client.key"),
+        }),
         ..TlsConfig::default()
     });
     config
@@ -261,8 +263,10 @@ async fn mtls_with_a_foreign_client_certificate_is_named() {
     let server = tls_server(&certs, true);
     let mut config = tls_config(&certs, server.port, true);
     if let Some(tls) = config.tls.as_mut() {
-        tls.client_cert_file = Some(certs.path("other-client.crt"));
-        tls.client_key_file = Some(certs.path("other-client.key"));
+        tls.client = Some(ClientCertificate {
+            cert_file: certs.path("other-client.crt"),
+            key_file: certs.path("other-client.key"),
+        });
     }
     refused(
         config,

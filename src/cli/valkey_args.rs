@@ -18,7 +18,8 @@ use clap::{Arg, Args, Command};
 use super::parse_duration;
 use crate::redact::{Secret, SecretUrl};
 use crate::store::valkey::{
-    DEFAULT_PREFIX, Durability, PasswordSource, TlsConfig, ValkeyConfig, ValkeyStore,
+    ClientCertificate, DEFAULT_PREFIX, Durability, PasswordSource, TlsConfig, ValkeyConfig,
+    ValkeyStore,
 };
 use crate::store::{LeaseStore, StoreError};
 
@@ -147,12 +148,48 @@ impl ValkeyArgs {
         &self,
         env_password: Option<String>,
     ) -> Result<ValkeyConfig, StoreError> {
-        let tls_files = self.valkey_tls_ca_file.is_some() || self.valkey_tls_cert_file.is_some();
-        let tls_wanted = self.valkey_tls
-            || tls_files
-            || self.valkey_tls_server_name.is_some()
-            || self.valkey_tls_insecure;
-        let mut config = match (&self.valkey_url, self.valkey_cluster_seeds.as_slice()) {
+        // Every flag is named here: a flag added to the struct and not wired below does not
+        // compile.
+        let Self {
+            valkey_url,
+            valkey_cluster_seeds,
+            valkey_username,
+            valkey_password_file,
+            valkey_tls,
+            valkey_tls_ca_file,
+            valkey_tls_cert_file,
+            valkey_tls_key_file,
+            valkey_tls_server_name,
+            valkey_tls_insecure,
+            valkey_key_prefix,
+            valkey_pool_size,
+            valkey_connect_timeout,
+            valkey_timeout,
+            valkey_reconnect_min_delay,
+            valkey_reconnect_max_delay,
+            valkey_durability,
+            valkey_reply_ttl,
+            valkey_allow_eviction,
+        } = self;
+        // clap makes the certificate and its key require each other; the pair keeps it so.
+        let client = match (valkey_tls_cert_file, valkey_tls_key_file) {
+            (Some(cert_file), Some(key_file)) => Some(ClientCertificate {
+                cert_file: cert_file.clone(),
+                key_file: key_file.clone(),
+            }),
+            (None, None) => None,
+            _ => {
+                return Err(StoreError::InvalidConfig(
+                    "a TLS client certificate needs both the certificate and the key file".into(),
+                ));
+            }
+        };
+        let tls_wanted = *valkey_tls
+            || valkey_tls_ca_file.is_some()
+            || client.is_some()
+            || valkey_tls_server_name.is_some()
+            || *valkey_tls_insecure;
+        let mut config = match (valkey_url, valkey_cluster_seeds.as_slice()) {
             (Some(url), []) => ValkeyConfig::new(url.clone()),
             (None, seeds) if !seeds.is_empty() => ValkeyConfig::cluster(seeds.to_vec()),
             _ => {
@@ -161,8 +198,8 @@ impl ValkeyArgs {
                 ));
             }
         };
-        config.username = self.valkey_username.clone();
-        config.password = match (&self.valkey_password_file, env_password) {
+        config.username = valkey_username.clone();
+        config.password = match (valkey_password_file, env_password) {
             (Some(path), _) => Some(PasswordSource::File(path.clone())),
             (None, Some(value)) if !value.is_empty() => {
                 Some(PasswordSource::Value(Secret::new(value)))
@@ -170,21 +207,20 @@ impl ValkeyArgs {
             (None, _) => None,
         };
         config.tls = tls_wanted.then(|| TlsConfig {
-            ca_file: self.valkey_tls_ca_file.clone(),
-            client_cert_file: self.valkey_tls_cert_file.clone(),
-            client_key_file: self.valkey_tls_key_file.clone(),
-            server_name: self.valkey_tls_server_name.clone(),
-            insecure: self.valkey_tls_insecure,
+            ca_file: valkey_tls_ca_file.clone(),
+            client,
+            server_name: valkey_tls_server_name.clone(),
+            insecure: *valkey_tls_insecure,
         });
-        config.key_prefix = self.valkey_key_prefix.clone();
-        config.pool_size = self.valkey_pool_size;
-        config.connect_timeout = self.valkey_connect_timeout;
-        config.call_timeout = self.valkey_timeout;
-        config.reconnect_min_delay = self.valkey_reconnect_min_delay;
-        config.reconnect_max_delay = self.valkey_reconnect_max_delay;
-        config.durability = self.valkey_durability;
-        config.reply_ttl = self.valkey_reply_ttl;
-        config.allow_eviction = self.valkey_allow_eviction;
+        config.key_prefix = valkey_key_prefix.clone();
+        config.pool_size = *valkey_pool_size;
+        config.connect_timeout = *valkey_connect_timeout;
+        config.call_timeout = *valkey_timeout;
+        config.reconnect_min_delay = *valkey_reconnect_min_delay;
+        config.reconnect_max_delay = *valkey_reconnect_max_delay;
+        config.durability = *valkey_durability;
+        config.reply_ttl = *valkey_reply_ttl;
+        config.allow_eviction = *valkey_allow_eviction;
         config.validate()?;
         Ok(config)
     }

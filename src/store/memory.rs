@@ -10,10 +10,10 @@ use async_trait::async_trait;
 
 use super::types::{check_guarded_key, check_owner, ttl_millis};
 use super::{
-    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, Grant,
-    GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseStore, LeaseView, LossReason, MAX_TOKEN,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId,
-    StoreError, TargetRef, check_token,
+    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
+    Grant, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseStore, LeaseView, LossReason,
+    MAX_TOKEN, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome,
+    RequestId, StoreError, TargetRef, check_token,
 };
 
 /// A source of time for the in-memory backend, in microseconds since the Unix epoch.
@@ -69,9 +69,6 @@ impl Clock for ManualClock {
         self.0.load(Ordering::SeqCst)
     }
 }
-
-/// How long a reply stays cached for retries, unless configured otherwise.
-pub const DEFAULT_REPLY_TTL: Duration = Duration::from_secs(60);
 
 /// The in-memory lease store.
 pub struct MemoryStore {

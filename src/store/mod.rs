@@ -14,8 +14,8 @@ use async_trait::async_trait;
 
 pub use error::{ErrorKind, StoreError};
 pub use types::{
-    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, Grant,
-    GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseView, LossReason, MAX_TOKEN,
+    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
+    Grant, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseView, LossReason, MAX_TOKEN,
     ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId,
     TargetRef, check_token,
 };

@@ -8,6 +8,10 @@ use super::StoreError;
 /// Longest accepted target name; the CRD enforces the same bound.
 pub const MAX_TARGET_LEN: usize = 200;
 
+/// How long a reply stays cached for retries with the same request id, unless configured
+/// otherwise (every backend).
+pub const DEFAULT_REPLY_TTL: Duration = Duration::from_secs(60);
+
 /// The largest fencing token, 2^53-1: the largest integer that every link of the chain holds
 /// exactly (a Lua number in the scripts, a JSON number in a TargetLease status and in most
 /// clients that read it). Tokens, floors and stored fences above it are refused.

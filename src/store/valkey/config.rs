@@ -11,8 +11,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::redact::{Secret, SecretUrl};
-use crate::store::StoreError;
-use crate::store::memory::DEFAULT_REPLY_TTL;
+use crate::store::{DEFAULT_REPLY_TTL, StoreError};
 
 use super::keys::check_prefix;
 
@@ -100,15 +99,22 @@ impl PasswordSource {
 pub struct TlsConfig {
     /// PEM bundle of the CAs that may sign the server certificate; the system roots when unset.
     pub ca_file: Option<PathBuf>,
-    /// PEM client certificate (chain) for mutual TLS; needs [`TlsConfig::client_key_file`].
-    pub client_cert_file: Option<PathBuf>,
-    /// PEM private key of the client certificate.
-    pub client_key_file: Option<PathBuf>,
+    /// The client certificate for mutual TLS: a certificate never comes without its key.
+    pub client: Option<ClientCertificate>,
     /// The name the server certificate must carry, when it differs from the host connected to
     /// (connecting by IP or through a tunnel). Single-server connections only.
     pub server_name: Option<String>,
     /// Accept any server certificate. Logged as a warning; for experiments only.
     pub insecure: bool,
+}
+
+/// A client certificate (chain) and its private key, as PEM files.
+#[derive(Clone, Debug)]
+pub struct ClientCertificate {
+    /// PEM client certificate (chain).
+    pub cert_file: PathBuf,
+    /// PEM private key of the certificate.
+    pub key_file: PathBuf,
 }
 
 /// The PEM material of a [`TlsConfig`], read from its files.
@@ -125,17 +131,15 @@ impl TlsConfig {
             .as_deref()
             .map(|p| read_file(p, "TLS CA file"))
             .transpose()?;
-        let client = match (&self.client_cert_file, &self.client_key_file) {
-            (Some(cert), Some(key)) => Some((
-                read_file(cert, "TLS client certificate file")?,
-                read_file(key, "TLS client key file")?,
+        let client = match &self.client {
+            Some(ClientCertificate {
+                cert_file,
+                key_file,
+            }) => Some((
+                read_file(cert_file, "TLS client certificate file")?,
+                read_file(key_file, "TLS client key file")?,
             )),
-            (None, None) => None,
-            _ => {
-                return Err(StoreError::InvalidConfig(
-                    "a TLS client certificate needs both the certificate and the key file".into(),
-                ));
-            }
+            None => None,
         };
         Ok(TlsMaterial { ca, client })
     }
@@ -343,11 +347,6 @@ impl ValkeyConfig {
                 "a TLS server name cannot be used with a cluster: every node is verified against \
                  the address it announces",
             );
-        }
-        if let Some(tls) = &tls
-            && tls.client_cert_file.is_some() != tls.client_key_file.is_some()
-        {
-            return invalid("a TLS client certificate needs both the certificate and the key file");
         }
         Ok(())
     }

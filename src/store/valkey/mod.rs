@@ -24,7 +24,8 @@ use tracing::{debug, warn};
 
 use self::classify::{breaks_connection, classify, millis};
 pub use self::config::{
-    DEFAULT_PREFIX, Durability, Endpoints, PasswordSource, TlsConfig, ValkeyConfig,
+    ClientCertificate, DEFAULT_PREFIX, Durability, Endpoints, PasswordSource, TlsConfig,
+    ValkeyConfig,
 };
 use self::connect::{Conn, Connector};
 use self::keys::TargetKeys;

@@ -18,6 +18,13 @@ if cached then
   -- connection that has written nothing yet. Refreshing the cache entry orders a write after
   -- the original grant in the replication stream, so the wait covers the grant.
   redis.call('PEXPIRE', KEYS[3], reply_ttl)
+  -- A replayed grant leaves the fence at least at its token, like every path that answers one.
+  local replayed = cached[1] == 'acquired' and arg_int(cached[2])
+  if replayed then
+    local fence, fence_err = read_fence(KEYS[2])
+    if not fence then return fence_err end
+    if fence < replayed then redis.call('SET', KEYS[2], cached[2]) end
+  end
   return cached
 elseif err then
   return err

@@ -388,6 +388,17 @@ async fn lost_fence_is_raised_again(h: Harness) {
     h.admin().cmd(&["SET", &keys.fence(), "5"]).await;
     acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
     assert_eq!(h.store.inspect(&t).await.expect("inspect").fence, g.token);
+    // And by a retry answered from the reply cache.
+    let other = target("lost-fence-replay");
+    let req = acquire_req(&other, "lease-b", "bob", TTL);
+    let first = acquired(&*h.store, &req).await;
+    h.admin().cmd(&["DEL", &h.keys(&other).fence()]).await;
+    assert_eq!(acquired(&*h.store, &req).await, first);
+    assert_eq!(
+        h.store.inspect(&other).await.expect("inspect").fence,
+        first.token,
+        "a replayed grant must raise a lost fence"
+    );
 }
 
 // 8. A server that may evict keys is refused at connect, with the reason; allowed explicitly,

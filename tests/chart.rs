@@ -729,7 +729,8 @@ fn gitops_samples() -> Vec<(
             "store down",
             sample(Some(retrying)),
             "Progressing",
-            "connection refused",
+            // The status names the failure, never Valkey's own words or address.
+            "cannot be reached",
             "InProgress",
         ),
         ("deleted", deleting, "Progressing", "deleted", "Terminating"),

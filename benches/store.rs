@@ -854,15 +854,17 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
     let ttl = LEASE_TTL.as_millis().to_string();
     let reply_ttl = "60000".to_owned();
     let acquire = |i: usize, k: &TargetKeys, owner: &str| {
+        let request = RequestId::random();
         evalsha(
             &SCRIPTS.acquire.script,
-            &[k.lease(), k.fence(), k.reply(&RequestId::random())],
+            &[k.lease(), k.fence(), k.reply(&request), k.grant()],
             &[
                 format!("lease-{owner}-{i}"),
                 format!("{owner}-{i}"),
                 ttl.clone(),
                 "0".into(),
                 reply_ttl.clone(),
+                request.as_str().to_owned(),
             ],
         )
     };
@@ -962,7 +964,7 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             .map(|(i, k)| {
                 evalsha(
                     &SCRIPTS.renew.script,
-                    &[k.lease(), k.reply(&RequestId::random())],
+                    &[k.lease(), k.fence(), k.reply(&RequestId::random())],
                     &[
                         format!("lease-a-{i}"),
                         format!("a-{i}"),
@@ -1011,20 +1013,40 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
     // Ablation: acquire.lua with one step taken out at a time, each on an empty database and
     // fresh targets, against the unmodified script measured the same way. These variants are
     // not valid scripts (each drops a guarantee); they only attribute the cost.
-    let ablations: [(&'static str, &[(&str, &str)]); 5] = [
+    let ablations: [(&'static str, &[(&str, &str)]); 7] = [
         (
             "acquire.lua without the reply-cache read (GET)",
             &[(
-                "local cached, err = cached_reply(KEYS[3])",
+                "local cached, err = cached_reply(KEYS[3], bound, 'acquire')",
                 "local cached, err = nil, nil",
             )],
         ),
         (
             "acquire.lua without the reply-cache write (SET PX)",
             &[(
-                "return remember(KEYS[3], {'acquired', token, int(ttl), now, now}, reply_ttl)",
+                "return remember(KEYS[3], bound, 'acquire', {'acquired', token, int(ttl), now, now}, reply_ttl)",
                 "return {'acquired', token, int(ttl), now, now}",
             )],
+        ),
+        (
+            "acquire.lua without the request-id binding (SHA-1 of the call)",
+            &[(
+                "local bound = binding('acquire', ARGV[1], ARGV[2])",
+                "local bound = ''",
+            )],
+        ),
+        (
+            "acquire.lua without the spent-grant record (GET and SET)",
+            &[
+                (
+                    "local last_request = redis.pcall('GET', KEYS[4])",
+                    "local last_request = nil",
+                ),
+                (
+                    "redis.call('SET', KEYS[2], token)\nredis.call('SET', KEYS[4], ARGV[6])\nreturn remember",
+                    "redis.call('SET', KEYS[2], token)\nreturn remember",
+                ),
+            ],
         ),
         (
             "acquire.lua without TIME (fixed clock)",
@@ -1037,10 +1059,13 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             "acquire.lua without the fence (GET and SET)",
             &[
                 (
-                    "local fence, fence_err = read_fence(KEYS[2])",
-                    "local fence, fence_err = 0, nil",
+                    "local fence, fence_err = read_fence(KEYS[2])\nif not fence then return fence_err end\n-- TIME",
+                    "local fence, fence_err = 0, nil\n-- TIME",
                 ),
-                ("redis.call('SET', KEYS[2], token)\n", ""),
+                (
+                    "redis.call('SET', KEYS[2], token)\nredis.call('SET', KEYS[4], ARGV[6])\nreturn remember",
+                    "redis.call('SET', KEYS[4], ARGV[6])\nreturn remember",
+                ),
             ],
         ),
         (
@@ -1052,15 +1077,17 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
         ),
     ];
     let fresh = |script: &Script, k: &TargetKeys, i: usize| {
+        let request = RequestId::random();
         evalsha(
             script,
-            &[k.lease(), k.fence(), k.reply(&RequestId::random())],
+            &[k.lease(), k.fence(), k.reply(&request), k.grant()],
             &[
                 format!("lease-{i}"),
                 format!("w-{i}"),
                 ttl.clone(),
                 "0".into(),
                 reply_ttl.clone(),
+                request.as_str().to_owned(),
             ],
         )
     };

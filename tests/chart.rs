@@ -20,7 +20,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::{Value, json};
-use targetlease::api::{Phase, TargetLease, TargetLeaseStatus};
+use targetlease::api::{Phase, Reason, TargetLease, TargetLeaseStatus};
 use targetlease::controller::status::Observed;
 use targetlease::store::valkey::keys::TargetKeys;
 use targetlease::store::{Grant, StoreError, TargetRef};
@@ -639,16 +639,13 @@ fn gitops_samples() -> Vec<(
     let held = Observed::held(&grant, "worker-7").into_status(Some(1), None, now);
     let waiting = Observed::waiting("worker-3", None).into_status(Some(1), None, now);
     let released = Observed::released(
-        "ReleaseRequested",
+        Reason::ReleaseRequested,
         "spec.release is true".into(),
         Some(token),
     )
     .into_status(Some(1), None, now);
-    let lost = Observed::lost("Expired", "the lease expired".into(), Some(token)).into_status(
-        Some(1),
-        None,
-        now,
-    );
+    let lost = Observed::lost(Reason::Expired, "the lease expired".into(), Some(token))
+        .into_status(Some(1), None, now);
     let corrupt = StoreError::Corrupt {
         detail: "lease key has the wrong type".into(),
     };

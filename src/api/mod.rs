@@ -10,7 +10,7 @@ mod status;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-pub use status::{Condition, Phase, TargetLeaseStatus};
+pub use status::{Condition, ConditionType, Phase, Reason, TargetLeaseStatus};
 
 /// API group.
 pub const GROUP: &str = "targetlease.dev";

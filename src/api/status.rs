@@ -25,6 +25,102 @@ pub enum Phase {
     Failed,
 }
 
+/// Why a condition is what it is: the `reason` of every condition and Event the controller
+/// writes, one CamelCase word a program can match on (docs/troubleshooting.md lists them all).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The target is held.
+    Acquired,
+    /// Another TargetLease holds the target.
+    Waiting,
+    /// `spec.release` is true.
+    ReleaseRequested,
+    /// The holder pod is gone, finished or another pod of that name, or `run`'s heartbeat stopped.
+    HolderGone,
+    /// The tenure reached `maxHoldSeconds`.
+    MaxHoldReached,
+    /// The lease was released (an Event).
+    Released,
+    /// Another claim or token holds the target.
+    Lost,
+    /// The lease expired before it was renewed.
+    Expired,
+    /// The lease store could not be reached.
+    BackendUnavailable,
+    /// A lease store call timed out.
+    BackendTimeout,
+    /// The TLS handshake with the lease store failed.
+    BackendTlsFailed,
+    /// The lease store refused the credentials or rights.
+    BackendAuthFailed,
+    /// An acquire was not confirmed durable in time.
+    BackendNotDurable,
+    /// The lease store settings are unusable.
+    BackendMisconfigured,
+    /// A record in the lease store is unreadable.
+    CorruptRecord,
+    /// The lease store refused the request as invalid.
+    InvalidRequest,
+    /// The lease store answered something this version does not understand.
+    BackendUnexpectedReply,
+}
+
+impl Reason {
+    /// The word written in conditions and Events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Acquired => "Acquired",
+            Reason::Waiting => "Waiting",
+            Reason::ReleaseRequested => "ReleaseRequested",
+            Reason::HolderGone => "HolderGone",
+            Reason::MaxHoldReached => "MaxHoldReached",
+            Reason::Released => "Released",
+            Reason::Lost => "Lost",
+            Reason::Expired => "Expired",
+            Reason::BackendUnavailable => "BackendUnavailable",
+            Reason::BackendTimeout => "BackendTimeout",
+            Reason::BackendTlsFailed => "BackendTLSFailed",
+            Reason::BackendAuthFailed => "BackendAuthFailed",
+            Reason::BackendNotDurable => "BackendNotDurable",
+            Reason::BackendMisconfigured => "BackendMisconfigured",
+            Reason::CorruptRecord => "CorruptRecord",
+            Reason::InvalidRequest => "InvalidRequest",
+            Reason::BackendUnexpectedReply => "BackendUnexpectedReply",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The condition types the controller writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConditionType {
+    /// The resource is where it should be (Held, or Released as asked).
+    Ready,
+    /// The lease is held.
+    Held,
+    /// The controller is still working towards Ready (kstatus).
+    Reconciling,
+    /// A person must act (kstatus).
+    Stalled,
+}
+
+impl ConditionType {
+    /// The condition's `type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionType::Ready => "Ready",
+            ConditionType::Held => "Held",
+            ConditionType::Reconciling => "Reconciling",
+            ConditionType::Stalled => "Stalled",
+        }
+    }
+}
+
 /// Observed state of a TargetLease.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]

@@ -51,6 +51,9 @@ enum Command {
     /// Talk to the lease store directly: for operators debugging a target, and for tests.
     #[command(subcommand)]
     Lease(lease::LeaseCommand),
+    /// Internal: the guard `run` starts next to the command (see `targetlease run`).
+    #[command(name = "__guard", hide = true)]
+    Guard(run::GuardArgs),
 }
 
 impl Cli {
@@ -75,6 +78,7 @@ impl Cli {
             },
             Command::Wait(args) => args.run().await,
             Command::Run(args) => args.run().await,
+            Command::Guard(args) => args.run(),
             Command::Lease(command) => command.run().await,
         }
     }

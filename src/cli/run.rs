@@ -10,8 +10,10 @@
 //!   for half the TTL, so a `run` killed with SIGKILL loses its lease within the TTL, with or
 //!   without a pod. In a pod, holderRef names the pod (POD_NAME) with its uid (POD_UID) and the
 //!   pod owns the TargetLease.
-//! - The command runs in its own process group and dies with `run` (parent-death signal). The
-//!   lease counts as lost when the TargetLease leaves Held, shows another token, starts being
+//! - The command runs in its own process group. A guard process (this binary, `__guard`) holds
+//!   the read end of a pipe whose write end only `run` holds: when `run` ends in any way, even
+//!   by SIGKILL, the pipe closes and the guard kills the command's whole group, so nothing the
+//!   command started outlives `run`. The lease counts as lost when the TargetLease leaves Held, shows another token, starts being
 //!   deleted or is gone, or when `run` has had no confirmation that it is Held with its token for
 //!   longer than the TTL (counted from the last API server answer that showed it). Then the
 //!   group gets SIGTERM, SIGKILL after `--grace`, and `run` exits with [`exit::LOST`] whatever
@@ -519,15 +521,6 @@ impl RunArgs {
             .env("TARGETLEASE_NAME", name)
             // Its own group, so everything it starts can be signalled together.
             .process_group(0);
-        // SAFETY: the closure runs in the forked child before exec and only makes the prctl
-        // system call, which is async-signal-safe.
-        unsafe {
-            command.pre_exec(|| {
-                // The command dies with `run` (SIGKILL, OOM kill): it never outlives the process
-                // that watches its lease.
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
-            });
-        }
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(e) => {
@@ -539,6 +532,14 @@ impl RunArgs {
             return Err(format!("{program} exited before it could be watched"));
         };
         let group = Pid::from_raw(pgid);
+        // Held until `run` ends: its closing is the guard's signal.
+        let _guard = match start_guard(pgid) {
+            Ok(guard) => guard,
+            Err(e) => {
+                let _ = killpg(group, Signal::SIGKILL);
+                return Err(format!("cannot start the guard of the command: {e}"));
+            }
+        };
         // Recorded for a restarted `run` to clean up after this one; in the background, so an
         // unreachable API server never delays watching the command.
         let record = json!({"metadata": {"annotations": {COMMAND_ANNOTATION: describe(pgid)}}});
@@ -630,6 +631,49 @@ impl RunArgs {
         }
         warn!("processes the command started are still running after the grace; killing them");
         let _ = killpg(group, Signal::SIGKILL);
+    }
+}
+
+/// Starts the guard of process group `pgid` and returns the write end of its pipe (with the
+/// guard's handle): dropping it, or `run` ending, makes the guard kill the group.
+fn start_guard(pgid: i32) -> std::io::Result<(Child, tokio::process::ChildStdin)> {
+    let exe = std::env::current_exe()?;
+    let mut guard = Command::new(exe)
+        .args(["__guard", "--group", &pgid.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        // Its own group: a signal to the command's group or to `run`'s never reaches it.
+        .process_group(0)
+        .kill_on_drop(false)
+        .spawn()?;
+    let pipe = guard
+        .stdin
+        .take()
+        .ok_or_else(|| std::io::Error::other("the guard has no stdin"))?;
+    Ok((guard, pipe))
+}
+
+/// Flags of the hidden `__guard` subcommand.
+#[derive(Debug, Args)]
+pub struct GuardArgs {
+    /// The process group to kill when standard input closes.
+    #[arg(long)]
+    group: i32,
+}
+
+impl GuardArgs {
+    /// Blocks until standard input closes (`run` ended, however), then kills what is left of
+    /// the command's process group.
+    pub fn run(self) -> ExitCode {
+        use std::io::Read;
+        // In a process group of its own, a Ctrl-C in the terminal does not reach it.
+        let mut sink = [0u8; 64];
+        while matches!(std::io::stdin().read(&mut sink), Ok(n) if n > 0) {}
+        if self.group > 1 && killpg(Pid::from_raw(self.group), None).is_ok() {
+            let _ = killpg(Pid::from_raw(self.group), Signal::SIGKILL);
+        }
+        ExitCode::SUCCESS
     }
 }
 

@@ -1,5 +1,6 @@
 use thiserror::Error;
 
+use crate::api::Reason;
 use crate::store::{ErrorKind, StoreError};
 
 /// Everything a reconcile can fail with.
@@ -42,17 +43,17 @@ impl Error {
 }
 
 /// The condition reason for a store failure: one word a person can act on.
-pub fn store_reason(kind: ErrorKind) -> &'static str {
+pub fn store_reason(kind: ErrorKind) -> Reason {
     match kind {
-        ErrorKind::Unavailable => "BackendUnavailable",
-        ErrorKind::Timeout => "BackendTimeout",
-        ErrorKind::Tls => "BackendTLSFailed",
-        ErrorKind::AccessDenied => "BackendAuthFailed",
-        ErrorKind::NotDurable => "BackendNotDurable",
-        ErrorKind::InvalidConfig => "BackendMisconfigured",
-        ErrorKind::Corrupt => "CorruptRecord",
-        ErrorKind::InvalidRequest => "InvalidRequest",
-        ErrorKind::UnexpectedReply => "BackendUnexpectedReply",
+        ErrorKind::Unavailable => Reason::BackendUnavailable,
+        ErrorKind::Timeout => Reason::BackendTimeout,
+        ErrorKind::Tls => Reason::BackendTlsFailed,
+        ErrorKind::AccessDenied => Reason::BackendAuthFailed,
+        ErrorKind::NotDurable => Reason::BackendNotDurable,
+        ErrorKind::InvalidConfig => Reason::BackendMisconfigured,
+        ErrorKind::Corrupt => Reason::CorruptRecord,
+        ErrorKind::InvalidRequest => Reason::InvalidRequest,
+        ErrorKind::UnexpectedReply => Reason::BackendUnexpectedReply,
     }
 }
 

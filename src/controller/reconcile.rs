@@ -18,9 +18,11 @@ use tracing::{debug, info, warn};
 use super::heartbeat::stale_after;
 use super::holders::{Fate, fate_of};
 use super::queue;
-use super::status::{MAX_HOLD_REACHED, Observed, is_transition};
+use super::status::{Observed, is_transition};
 use super::{Context, Error};
-use crate::api::{FIELD_MANAGER, FINALIZER, HolderRef, Phase, TargetLease, TargetLeaseStatus};
+use crate::api::{
+    FIELD_MANAGER, FINALIZER, HolderRef, Phase, Reason, TargetLease, TargetLeaseStatus,
+};
 use crate::store::{
     AcquireOutcome, AcquireRequest, LeaseHandle, LeaseId, LossReason, MAX_TOKEN, ReleaseOutcome,
     ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError, TargetRef,
@@ -100,7 +102,7 @@ impl<'a> Claim<'a> {
         &self,
         ctx: &Context,
         observed: Observed,
-        event: Option<(&'static str, String)>,
+        event: Option<(Reason, String)>,
     ) -> Result<(), Error> {
         if !write_status(ctx, &self.api, self.lease, observed).await? {
             return Ok(());
@@ -111,17 +113,17 @@ impl<'a> Claim<'a> {
         Ok(())
     }
 
-    async fn publish(&self, ctx: &Context, reason: &'static str, note: String) {
-        let type_ = if matches!(reason, "Lost" | "Expired") {
+    async fn publish(&self, ctx: &Context, reason: Reason, note: String) {
+        let type_ = if matches!(reason, Reason::Lost | Reason::Expired) {
             EventType::Warning
         } else {
             EventType::Normal
         };
         let event = KubeEvent {
             type_,
-            reason: reason.to_owned(),
+            reason: reason.as_str().to_owned(),
             note: Some(note),
-            action: reason.to_owned(),
+            action: reason.as_str().to_owned(),
             secondary: None,
         };
         if let Err(e) = ctx
@@ -200,16 +202,13 @@ async fn timed<T>(
 }
 
 /// Why a lease must be given up, if it must. `holder_gone` says why the holder is gone, if it is.
-fn release_reason(
-    claim: &Claim<'_>,
-    holder_gone: Option<String>,
-) -> Option<(&'static str, String)> {
+fn release_reason(claim: &Claim<'_>, holder_gone: Option<String>) -> Option<(Reason, String)> {
     let spec = &claim.lease.spec;
     if spec.release {
-        return Some(("ReleaseRequested", "spec.release is true".to_owned()));
+        return Some((Reason::ReleaseRequested, "spec.release is true".to_owned()));
     }
     if let Some(why) = holder_gone {
-        return Some(("HolderGone", why));
+        return Some((Reason::HolderGone, why));
     }
     let (Some(max), Some(status)) = (spec.max_hold_seconds, claim.status) else {
         return None;
@@ -221,7 +220,7 @@ fn release_reason(
         && status.max_hold_spent_generation == claim.lease.metadata.generation;
     if spent {
         return Some((
-            MAX_HOLD_REACHED,
+            Reason::MaxHoldReached,
             format!("held for {max} s, the maxHoldSeconds bound"),
         ));
     }
@@ -229,7 +228,7 @@ fn release_reason(
     let held_for = Timestamp::now().duration_since(acquired);
     (held_for.as_secs() >= i64::from(max)).then(|| {
         (
-            MAX_HOLD_REACHED,
+            Reason::MaxHoldReached,
             format!("held for {max} s, the maxHoldSeconds bound"),
         )
     })
@@ -369,10 +368,10 @@ async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<
         }
         Ok(RenewOutcome::Lost { reason }) => {
             let (reason, message) = match reason {
-                LossReason::Expired => ("Expired", "the lease expired before it was renewed"),
-                LossReason::NotHolder => ("Lost", "another claim holds the target"),
+                LossReason::Expired => (Reason::Expired, "the lease expired before it was renewed"),
+                LossReason::NotHolder => (Reason::Lost, "another claim holds the target"),
             };
-            info!(lease = %claim.lease.name_any(), target = %claim.target, reason, "lease lost");
+            info!(lease = %claim.lease.name_any(), target = %claim.target, %reason, "lease lost");
             let observed = Observed::lost(reason, message.to_owned(), claim.last_token());
             claim
                 .settle(ctx, observed, Some((reason, message.to_owned())))
@@ -448,7 +447,7 @@ async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Duration, Error> {
                 .settle(
                     ctx,
                     Observed::held(&grant, claim.holder()),
-                    Some(("Acquired", note)),
+                    Some((Reason::Acquired, note)),
                 )
                 .await?;
             // A hand-over is a target passing to a claim that waited for it; a Lost claim taking
@@ -471,7 +470,7 @@ async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Duration, Error> {
                 .settle(
                     ctx,
                     Observed::waiting(&owner, claim.last_token()),
-                    Some(("Waiting", note)),
+                    Some((Reason::Waiting, note)),
                 )
                 .await?;
             // A release through this controller wakes waiters at once; this requeue covers a
@@ -486,12 +485,17 @@ async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Duration, Error> {
 async fn give_up(
     claim: &Claim<'_>,
     ctx: &Context,
-    reason: &'static str,
+    reason: Reason,
     message: String,
 ) -> Result<Action, Error> {
     let was_held = claim.held_handle().is_some();
     release_in_store(claim, ctx).await?;
-    let event = was_held.then(|| ("Released", format!("released {}: {message}", claim.target)));
+    let event = was_held.then(|| {
+        (
+            Reason::Released,
+            format!("released {}: {message}", claim.target),
+        )
+    });
     claim
         .settle(
             ctx,
@@ -600,7 +604,7 @@ async fn cleanup(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
         claim
             .publish(
                 ctx,
-                "Released",
+                Reason::Released,
                 format!("released {}: resource deleted", claim.target),
             )
             .await;

@@ -4,11 +4,8 @@
 use jiff::Timestamp;
 
 use super::error::{store_message, store_reason};
-use crate::api::{Condition, Phase, TargetLeaseStatus};
+use crate::api::{Condition, ConditionType, Phase, Reason, TargetLeaseStatus};
 use crate::store::{Grant, StoreError};
-
-/// The reason of a release at the `maxHoldSeconds` bound.
-pub const MAX_HOLD_REACHED: &str = "MaxHoldReached";
 
 /// What one reconcile learned about a TargetLease.
 #[derive(Clone, Debug, PartialEq)]
@@ -28,7 +25,7 @@ pub struct Observed {
     /// Who holds the target while Waiting.
     pub held_by: Option<String>,
     /// Condition reason.
-    pub reason: &'static str,
+    pub reason: Reason,
     /// Condition message.
     pub message: String,
 }
@@ -48,7 +45,7 @@ impl Observed {
             acquired_at: millis(grant.acquired_at_ms),
             expires_at: millis(grant.expires_at_ms()),
             held_by: None,
-            reason: "Acquired",
+            reason: Reason::Acquired,
             message: format!("held by {holder} with fencing token {}", grant.token),
         }
     }
@@ -63,18 +60,18 @@ impl Observed {
             acquired_at: None,
             expires_at: None,
             held_by: Some(owner.to_owned()),
-            reason: "Waiting",
+            reason: Reason::Waiting,
             message: format!("target is held by {owner}"),
         }
     }
 
     /// The lease was given up (or never needed) for `reason`.
-    pub fn released(reason: &'static str, message: String, last_token: Option<u64>) -> Self {
+    pub fn released(reason: Reason, message: String, last_token: Option<u64>) -> Self {
         Self::not_holding(Phase::Released, true, reason, message, last_token)
     }
 
     /// The lease expired or was taken while this resource believed it held it.
-    pub fn lost(reason: &'static str, message: String, last_token: Option<u64>) -> Self {
+    pub fn lost(reason: Reason, message: String, last_token: Option<u64>) -> Self {
         Self::not_holding(Phase::Lost, false, reason, message, last_token)
     }
 
@@ -82,7 +79,7 @@ impl Observed {
     fn not_holding(
         phase: Phase,
         ready: bool,
-        reason: &'static str,
+        reason: Reason,
         message: String,
         last_token: Option<u64>,
     ) -> Self {
@@ -142,30 +139,30 @@ impl Observed {
         let flag = |b: bool| if b { "True" } else { "False" };
         let held = self.phase == Phase::Held;
         let mut wanted = vec![
-            ("Ready", flag(self.ready), self.reason),
+            (ConditionType::Ready, flag(self.ready), self.reason),
             (
-                "Held",
+                ConditionType::Held,
                 flag(held),
-                if held { "Acquired" } else { self.reason },
+                if held { Reason::Acquired } else { self.reason },
             ),
         ];
         // kstatus conventions: Reconciling while progressing, Stalled when a person must act.
         if self.phase == Phase::Failed {
-            wanted.push(("Stalled", "True", self.reason));
+            wanted.push((ConditionType::Stalled, "True", self.reason));
         } else if !self.ready {
-            wanted.push(("Reconciling", "True", self.reason));
+            wanted.push((ConditionType::Reconciling, "True", self.reason));
         }
         let conditions = wanted
             .into_iter()
             .map(|(type_, status, reason)| {
                 let since = old
-                    .and_then(|o| o.conditions.iter().find(|c| c.type_ == type_))
+                    .and_then(|o| o.conditions.iter().find(|c| c.type_ == type_.as_str()))
                     .filter(|c| c.status == status)
                     .map_or(now, |c| c.last_transition_time);
                 Condition {
-                    type_: type_.to_owned(),
+                    type_: type_.as_str().to_owned(),
                     status: status.to_owned(),
-                    reason: reason.to_owned(),
+                    reason: reason.as_str().to_owned(),
                     message: self.message.clone(),
                     observed_generation: generation,
                     last_transition_time: since,
@@ -173,7 +170,7 @@ impl Observed {
             })
             .collect();
         // Spent by this very release, or kept from before for as long as the spec is the same.
-        let spent = if self.phase == Phase::Released && self.reason == MAX_HOLD_REACHED {
+        let spent = if self.phase == Phase::Released && self.reason == Reason::MaxHoldReached {
             generation
         } else {
             old.and_then(|o| o.max_hold_spent_generation)

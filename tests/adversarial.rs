@@ -20,8 +20,8 @@ use targetlease::store::{
 };
 
 use support::contract_cases::{
-    Harness, TTL, Variant, acquire_req, acquired, commit_req, handle, release_req, renew_req,
-    target, trials_of, valkey_config,
+    Harness, TTL, acquire_req, acquired, commit_req, handle, plain_variants, release_req,
+    renew_req, target, trials_of, valkey_config,
 };
 use support::server::{Server, ServerKind};
 use support::suite;
@@ -562,32 +562,6 @@ async fn two_installations_never_share_a_prefix(h: Harness) {
 }
 
 fn main() {
-    let variants = [
-        Variant {
-            name: "memory",
-            make: || Box::pin(async { Harness::memory() }),
-            admin: false,
-            raw: false,
-        },
-        Variant {
-            name: ServerKind::Valkey91.name(),
-            make: || Box::pin(Harness::plain(ServerKind::Valkey91)),
-            admin: true,
-            raw: true,
-        },
-        Variant {
-            name: ServerKind::Valkey81.name(),
-            make: || Box::pin(Harness::plain(ServerKind::Valkey81)),
-            admin: true,
-            raw: true,
-        },
-        Variant {
-            name: ServerKind::Redis70.name(),
-            make: || Box::pin(Harness::plain(ServerKind::Redis70)),
-            admin: true,
-            raw: true,
-        },
-    ];
     let cases = cases![
         Store reused_request_id_is_refused,
         Store tokens_at_and_past_2_53,
@@ -604,5 +578,5 @@ fn main() {
         Admin workload_user_cannot_touch_leases,
         Admin two_installations_never_share_a_prefix,
     ];
-    suite::run("adversarial", trials_of(&variants, &cases));
+    suite::run("adversarial", trials_of(&plain_variants(), &cases));
 }

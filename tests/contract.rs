@@ -5,36 +5,9 @@
 
 mod support;
 
-use support::contract_cases::{Harness, Variant, trials};
-use support::server::ServerKind;
+use support::contract_cases::{plain_variants, trials};
 use support::suite;
 
 fn main() {
-    let variants = [
-        Variant {
-            name: "memory",
-            make: || Box::pin(async { Harness::memory() }),
-            admin: false,
-            raw: false,
-        },
-        Variant {
-            name: ServerKind::Valkey91.name(),
-            make: || Box::pin(Harness::plain(ServerKind::Valkey91)),
-            admin: true,
-            raw: true,
-        },
-        Variant {
-            name: ServerKind::Valkey81.name(),
-            make: || Box::pin(Harness::plain(ServerKind::Valkey81)),
-            admin: true,
-            raw: true,
-        },
-        Variant {
-            name: ServerKind::Redis70.name(),
-            make: || Box::pin(Harness::plain(ServerKind::Redis70)),
-            admin: true,
-            raw: true,
-        },
-    ];
-    suite::run("contract", trials(&variants));
+    suite::run("contract", trials(&plain_variants()));
 }

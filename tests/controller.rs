@@ -515,6 +515,19 @@ async fn fair_handover_in_creation_order(s: Scenario) {
     }
 }
 
+/// Touches a TargetLease's metadata (an annotation), which makes the controller reconcile it.
+fn poke(s: &Scenario, name: &str, n: u32) {
+    s.cluster.kubectl_ok(&[
+        "annotate",
+        "tl",
+        name,
+        "-n",
+        &s.ns,
+        &format!("poke={n}"),
+        "--overwrite",
+    ]);
+}
+
 // spec.release gives the lease up and keeps the resource; maxHoldSeconds bounds a tenure.
 async fn release_flag_and_max_hold(mut s: Scenario) {
     s.apply("gitops", "flag-target", "worker-1", "");
@@ -546,23 +559,14 @@ async fn release_flag_and_max_hold(mut s: Scenario) {
         .patch_status("bounded", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .expect("patch acquiredAt");
-    s.cluster
-        .kubectl_ok(&["annotate", "tl", "bounded", "-n", &s.ns, "poke=1"]);
+    poke(&s, "bounded", 1);
     let done = s.wait_phase("bounded", Phase::Released, 5 * SEC).await;
     assert_eq!(
         condition(&done, "Ready").map(|c| c.reason.as_str()),
         Some("MaxHoldReached")
     );
     // The spent claim stays released: it does not take the target again.
-    s.cluster.kubectl_ok(&[
-        "annotate",
-        "tl",
-        "bounded",
-        "-n",
-        &s.ns,
-        "poke=2",
-        "--overwrite",
-    ]);
+    poke(&s, "bounded", 2);
     tokio::time::sleep(2 * SEC).await;
     let still = s.get("bounded").await;
     assert_eq!(
@@ -587,15 +591,7 @@ async fn release_flag_and_max_hold(mut s: Scenario) {
     // Through a Valkey outage (which rewrites the conditions) and a controller restart, the
     // spent claim stays spent when Valkey is back.
     s.valkey.kill();
-    s.cluster.kubectl_ok(&[
-        "annotate",
-        "tl",
-        "bounded",
-        "-n",
-        &s.ns,
-        "poke=3",
-        "--overwrite",
-    ]);
+    poke(&s, "bounded", 3);
     s.wait("bounded", "a store failure", 30 * SEC, |l| {
         condition(l, "Ready").is_some_and(|c| c.reason.starts_with("Backend"))
     })
@@ -603,15 +599,7 @@ async fn release_flag_and_max_hold(mut s: Scenario) {
     s.valkey.restart();
     s.controller().kill();
     s.controller = Some(s.start_controller(&[]));
-    s.cluster.kubectl_ok(&[
-        "annotate",
-        "tl",
-        "bounded",
-        "-n",
-        &s.ns,
-        "poke=4",
-        "--overwrite",
-    ]);
+    poke(&s, "bounded", 4);
     tokio::time::sleep(3 * SEC).await;
     let after = s.get("bounded").await;
     assert_eq!(

@@ -112,6 +112,24 @@ fn targetlease_documents_never_panic() {
         .expect("structured documents");
 }
 
+/// A Valkey 9.1 server, a current-thread runtime and a store connected on it (the store's
+/// connections are driven only inside that runtime's `block_on`).
+fn valkey_store() -> (Server, tokio::runtime::Runtime, Arc<ValkeyStore>) {
+    let server = Server::start(ServerKind::Valkey91);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let store = Arc::new(
+        runtime
+            .block_on(ValkeyStore::connect(ValkeyConfig::new(
+                SecretUrl::parse(&server.url()).expect("url"),
+            )))
+            .expect("connect"),
+    );
+    (server, runtime, store)
+}
+
 /// Random contents of a lease hash: valid-looking fields, missing fields, junk.
 fn record() -> impl Strategy<Value = Vec<(String, String)>> {
     let value = prop_oneof![
@@ -139,18 +157,7 @@ fn record() -> impl Strategy<Value = Vec<(String, String)>> {
 
 #[test]
 fn arbitrary_lease_records_fail_closed() {
-    let server = Server::start(ServerKind::Valkey91);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let store: Arc<ValkeyStore> = Arc::new(
-        runtime
-            .block_on(ValkeyStore::connect(ValkeyConfig::new(
-                SecretUrl::parse(&server.url()).expect("url"),
-            )))
-            .expect("connect"),
-    );
+    let (server, runtime, store) = valkey_store();
     let mut runner = TestRunner::new(Config {
         cases: cases(400),
         ..Config::default()
@@ -287,18 +294,7 @@ fn hostile() -> impl Strategy<Value = Hostile> {
 /// above the caller's floor, and above every token issued before on the target.
 #[test]
 fn hostile_arguments_are_refused_cleanly() {
-    let server = Server::start(ServerKind::Valkey91);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let store: Arc<ValkeyStore> = Arc::new(
-        runtime
-            .block_on(ValkeyStore::connect(ValkeyConfig::new(
-                SecretUrl::parse(&server.url()).expect("url"),
-            )))
-            .expect("connect"),
-    );
+    let (_server, runtime, store) = valkey_store();
     let mut runner = TestRunner::new(Config {
         cases: cases(120),
         ..Config::default()

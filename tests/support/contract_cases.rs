@@ -1025,6 +1025,37 @@ pub struct Variant {
     pub raw: bool,
 }
 
+/// The in-memory store and one plain server of each kind the suites support (Valkey 9.1, Valkey
+/// 8.1, Redis 7.0), each with an administrator and raw access.
+pub fn plain_variants() -> [Variant; 4] {
+    [
+        Variant {
+            name: "memory",
+            make: || Box::pin(async { Harness::memory() }),
+            admin: false,
+            raw: false,
+        },
+        Variant {
+            name: ServerKind::Valkey91.name(),
+            make: || Box::pin(Harness::plain(ServerKind::Valkey91)),
+            admin: true,
+            raw: true,
+        },
+        Variant {
+            name: ServerKind::Valkey81.name(),
+            make: || Box::pin(Harness::plain(ServerKind::Valkey81)),
+            admin: true,
+            raw: true,
+        },
+        Variant {
+            name: ServerKind::Redis70.name(),
+            make: || Box::pin(Harness::plain(ServerKind::Redis70)),
+            admin: true,
+            raw: true,
+        },
+    ]
+}
+
 /// The contract's trials for each variant: `<variant>::<test>`.
 pub fn trials(variants: &[Variant]) -> Vec<Trial> {
     trials_of(variants, &CASES)

@@ -24,7 +24,15 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
 
 step "cargo test (unit, lease-store contract, model and fuzz tests on real servers, controller and chart end to end)"
-cargo test --locked 2>&1 | tee "$log_dir/cargo.log"
+# Into a file, not a pipe: a process a test leaves behind with the test's output inherited
+# would hold a pipe open, and `tee` would wait for it past every time limit.
+cargo_status=0
+cargo test --locked >"$log_dir/cargo.log" 2>&1 || cargo_status=$?
+cat "$log_dir/cargo.log"
+if ((cargo_status != 0)); then
+  echo "cargo test failed (exit $cargo_status)" >&2
+  exit "$cargo_status"
+fi
 
 step "benchmark smoke runs (release build; tiny sizes; checks that numbers come out, never speed)"
 {

@@ -118,6 +118,20 @@ pub struct HolderRef {
     pub uid: Option<String>,
 }
 
+/// A spec with the defaults, for unit tests of code that reads TargetLeases.
+#[cfg(test)]
+pub(crate) fn test_spec(target: &str, holder: &str) -> TargetLeaseSpec {
+    TargetLeaseSpec {
+        target: target.into(),
+        holder: holder.into(),
+        holder_ref: None,
+        ttl_seconds: DEFAULT_TTL_SECONDS,
+        max_hold_seconds: None,
+        release: false,
+        priority: None,
+    }
+}
+
 /// The CRD as YAML, as `targetlease crd` prints it and `crds/` holds it.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     serde_yaml::to_string(&TargetLease::crd())

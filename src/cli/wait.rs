@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use futures::StreamExt;
 use kube::Api;
+use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::watch::{Sighting, watch_one};
@@ -76,8 +77,8 @@ impl WaitArgs {
                 _ = &mut deadline => {
                     return Err((exit::NOT_ACQUIRED, format!("{what} was not Held within {:?}", self.timeout)));
                 }
-                _ = term.recv() => return Err((exit::interrupted(libc_signal::TERM), "interrupted (SIGTERM)".into())),
-                _ = int.recv() => return Err((exit::interrupted(libc_signal::INT), "interrupted (SIGINT)".into())),
+                _ = term.recv() => return Err((exit::interrupted(Signal::SIGTERM as i32), "interrupted (SIGTERM)".into())),
+                _ = int.recv() => return Err((exit::interrupted(Signal::SIGINT as i32), "interrupted (SIGINT)".into())),
                 seen = sightings.next() => match seen {
                     Some(Sighting::Present(lease)) if lease.metadata.deletion_timestamp.is_some() => {
                         return Err((exit::DELETED, format!("{what} is being deleted")));
@@ -97,10 +98,4 @@ impl WaitArgs {
             }
         }
     }
-}
-
-/// Signal numbers for exit statuses.
-mod libc_signal {
-    pub const INT: i32 = nix::sys::signal::Signal::SIGINT as i32;
-    pub const TERM: i32 = nix::sys::signal::Signal::SIGTERM as i32;
 }

@@ -59,21 +59,10 @@ mod tests {
     use kube::api::ObjectMeta;
 
     use super::*;
-    use crate::api::TargetLeaseSpec;
+    use crate::api::test_spec;
 
     fn lease(beat: Option<&str>) -> TargetLease {
-        let mut lease = TargetLease::new(
-            "x",
-            TargetLeaseSpec {
-                target: "t".into(),
-                holder: "h".into(),
-                holder_ref: None,
-                ttl_seconds: 30,
-                max_hold_seconds: None,
-                release: false,
-                priority: None,
-            },
-        );
+        let mut lease = TargetLease::new("x", test_spec("t", "h"));
         lease.metadata = ObjectMeta {
             name: Some("x".into()),
             namespace: Some("ns".into()),

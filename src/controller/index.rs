@@ -117,22 +117,11 @@ impl TargetIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::TargetLeaseSpec;
+    use crate::api::test_spec;
     use kube::runtime::reflector::store::Writer;
 
     fn lease(ns: &str, name: &str, target: &str) -> TargetLease {
-        let mut l = TargetLease::new(
-            name,
-            TargetLeaseSpec {
-                target: target.into(),
-                holder: "h".into(),
-                holder_ref: None,
-                ttl_seconds: 30,
-                max_hold_seconds: None,
-                release: false,
-                priority: None,
-            },
-        );
+        let mut l = TargetLease::new(name, test_spec(target, "h"));
         l.metadata.namespace = Some(ns.into());
         l
     }

@@ -57,7 +57,7 @@ mod tests {
     use kube::api::ObjectMeta;
 
     use super::*;
-    use crate::api::{TargetLeaseSpec, TargetLeaseStatus};
+    use crate::api::{TargetLeaseSpec, TargetLeaseStatus, test_spec};
 
     fn claim(
         name: &str,
@@ -68,13 +68,8 @@ mod tests {
         let mut lease = TargetLease::new(
             name,
             TargetLeaseSpec {
-                target: "t".into(),
-                holder: name.into(),
-                holder_ref: None,
-                ttl_seconds: 30,
-                max_hold_seconds: None,
-                release: false,
                 priority,
+                ..test_spec("t", name)
             },
         );
         lease.metadata = ObjectMeta {

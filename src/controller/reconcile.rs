@@ -263,11 +263,12 @@ async fn holder_done(
 }
 
 /// Why the holder is gone, if it is: its pod is gone, finished or another pod of the same name,
-/// or the heartbeat of its `targetlease run` stopped (see [`heartbeat`](super::heartbeat)).
+/// or the heartbeat of its `targetlease run` has been `silent` for half the TTL (see
+/// [`heartbeat`](super::heartbeat)).
 async fn holder_gone(
     claim: &Claim<'_>,
     ctx: &Context,
-    now: Instant,
+    silent: Option<Duration>,
 ) -> Result<Option<String>, Error> {
     let lease = claim.lease;
     if let Some(holder) = &lease.spec.holder_ref
@@ -278,7 +279,6 @@ async fn holder_gone(
             holder.name
         )));
     }
-    let silent = ctx.heartbeats.silent_for(lease, now);
     let limit = stale_after(claim.ttl());
     Ok(silent.filter(|s| *s >= limit).map(|s| {
         format!(
@@ -295,8 +295,8 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
         Err(Error::Store(e)) => return Err(refuse_claim(lease, ctx, e).await),
         Err(e) => return Err(e),
     };
-    let now = Instant::now();
-    let gone = holder_gone(&claim, ctx, now).await?;
+    let silent = ctx.heartbeats.silent_for(lease, Instant::now());
+    let gone = holder_gone(&claim, ctx, silent).await?;
     if let Some((reason, message)) = release_reason(&claim, gone) {
         return give_up(&claim, ctx, reason, message).await;
     }
@@ -306,7 +306,7 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
     }?;
     // A claim with a heartbeat is looked at again when it would go stale, so a crashed run's
     // lease is released within half a TTL of its last heartbeat.
-    let next = match ctx.heartbeats.silent_for(lease, now) {
+    let next = match silent {
         Some(silent) => {
             let left = stale_after(claim.ttl()).saturating_sub(silent) + Duration::from_millis(20);
             next.min(left)

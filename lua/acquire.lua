@@ -49,8 +49,8 @@ if lease then
   -- gets a new, larger token: a caller is never handed a token lower than one it has seen.
   local token = lease.token_text
   if lease.token <= min_token or lease.token < fence then
-    local issued = next_token(fence, min_token, now_us)
-    if not issued then return exhausted(fence, min_token) end
+    local issued, refused = next_token(fence, min_token, now_us)
+    if not issued then return refused end
     token = int(issued)
     redis.call('HSET', KEYS[1], 'token', token)
     redis.call('SET', KEYS[2], token)
@@ -75,8 +75,8 @@ if last_request == ARGV[6] then
     'cached reply expired; a replay never takes a second tenure: use a new request id')
 end
 
-local issued = next_token(fence, min_token, now_us)
-if not issued then return exhausted(fence, min_token) end
+local issued, refused = next_token(fence, min_token, now_us)
+if not issued then return refused end
 local token = int(issued)
 redis.call('HSET', KEYS[1], 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner', ARGV[2],
   'token', token, 'acquired_ms', now)

@@ -49,17 +49,31 @@ local function server_now()
   return us, math.floor(us / 1000)
 end
 
--- The next token: above the fence, above the caller's floor, and at least the server clock in
--- microseconds (which covers tokens lost with the data). nil when it would pass MAX_TOKEN.
-local function next_token(fence, min_token, now_us)
-  local token = math.max(fence + 1, min_token + 1, now_us)
-  if token > MAX_TOKEN then return nil end
-  return token
-end
-
 local function exhausted(fence, min_token)
   return invalid('no token can be issued: the fence (' .. int(fence) .. ') or the floor (' ..
     int(min_token) .. ') is at the largest token 2^53-1')
+end
+
+-- How far ahead of the server clock (in microseconds) a token may be: one hour. A floor further
+-- ahead is refused, and a target without a fence starts this far ahead. Together they make the
+-- floor survive the loss of everything in Valkey: every token issued is at most (clock when it
+-- was issued + MAX_LEAD), so a target that lost its fence starts above every token it had.
+local MAX_LEAD = 3600000000
+
+-- The next token: above the fence, above the caller's floor, and at least the server clock in
+-- microseconds (MAX_LEAD ahead of it for a target without a fence). Returns the token, or
+-- (nil, error_reply) for a floor too far ahead or a token that would pass MAX_TOKEN.
+local function next_token(fence, min_token, now_us)
+  if min_token > now_us + MAX_LEAD then
+    return nil, invalid('floor ' .. int(min_token) .. ' is more than an hour ahead of the server ' ..
+      'clock (' .. int(now_us) .. ' microseconds): no token this store issues is that large, so ' ..
+      'it did not come from this store')
+  end
+  local base = now_us
+  if fence == 0 then base = now_us + MAX_LEAD end
+  local token = math.max(fence + 1, min_token + 1, base)
+  if token > MAX_TOKEN then return nil, exhausted(fence, min_token) end
+  return token
 end
 
 -- What a request id is bound to: the operation and every argument that identifies the call.

@@ -1,8 +1,8 @@
 -- repair: the operator's way out of a record that fails closed. A lease record that cannot be
 -- read is deleted (nobody can renew it anyway); a fence that is not a token is replaced by the
 -- largest of the operator's floor, the readable lease token and the server clock in
--- microseconds, so the next token is still above every token this store could have issued from
--- its clock. Readable records are left alone.
+-- microseconds plus MAX_LEAD (where a target without a fence starts), so the next token is
+-- still above every token this store could have issued. Readable records are left alone.
 -- KEYS[1] lease hash   KEYS[2] fence
 -- ARGV[1] floor
 -- Reply: {'intact', fence} | {'repaired', fence, what}
@@ -22,7 +22,11 @@ local fence, fence_err = read_fence(KEYS[2])
 if not fence then
   if not string.find(fence_err.err, 'TLCORRUPT', 1, true) then return fence_err end
   local now_us = server_now()
-  fence = math.max(floor, lease_token, now_us)
+  if floor > now_us + MAX_LEAD then
+    return invalid('floor ' .. int(floor) .. ' is more than an hour ahead of the server clock (' ..
+      int(now_us) .. ' microseconds): no token this store issues is that large')
+  end
+  fence = math.max(floor, lease_token, now_us + MAX_LEAD)
   redis.call('DEL', KEYS[2])
   redis.call('SET', KEYS[2], int(fence))
   table.insert(repaired, 'reset the fence')

@@ -15,8 +15,8 @@ use std::time::Duration;
 use targetlease::redact::Secret;
 use targetlease::store::valkey::{PasswordSource, ValkeyStore};
 use targetlease::store::{
-    CheckOutcome, CommitOutcome, ErrorKind, LeaseStore, MAX_TOKEN, ReleaseOutcome, RenewOutcome,
-    RepairOutcome, RequestId, StoreError,
+    CheckOutcome, CommitOutcome, ErrorKind, LeaseStore, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS,
+    ReleaseOutcome, RenewOutcome, RepairOutcome, RequestId, StoreError,
 };
 
 use support::contract_cases::{
@@ -120,22 +120,12 @@ async fn tokens_at_and_past_2_53(h: Harness) {
         0,
         "wrote"
     );
-    // The last token there is: issued once, strictly above the floor.
+    // Just below the bound: no store issues such a token for centuries, so it is refused as a
+    // floor too (it did not come from a store) rather than allowed to exhaust the target.
     let mut req = acquire_req(&t, "lease-a", "alice", TTL);
     req.min_token = MAX_TOKEN - 1;
-    let last = acquired(&*h.store, &req).await;
-    assert_eq!(last.token, MAX_TOKEN);
-    h.store
-        .release(&release_req(handle(&t, "lease-a", "alice", last.token)))
-        .await
-        .expect("release");
-    // No larger token exists: the next acquire is refused (never given the same token again).
-    refused(
-        h.store
-            .acquire(&acquire_req(&t, "lease-b", "bob", TTL))
-            .await,
-        "no token can be issued",
-    );
+    refused(h.store.acquire(&req).await, "ahead of the server clock");
+    assert_eq!(h.store.inspect(&t).await.expect("inspect").fence, 0);
     // Tokens past the bound are refused wherever a caller gives one.
     let past = MAX_TOKEN + 1;
     refused(h.store.check(&t, past).await, "2^53-1");
@@ -147,6 +137,41 @@ async fn tokens_at_and_past_2_53(h: Harness) {
     );
     refused(h.store.release(&release_req(lease)).await, "2^53-1");
     refused(h.store.repair(&t, u64::MAX).await, "2^53-1");
+}
+
+// 2a. A fence at 2^53-2 (left by an older version, or a tool): the last token there is is
+//     issued once, strictly above it, and then the target refuses to issue rather than repeat.
+async fn last_token_is_issued_once(h: Harness) {
+    let t = target("last-token");
+    h.admin()
+        .cmd(&["SET", &h.keys(&t).fence(), &(MAX_TOKEN - 1).to_string()])
+        .await;
+    let last = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    assert_eq!(last.token, MAX_TOKEN);
+    h.store
+        .release(&release_req(handle(&t, "lease-a", "alice", last.token)))
+        .await
+        .expect("release");
+    refused(
+        h.store
+            .acquire(&acquire_req(&t, "lease-b", "bob", TTL))
+            .await,
+        "no token can be issued",
+    );
+}
+
+// 2c. A floor more than an hour ahead of the store's clock (a hostile TargetLease status, a
+//     typo) did not come from a store: it is refused, so it can neither exhaust a target nor
+//     push tokens past what a target that lost its data would start above.
+async fn floor_far_ahead_of_the_clock_is_refused(h: Harness) {
+    let t = target("far-ahead");
+    let mut req = acquire_req(&t, "lease-a", "alice", TTL);
+    req.min_token = h.clock_micros() + MAX_TOKEN_LEAD_MICROS + 600_000_000;
+    refused(h.store.acquire(&req).await, "ahead of the server clock");
+    assert_eq!(h.store.inspect(&t).await.expect("inspect").fence, 0);
+    // Just inside the lead it is a floor like any other.
+    req.min_token = h.clock_micros() + MAX_TOKEN_LEAD_MICROS - 600_000_000;
+    assert!(acquired(&*h.store, &req).await.token > req.min_token);
 }
 
 // 2b. A stored fence that cannot be a token (written by an older version or a tool) fails
@@ -164,9 +189,19 @@ async fn unparseable_fence_fails_closed_and_repairs(h: Harness) {
         .expect_err("an unparseable fence");
     assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
     assert!(e.to_string().contains("repair"), "{e}");
-    let floor = 5_000_000_000_000_000;
+    // A floor further ahead than any store issues is refused here too.
+    let hostile = h.clock_micros() + MAX_TOKEN_LEAD_MICROS + 600_000_000;
+    refused(
+        h.store.repair(&t, hostile).await,
+        "ahead of the server clock",
+    );
+    // The reset fence is above the floor and where a target without a fence starts.
+    let floor = h.clock_micros() + 60_000_000;
     match h.store.repair(&t, floor).await.expect("repair") {
-        RepairOutcome::Repaired { fence, .. } => assert_eq!(fence, floor),
+        RepairOutcome::Repaired { fence, .. } => {
+            assert!(fence >= h.clock_micros() + MAX_TOKEN_LEAD_MICROS - 60_000_000);
+            assert!(fence >= floor);
+        }
         other => panic!("expected a repair, got {other:?}"),
     }
     let g = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
@@ -194,7 +229,8 @@ async fn reentrant_acquire_respects_floor_and_fence(h: Harness) {
     let t = target("reentrant");
     let first = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
     let mut again = acquire_req(&t, "lease-a", "alice", TTL);
-    again.min_token = first.token + 2_000_000_000_000_000;
+    // The floor is a token seen elsewhere (the same one: a status written before a restore).
+    again.min_token = first.token;
     let second = acquired(&*h.store, &again).await;
     assert!(
         second.token > again.min_token,
@@ -565,6 +601,8 @@ fn main() {
     let cases = cases![
         Store reused_request_id_is_refused,
         Store tokens_at_and_past_2_53,
+        Admin last_token_is_issued_once,
+        Store floor_far_ahead_of_the_clock_is_refused,
         Admin unparseable_fence_fails_closed_and_repairs,
         Store reentrant_acquire_respects_floor_and_fence,
         Admin restored_older_record_gets_a_larger_token,

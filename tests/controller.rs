@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use targetlease::api::{Phase, TargetLease};
-use targetlease::store::LeaseStore;
+use targetlease::store::{LeaseStore, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS};
 
 use support::kube::{condition, http_get, lease_yaml, phase_of, token_of};
 use support::scenario::{SEC, Scenario, run_suite};
@@ -611,6 +611,58 @@ async fn stays_spent(s: &Scenario, poke_n: u32, settle: Duration, what: &str) ->
     still
 }
 
+// 12. A TargetLease status forged by someone with `targetleases/status` rights (a fencing token
+//     of 2^53-2, which the CRD's bound allows) neither exhausts the target nor pushes its tokens:
+//     the controller ignores a token no store can have issued, and the target keeps handing over.
+async fn forged_status_token_is_ignored(mut s: Scenario) {
+    s.controller().kill();
+    s.apply("forged", "forged-target", "mallory", "");
+    s.api()
+        .patch_status(
+            "forged",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"phase": "Pending", "fencingToken": MAX_TOKEN - 1}})),
+        )
+        .await
+        .expect("the status subresource takes any token up to 2^53-1");
+    s.apply("claim", "forged-target", "worker", "");
+    s.controller = Some(s.start_controller(&[]));
+    let clock_bound = |lease: &TargetLease| {
+        let now = u64::try_from(jiff::Timestamp::now().as_microsecond()).expect("after 1970");
+        let token = token_of(lease);
+        assert!(
+            token <= now + MAX_TOKEN_LEAD_MICROS,
+            "{}: token {token} pushed by the forged status",
+            lease.name_any()
+        );
+    };
+    let deadline = Instant::now() + 30 * SEC;
+    let (first, second) = loop {
+        assert!(Instant::now() < deadline, "neither claim became Held");
+        let forged = s.get("forged").await;
+        let claim = s.get("claim").await;
+        if phase_of(&forged) == Some(Phase::Held) {
+            break (forged, "claim");
+        }
+        if phase_of(&claim) == Some(Phase::Held) {
+            break (claim, "forged");
+        }
+        for lease in [&forged, &claim] {
+            assert_ne!(
+                condition(lease, "Ready").map(|c| c.reason.as_str()),
+                Some("InvalidRequest"),
+                "{lease:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    clock_bound(&first);
+    s.delete(&first.name_any()).await;
+    let next = s.wait_phase(second, Phase::Held, 30 * SEC).await;
+    clock_bound(&next);
+    assert!(token_of(&next) > token_of(&first));
+}
+
 fn main() {
     let scenarios = scenarios![
         apply_leads_to_held,
@@ -623,6 +675,7 @@ fn main() {
         release_flag_and_max_hold,
         backend_outage_keeps_finalizer,
         fair_handover_in_creation_order,
+        forged_status_token_is_ignored,
     ];
     run_suite("controller", scenarios.to_vec());
 }

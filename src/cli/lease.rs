@@ -31,7 +31,8 @@ pub enum LeaseCommand {
         /// Lease time-to-live (30, 30s, 500ms, 2m).
         #[arg(long, value_parser = parse_duration, default_value = "30s")]
         ttl: Duration,
-        /// The new token will be larger than this.
+        /// The new token will be larger than this. Refused when more than one hour ahead of
+        /// the server clock (no store issues such a token).
         #[arg(long, default_value_t = 0)]
         min_token: u64,
         #[command(flatten)]
@@ -108,7 +109,8 @@ pub enum LeaseCommand {
     },
     /// Replace the target's records that fail closed: an unreadable lease record is deleted,
     /// an unreadable fence (not a number, above 2^53-1) is set to the largest of --floor, the
-    /// lease's token and the server clock in microseconds. Readable records are left alone.
+    /// lease's token and the server clock in microseconds plus one hour. Readable records are
+    /// left alone.
     Repair {
         #[command(flatten)]
         target: TargetArgs,

@@ -24,8 +24,9 @@ use crate::api::{
     FIELD_MANAGER, FINALIZER, HolderRef, Phase, Reason, TargetLease, TargetLeaseStatus,
 };
 use crate::store::{
-    AcquireOutcome, AcquireRequest, LeaseHandle, LeaseId, LossReason, MAX_TOKEN, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError, TargetRef,
+    AcquireOutcome, AcquireRequest, LeaseHandle, LeaseId, LossReason, MAX_TOKEN,
+    MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId,
+    StoreError, TargetRef,
 };
 
 /// Entry point called by the kube-runtime Controller.
@@ -387,20 +388,24 @@ async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<
 /// token, so tokens grow even if Valkey lost its data.
 ///
 /// Statuses are written by whoever has `targetleases/status` rights: a value that no store can
-/// have issued (above 2^53-1, which the CRD also refuses) is ignored with a warning rather than
-/// allowed to refuse every acquire on the target.
+/// have issued (above 2^53-1, which the CRD also refuses, or more than
+/// [`MAX_TOKEN_LEAD_MICROS`] ahead of the clock, which the store refuses as a floor) is ignored
+/// with a warning rather than allowed to refuse every acquire on the target. Ignoring a real
+/// token is safe: the store starts a target without a fence above every token it issued.
 fn min_token(claim: &Claim<'_>, ctx: &Context) -> u64 {
+    let now_us = u64::try_from(jiff::Timestamp::now().as_microsecond()).unwrap_or(0);
+    let possible = MAX_TOKEN.min(now_us.saturating_add(MAX_TOKEN_LEAD_MICROS));
     ctx.targets
         .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target())
         .iter()
         .filter_map(|other| other.status.as_ref().and_then(|s| s.fencing_token))
         .chain(claim.last_token())
         .filter(|token| {
-            let possible = *token <= MAX_TOKEN;
-            if !possible {
-                warn!(target = %claim.target, token, "ignoring a status fencing token above 2^53-1: no store issues one");
+            let issued = *token <= possible;
+            if !issued {
+                warn!(target = %claim.target, token, "ignoring a status fencing token no store can have issued (above 2^53-1 or more than an hour ahead of the clock)");
             }
-            possible
+            issued
         })
         .max()
         .unwrap_or(0)

@@ -12,8 +12,8 @@ use super::types::{check_guarded_key, check_owner, ttl_millis};
 use super::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
     Grant, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseStore, LeaseView, LossReason,
-    MAX_TOKEN, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome,
-    RequestId, StoreError, TargetRef, check_token,
+    MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
+    RepairOutcome, RequestId, StoreError, TargetRef, check_token,
 };
 
 /// A source of time for the in-memory backend, in microseconds since the Unix epoch.
@@ -256,12 +256,26 @@ fn unexpected(op: &str) -> StoreError {
     ))
 }
 
-/// The next token: above the fence and the floor, at least the clock in microseconds.
+/// The next token: above the fence and the floor, at least the clock in microseconds
+/// ([`MAX_TOKEN_LEAD_MICROS`] ahead of it for a target without a fence). A floor further ahead of
+/// the clock than that lead was not issued by a store and is refused.
 fn next_token(fence: u64, min_token: u64, now_us: u64) -> Result<u64, StoreError> {
+    if min_token > now_us.saturating_add(MAX_TOKEN_LEAD_MICROS) {
+        return Err(StoreError::InvalidRequest(format!(
+            "floor {min_token} is more than an hour ahead of the server clock ({now_us} \
+             microseconds): no token this store issues is that large, so it did not come from \
+             this store"
+        )));
+    }
+    let base = if fence == 0 {
+        now_us.saturating_add(MAX_TOKEN_LEAD_MICROS)
+    } else {
+        now_us
+    };
     let token = fence
         .saturating_add(1)
         .max(min_token.saturating_add(1))
-        .max(now_us);
+        .max(base);
     if token > MAX_TOKEN {
         return Err(exhausted(fence, min_token));
     }

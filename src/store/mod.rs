@@ -16,8 +16,8 @@ pub use error::{ErrorKind, StoreError};
 pub use types::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
     Grant, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseView, LossReason, MAX_TOKEN,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId,
-    TargetRef, check_token,
+    MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
+    RepairOutcome, RequestId, TargetRef, check_token,
 };
 
 /// A backend that keeps leases and fencing tokens.

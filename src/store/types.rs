@@ -17,6 +17,12 @@ pub const DEFAULT_REPLY_TTL: Duration = Duration::from_secs(60);
 /// clients that read it). Tokens, floors and stored fences above it are refused.
 pub const MAX_TOKEN: u64 = (1 << 53) - 1;
 
+/// How far ahead of the store's clock a token may be, in microseconds (one hour). A floor
+/// further ahead is refused, and a target without a fence starts this far ahead of the clock:
+/// every token is at most (the clock when it was issued + this lead), so a target whose fence
+/// was lost with the rest of the data starts above every token it issued before.
+pub const MAX_TOKEN_LEAD_MICROS: u64 = 3_600_000_000;
+
 /// Checks a token (or a floor) given by a caller: at most [`MAX_TOKEN`], and non-zero where
 /// `positive` is set.
 pub fn check_token(what: &str, value: u64, positive: bool) -> Result<(), StoreError> {

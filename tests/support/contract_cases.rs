@@ -14,14 +14,14 @@ use std::time::Duration;
 use libtest_mimic::Trial;
 use redis::Value;
 use targetlease::redact::SecretUrl;
-use targetlease::store::memory::{ManualClock, MemoryStore};
+use targetlease::store::memory::{Clock, ManualClock, MemoryStore, SystemClock};
 use targetlease::store::valkey::keys::TargetKeys;
 use targetlease::store::valkey::scripts::SCRIPTS;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, ErrorKind, Grant,
-    LeaseHandle, LeaseId, LeaseStore, LossReason, ReleaseOutcome, ReleaseRequest, RenewOutcome,
-    RenewRequest, RequestId, StoreError, TargetRef,
+    LeaseHandle, LeaseId, LeaseStore, LossReason, MAX_TOKEN_LEAD_MICROS, ReleaseOutcome,
+    ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError, TargetRef,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -143,6 +143,15 @@ impl Harness {
         match &self.memory {
             Some((_, clock)) => clock.advance(d),
             None => tokio::time::sleep(d).await,
+        }
+    }
+
+    /// The store's clock in microseconds: the manual clock, or this machine's clock for a server
+    /// on this machine (close enough for tests that keep a minute of margin).
+    pub fn clock_micros(&self) -> u64 {
+        match &self.memory {
+            Some((_, clock)) => clock.now_micros(),
+            None => SystemClock.now_micros(),
         }
     }
 
@@ -671,13 +680,32 @@ async fn tokens_grow_after_data_loss(h: Harness) {
     )
     .await;
     assert!(g.token > highest, "{} <= {highest}", g.token);
-    // With the caller's floor (what the controller passes): larger than the floor even when the
-    // floor is ahead of the server clock (a failover to a server whose clock is behind).
+    // A token pushed ahead of the clock by a floor (up to an hour ahead, the most a store
+    // accepts) is not forgotten with the data: a target without a fence starts an hour ahead
+    // of the clock, above every token issued before.
+    let ahead = target("loss-ahead");
+    let mut req = acquire_req(&ahead, "lease-y", "w", TTL);
+    req.min_token = h.clock_micros() + MAX_TOKEN_LEAD_MICROS - 60_000_000;
+    let pushed = acquired(&*h.store, &req).await;
+    assert!(pushed.token > req.min_token);
+    h.store
+        .release(&release_req(handle(&ahead, "lease-y", "w", pushed.token)))
+        .await
+        .unwrap();
     h.wipe().await;
-    let floor = g.token + 3_600_000_000;
+    h.pass(Duration::from_millis(1)).await;
+    let after = acquired(&*h.store, &acquire_req(&ahead, "lease-z", "w", TTL)).await;
+    assert!(
+        after.token > pushed.token,
+        "after the loss {} <= {} issued before it",
+        after.token,
+        pushed.token
+    );
+    // With the caller's floor (what the controller passes): larger than the floor.
+    h.wipe().await;
     let mut req = acquire_req(&target("loss-2"), "lease-y", "w", TTL);
-    req.min_token = floor;
-    assert_eq!(acquired(&*h.store, &req).await.token, floor + 1);
+    req.min_token = after.token;
+    assert!(acquired(&*h.store, &req).await.token > after.token);
 }
 
 // 8. Corrupt records fail closed with a clear error and are left as they were.

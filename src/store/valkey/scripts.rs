@@ -58,3 +58,27 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     inspect: lua!("inspect.lua"),
     repair: lua!("repair.lua"),
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{MAX_TOKEN, MAX_TOKEN_LEAD_MICROS};
+
+    /// The bounds the scripts enforce are the ones the memory backend and the controller use.
+    #[test]
+    fn lua_constants_match_rust() {
+        let lib = include_str!("../../../lua/lib.lua");
+        for (line, value) in [
+            ("local MAX_TOKEN = ", MAX_TOKEN),
+            ("local MAX_LEAD = ", MAX_TOKEN_LEAD_MICROS),
+        ] {
+            let expected = format!("{line}{value}\n");
+            assert!(
+                lib.contains(&expected),
+                "lua/lib.lua lacks `{}`",
+                expected.trim()
+            );
+        }
+        assert!(SCRIPTS.acquire.source.contains("next_token("));
+    }
+}

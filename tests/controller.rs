@@ -398,20 +398,136 @@ async fn leader_failover_keeps_leases(mut s: Scenario) {
     assert!(seen.lease.is_some(), "SIGTERM released the lease");
 }
 
-// 6. No status write per renewal.
-async fn renewals_do_not_write_status(s: Scenario) {
+// 6. expiresAt stays true: never in the past while Held over 3 x TTL, at the cost of one status
+//    write per two renewals (the renewals themselves live in Valkey).
+async fn expires_at_stays_true(s: Scenario) {
     s.apply("quiet", "quiet-target", "worker-1", "ttlSeconds: 3");
-    let before = s.wait_phase("quiet", Phase::Held, 30 * SEC).await;
-    tokio::time::sleep(Duration::from_millis(3500)).await;
-    let after = s.get("quiet").await;
-    assert_eq!(after.resource_version(), before.resource_version());
-    let seen = s
-        .store()
+    let first = s.wait_phase("quiet", Phase::Held, 30 * SEC).await;
+    let http = s.controller.as_ref().expect("controller").http.clone();
+    let renewals = || metric(&http, "targetlease_store_call_seconds_count{op=\"renew\"}");
+    let renewed_before = renewals();
+    let start = Instant::now();
+    let mut versions = std::collections::HashSet::new();
+    while start.elapsed() < 9 * SEC {
+        let lease = s.get("quiet").await;
+        assert_eq!(phase_of(&lease), Some(Phase::Held));
+        assert_eq!(token_of(&lease), token_of(&first));
+        let status = lease.status.clone().expect("status");
+        let expires = status.expires_at.expect("expiresAt while Held");
+        let now = jiff::Timestamp::now();
+        assert!(expires > now, "expiresAt {expires} is in the past at {now}");
+        versions.insert(lease.resource_version());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let renewed = renewals() - renewed_before;
+    let writes = versions.len() as f64 - 1.0;
+    eprintln!("{renewed} renewals, {writes} status writes in 9 s");
+    assert!(renewed >= 7.0, "{renewed} renewals");
+    assert!(writes >= 3.0, "expiresAt did not move: {writes} writes");
+    assert!(
+        writes <= renewed / 2.0 + 1.0,
+        "{writes} status writes for {renewed} renewals"
+    );
+}
+
+/// The value of the first sample of the controller's `/metrics` whose line starts with `series`.
+fn metric(http: &str, series: &str) -> f64 {
+    let (_, text) = http_get(http, "/metrics").expect("metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// An administrator's connection to the scenario's Valkey, as a user of its own, so it keeps
+/// working while the controller's user (`default`) is refused.
+async fn valkey_admin(s: &Scenario) -> redis::aio::MultiplexedConnection {
+    let connect = |url: String| async move {
+        redis::Client::open(url)
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the scenario's Valkey")
+    };
+    let mut plain = connect(s.valkey.url()).await;
+    redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "tl-admin",
+            "on",
+            ">admin-pw",
+            "~*",
+            "&*",
+            "+@all",
+        ])
+        .query_async::<()>(&mut plain)
         .await
-        .inspect(&s.target("quiet-target"))
+        .expect("ACL SETUSER");
+    connect(format!(
+        "redis://tl-admin:admin-pw@127.0.0.1:{}",
+        s.valkey.port
+    ))
+    .await
+}
+
+/// Changes the rights of the controller's user: `-@scripting` refuses every lease call.
+async fn controller_rights(admin: &mut redis::aio::MultiplexedConnection, rule: &str) {
+    redis::cmd("ACL")
+        .arg(&["SETUSER", "default", rule])
+        .query_async::<()>(admin)
         .await
-        .expect("inspect");
-    assert!(seen.lease.is_some(), "not renewed: the lease expired");
+        .expect("ACL SETUSER default");
+}
+
+// 6b. A short ACL refusal changes no phase (Held stays Held with the same token, Ready says
+//     why); a refusal that outlasts the published expiry makes the claim Lost with the Held
+//     condition Unknown, never before that expiry; with the store back it is Held again.
+async fn store_refusals_within_the_expiry_keep_held(s: Scenario) {
+    let mut admin = valkey_admin(&s).await;
+    s.apply("blip", "blip-target", "worker-1", "ttlSeconds: 6");
+    let held = s.wait_phase("blip", Phase::Held, 30 * SEC).await;
+    controller_rights(&mut admin, "-@scripting").await;
+    let refused_at = Instant::now();
+    let mut refusal_seen = false;
+    while !(refusal_seen && refused_at.elapsed() >= SEC) {
+        assert!(refused_at.elapsed() < 10 * SEC, "no renewal was refused");
+        let lease = s.get("blip").await;
+        assert_eq!(phase_of(&lease), Some(Phase::Held), "{:?}", lease.status);
+        assert_eq!(token_of(&lease), token_of(&held));
+        refusal_seen |= condition(&lease, "Ready").is_some_and(|c| c.reason == "BackendAuthFailed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    controller_rights(&mut admin, "+@all").await;
+    let ready = s
+        .wait("blip", "Ready again", 15 * SEC, |l| {
+            condition(l, "Ready").is_some_and(|c| c.status == "True")
+        })
+        .await;
+    assert_eq!(phase_of(&ready), Some(Phase::Held));
+    assert_eq!(token_of(&ready), token_of(&held));
+
+    let expires = ready
+        .status
+        .as_ref()
+        .and_then(|st| st.expires_at)
+        .expect("expiresAt");
+    controller_rights(&mut admin, "-@scripting").await;
+    let lost = s
+        .wait("blip", "Lost", 20 * SEC, |l| {
+            phase_of(l) == Some(Phase::Lost)
+        })
+        .await;
+    assert!(
+        jiff::Timestamp::now() >= expires,
+        "Lost before the published expiry {expires}"
+    );
+    assert_eq!(
+        condition(&lost, "Held").map(|c| c.status.as_str()),
+        Some("Unknown")
+    );
+    controller_rights(&mut admin, "+@all").await;
+    let back = s.wait_phase("blip", Phase::Held, 30 * SEC).await;
+    assert!(token_of(&back) > token_of(&held));
 }
 
 // 7. Valkey stopped: BackendUnavailable; deletion keeps the finalizer; Valkey back: released.
@@ -621,7 +737,9 @@ async fn forged_status_token_is_ignored(mut s: Scenario) {
         .patch_status(
             "forged",
             &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"status": {"phase": "Pending", "fencingToken": MAX_TOKEN - 1}})),
+            &Patch::Merge(
+                serde_json::json!({"status": {"phase": "Pending", "fencingToken": MAX_TOKEN - 1}}),
+            ),
         )
         .await
         .expect("the status subresource takes any token up to 2^53-1");
@@ -671,7 +789,8 @@ fn main() {
         holder_pod_gone_releases,
         controller_restart_keeps_leases,
         leader_failover_keeps_leases,
-        renewals_do_not_write_status,
+        expires_at_stays_true,
+        store_refusals_within_the_expiry_keep_held,
         release_flag_and_max_hold,
         backend_outage_keeps_finalizer,
         fair_handover_in_creation_order,

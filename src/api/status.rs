@@ -18,7 +18,8 @@ pub enum Phase {
     Held,
     /// The lease was given up (`spec.release`, holder gone, `maxHoldSeconds` reached).
     Released,
-    /// The lease expired or was taken while this TargetLease believed it held it. A new attempt
+    /// The lease expired or was taken while this TargetLease believed it held it, or could not be
+    /// renewed before its `expiresAt` (the `Held` condition is then `Unknown`). A new attempt
     /// follows; it can only get a larger token.
     Lost,
     /// The lease store refused or failed; see the conditions.
@@ -140,7 +141,10 @@ pub struct TargetLeaseStatus {
     /// When this tenure began (Valkey server time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acquired_at: Option<Timestamp>,
-    /// When the lease expires unless renewed, as of the last status write (Valkey server time).
+    /// While Held: the lease is valid at least until then (Valkey server time). The controller
+    /// moves it forward every second renewal, so it stays in the future while renewals succeed;
+    /// a store failure that outlasts it turns Held into Lost. In the past while Held only when no
+    /// controller is running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Timestamp>,
     /// While Waiting: who holds the target.

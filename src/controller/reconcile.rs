@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 use super::heartbeat::stale_after;
 use super::holders::{Fate, fate_of};
 use super::queue;
-use super::status::{Observed, is_transition};
+use super::status::{Observed, is_transition, published_expiry};
 use super::{Context, Error};
 use crate::api::{
     FIELD_MANAGER, FINALIZER, HolderRef, Phase, Reason, TargetLease, TargetLeaseStatus,
@@ -138,7 +138,7 @@ impl<'a> Claim<'a> {
 
     /// Records a store failure in the status (once) and returns it as the reconcile's error.
     async fn fail(&self, ctx: &Context, error: StoreError) -> Error {
-        let observed = Observed::store_failed(self.status, &error);
+        let observed = Observed::store_failed(self.status, &error, Timestamp::now());
         if let Err(e) = self.settle(ctx, observed, None).await {
             warn!(error = %e, "could not record the store failure in the status");
         }
@@ -181,7 +181,7 @@ async fn write_status(
 async fn refuse_claim(lease: &TargetLease, ctx: &Context, error: StoreError) -> Error {
     if let Some(ns) = lease.namespace() {
         let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
-        let observed = Observed::store_failed(lease.status.as_ref(), &error);
+        let observed = Observed::store_failed(lease.status.as_ref(), &error, Timestamp::now());
         if let Err(e) = write_status(ctx, &api, lease, observed).await {
             warn!(error = %e, lease = %lease.name_any(), "could not record the refusal in the status");
         }
@@ -351,8 +351,9 @@ async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<
             server_time_ms,
             expires_in_ms,
         }) => {
-            // Renewals live in Valkey alone; the status is written only when something else
-            // changed (a new generation, or recovery from a failure condition).
+            // Renewals live in Valkey; the status is written when something else changed (a new
+            // generation, recovery from a failure) or when the published expiry must move
+            // forward to stay in the future (every second renewal).
             let grant = crate::store::Grant {
                 token: request.lease.token,
                 acquired_at_ms: claim
@@ -362,9 +363,15 @@ async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<
                 server_time_ms,
                 expires_in_ms,
             };
-            claim
-                .settle(ctx, Observed::held(&grant, claim.holder()), None)
-                .await?;
+            let mut observed = Observed::held(&grant, claim.holder());
+            observed.expires_at = published_expiry(
+                claim.status.and_then(|s| s.expires_at),
+                observed.expires_at,
+                Timestamp::from_millisecond(i64::try_from(server_time_ms).unwrap_or(i64::MAX))
+                    .unwrap_or_else(|_| Timestamp::now()),
+                renew_interval(claim.ttl()),
+            );
+            claim.settle(ctx, observed, None).await?;
             Ok(next_check(claim))
         }
         Ok(RenewOutcome::Lost { reason }) => {

@@ -28,6 +28,9 @@ pub struct Observed {
     pub reason: Reason,
     /// Condition message.
     pub message: String,
+    /// Whether the lease may still be held: the controller could not renew it before its last
+    /// known expiry, so it cannot say (the `Held` condition is `Unknown`).
+    pub held_unknown: bool,
 }
 
 fn millis(ms: u64) -> Option<Timestamp> {
@@ -47,6 +50,7 @@ impl Observed {
             held_by: None,
             reason: Reason::Acquired,
             message: format!("held by {holder} with fencing token {}", grant.token),
+            held_unknown: false,
         }
     }
 
@@ -62,6 +66,7 @@ impl Observed {
             held_by: Some(owner.to_owned()),
             reason: Reason::Waiting,
             message: format!("target is held by {owner}"),
+            held_unknown: false,
         }
     }
 
@@ -93,38 +98,72 @@ impl Observed {
             held_by: None,
             reason,
             message,
+            held_unknown: false,
         }
     }
 
-    /// The store failed. Transient failures keep what the status said (the lease may well still
-    /// be valid until its expiry) and mark it not ready; failures that need a person (corrupt
-    /// record, access denied, TLS, a configuration the server cannot serve) move the resource
-    /// to Failed.
-    pub fn store_failed(previous: Option<&TargetLeaseStatus>, error: &StoreError) -> Self {
-        let reason = store_reason(error.kind());
+    /// The store failed at `now`. What the status said stays true for as long as the controller
+    /// knows it is: a claim that shows Held keeps Held (not ready, the failure as the reason)
+    /// until its published expiry, whatever the failure, so a one-second ACL or network blip
+    /// changes no phase and kills no `targetlease run`. Past that expiry it cannot tell whether
+    /// the lease still exists: the phase becomes Lost and the `Held` condition `Unknown`. Other
+    /// claims keep their phase through transient failures and move to Failed on failures that
+    /// need a person (corrupt record, access denied, TLS, a configuration the server cannot
+    /// serve, a refused request). A corrupt record or a refused request fails a Held claim at
+    /// once: no blip explains those.
+    pub fn store_failed(
+        previous: Option<&TargetLeaseStatus>,
+        error: &StoreError,
+        now: Timestamp,
+    ) -> Self {
+        use crate::store::ErrorKind;
+        let kind = error.kind();
+        let reason = store_reason(kind);
         let needs_a_person = matches!(
-            error.kind(),
-            crate::store::ErrorKind::Corrupt
-                | crate::store::ErrorKind::AccessDenied
-                | crate::store::ErrorKind::Tls
-                | crate::store::ErrorKind::InvalidConfig
-                | crate::store::ErrorKind::InvalidRequest
+            kind,
+            ErrorKind::Corrupt
+                | ErrorKind::AccessDenied
+                | ErrorKind::Tls
+                | ErrorKind::InvalidConfig
+                | ErrorKind::InvalidRequest
         );
+        let about_the_data = matches!(kind, ErrorKind::Corrupt | ErrorKind::InvalidRequest);
         let previous = previous.cloned().unwrap_or_default();
+        let mut message = store_message(error);
+        let mut held_unknown = false;
+        let phase = match previous.phase {
+            Phase::Held if about_the_data => Phase::Failed,
+            Phase::Held if previous.expires_at.is_some_and(|e| now < e) => Phase::Held,
+            Phase::Held => {
+                held_unknown = true;
+                message = format!(
+                    "the lease could not be renewed before its last known expiry and may have \
+                     expired; a new attempt follows once the store answers: {message}"
+                );
+                Phase::Lost
+            }
+            _ if needs_a_person => Phase::Failed,
+            phase => {
+                // Still unknown while the store stays out of reach after such a loss.
+                held_unknown = phase == Phase::Lost
+                    && previous
+                        .conditions
+                        .iter()
+                        .any(|c| c.type_ == ConditionType::Held.as_str() && c.status == "Unknown");
+                phase
+            }
+        };
         Self {
-            phase: if needs_a_person {
-                Phase::Failed
-            } else {
-                previous.phase
-            },
+            phase,
             ready: false,
-            owner: previous.owner,
+            owner: previous.owner.filter(|_| phase == Phase::Held),
             token: previous.fencing_token,
-            acquired_at: previous.acquired_at,
-            expires_at: previous.expires_at,
+            acquired_at: previous.acquired_at.filter(|_| phase == Phase::Held),
+            expires_at: previous.expires_at.filter(|_| phase == Phase::Held),
             held_by: previous.held_by,
             reason,
-            message: store_message(error),
+            message,
+            held_unknown,
         }
     }
 
@@ -138,11 +177,16 @@ impl Observed {
     ) -> TargetLeaseStatus {
         let flag = |b: bool| if b { "True" } else { "False" };
         let held = self.phase == Phase::Held;
+        let held_flag = if self.held_unknown {
+            "Unknown"
+        } else {
+            flag(held)
+        };
         let mut wanted = vec![
             (ConditionType::Ready, flag(self.ready), self.reason),
             (
                 ConditionType::Held,
-                flag(held),
+                held_flag,
                 if held { Reason::Acquired } else { self.reason },
             ),
         ];
@@ -190,8 +234,28 @@ impl Observed {
     }
 }
 
-/// Whether `new` says something `old` did not: only then is a status write worth it. Times that
-/// move on every renewal (`expiresAt`) do not count on their own.
+/// The expiry to publish after a renewal at server time `now` that moved the lease's expiry to
+/// `renewed`: the one already `published` while it stays in the future for one and a half
+/// renewal `interval`s more (so most renewals cost no status write), `renewed` otherwise. The
+/// published expiry is never later than the store's and, while renewals succeed on time, never
+/// in the past: one status write per two renewals keeps `expiresAt` true.
+pub fn published_expiry(
+    published: Option<Timestamp>,
+    renewed: Option<Timestamp>,
+    now: Timestamp,
+    interval: std::time::Duration,
+) -> Option<Timestamp> {
+    let margin_ms = i64::try_from(interval.as_millis() * 3 / 2).unwrap_or(i64::MAX);
+    match (published, renewed) {
+        (Some(p), Some(r)) if p <= r && p.as_millisecond() - now.as_millisecond() > margin_ms => {
+            Some(p)
+        }
+        _ => renewed,
+    }
+}
+
+/// Whether `new` says something `old` did not: only then is a status write worth it. A renewal
+/// keeps the published `expiresAt` (see [`published_expiry`]) until it must move.
 pub fn is_transition(old: Option<&TargetLeaseStatus>, new: &TargetLeaseStatus) -> bool {
     let Some(old) = old else { return true };
     let key = |s: &TargetLeaseStatus| {
@@ -200,6 +264,7 @@ pub fn is_transition(old: Option<&TargetLeaseStatus>, new: &TargetLeaseStatus) -
             s.owner.clone(),
             s.fencing_token,
             s.acquired_at,
+            s.expires_at,
             s.held_by.clone(),
             s.observed_generation,
             s.max_hold_spent_generation,
@@ -279,8 +344,20 @@ mod tests {
         let first = Observed::held(&grant(7), "w").into_status(Some(1), None, now);
         let mut later = grant(7);
         later.server_time_ms += 10_000;
-        let renewed = Observed::held(&later, "w").into_status(Some(1), Some(&first), now);
+        let mut observed = Observed::held(&later, "w");
+        observed.expires_at = published_expiry(
+            first.expires_at,
+            observed.expires_at,
+            at(12_000),
+            std::time::Duration::from_millis(10_000),
+        );
+        let renewed = observed.into_status(Some(1), Some(&first), now);
         assert!(!is_transition(Some(&first), &renewed));
+        let moved = Observed::held(&later, "w").into_status(Some(1), Some(&first), now);
+        assert!(
+            is_transition(Some(&first), &moved),
+            "a new expiry is written"
+        );
         let new_token = Observed::held(&grant(8), "w").into_status(Some(1), Some(&first), now);
         assert!(is_transition(Some(&first), &new_token));
         let new_generation = Observed::held(&grant(7), "w").into_status(Some(2), Some(&first), now);
@@ -311,7 +388,7 @@ mod tests {
             endpoint: "x:1".into(),
             cause: "refused".into(),
         };
-        let s = Observed::store_failed(Some(&held), &down).into_status(
+        let s = Observed::store_failed(Some(&held), &down, Timestamp::UNIX_EPOCH).into_status(
             Some(1),
             Some(&held),
             Timestamp::UNIX_EPOCH,
@@ -322,7 +399,7 @@ mod tests {
             Some("BackendUnavailable")
         );
         let corrupt = StoreError::Corrupt { detail: "x".into() };
-        let s = Observed::store_failed(Some(&held), &corrupt).into_status(
+        let s = Observed::store_failed(Some(&held), &corrupt, Timestamp::UNIX_EPOCH).into_status(
             Some(1),
             None,
             Timestamp::UNIX_EPOCH,
@@ -356,7 +433,7 @@ mod tests {
             StoreError::InvalidConfig("cannot read /etc/secret/10.9.8.7".into()),
         ];
         for error in failures {
-            let s = Observed::store_failed(None, &error).into_status(
+            let s = Observed::store_failed(None, &error, Timestamp::UNIX_EPOCH).into_status(
                 Some(1),
                 None,
                 Timestamp::UNIX_EPOCH,
@@ -367,5 +444,121 @@ mod tests {
             }
             assert!(shown.contains("controller's log"), "{shown}");
         }
+    }
+
+    fn at(ms: i64) -> Timestamp {
+        Timestamp::from_millisecond(ms).expect("timestamp")
+    }
+
+    fn held_until(ms_left: u64) -> TargetLeaseStatus {
+        let mut g = grant(7);
+        g.server_time_ms = 0;
+        g.expires_in_ms = ms_left;
+        Observed::held(&g, "w").into_status(Some(1), None, at(0))
+    }
+
+    /// A blip of any kind within the published expiry changes no phase: Held stays Held, with
+    /// the failure as the Ready reason.
+    #[test]
+    fn brief_failures_keep_held_until_the_expiry() {
+        let held = held_until(30_000);
+        let denied = StoreError::AccessDenied {
+            endpoint: "x:1".into(),
+            cause: "NOPERM".into(),
+        };
+        let tls = StoreError::Tls {
+            endpoint: "x:1".into(),
+            cause: "handshake".into(),
+        };
+        for error in [denied, tls] {
+            let s = Observed::store_failed(Some(&held), &error, at(29_999)).into_status(
+                Some(1),
+                Some(&held),
+                at(29_999),
+            );
+            assert_eq!(s.phase, Phase::Held, "{error}");
+            assert_eq!(s.fencing_token, Some(7));
+            assert_eq!(s.expires_at, held.expires_at);
+            assert_eq!(
+                condition(&s, "Held").map(|c| c.status.as_str()),
+                Some("True")
+            );
+            assert_eq!(
+                condition(&s, "Ready").map(|c| c.status.as_str()),
+                Some("False")
+            );
+        }
+    }
+
+    /// Past the published expiry the controller cannot say the lease is held: Lost, with the
+    /// Held condition Unknown, and it stays Unknown while the store stays out of reach.
+    #[test]
+    fn failures_past_the_expiry_make_held_unknown() {
+        let held = held_until(30_000);
+        let down = StoreError::Timeout {
+            endpoint: "x:1".into(),
+            after_ms: 2_000,
+        };
+        let s = Observed::store_failed(Some(&held), &down, at(30_000)).into_status(
+            Some(1),
+            Some(&held),
+            at(30_000),
+        );
+        assert_eq!(s.phase, Phase::Lost);
+        assert_eq!(s.owner, None);
+        assert_eq!(s.expires_at, None, "an expiry that passed is not published");
+        assert_eq!(
+            s.fencing_token,
+            Some(7),
+            "the last token stays: it is the floor"
+        );
+        assert_eq!(
+            condition(&s, "Held").map(|c| c.status.as_str()),
+            Some("Unknown")
+        );
+        assert!(s.conditions.iter().all(|c| !c.message.contains("x:1")));
+        let again = Observed::store_failed(Some(&s), &down, at(40_000)).into_status(
+            Some(1),
+            Some(&s),
+            at(40_000),
+        );
+        assert_eq!(again.phase, Phase::Lost);
+        assert_eq!(
+            condition(&again, "Held").map(|c| c.status.as_str()),
+            Some("Unknown")
+        );
+        // A claim without a published expiry (written by an older version) is past it.
+        let mut old = held.clone();
+        old.expires_at = None;
+        let s = Observed::store_failed(Some(&old), &down, at(1)).into_status(Some(1), None, at(1));
+        assert_eq!(s.phase, Phase::Lost);
+    }
+
+    /// The published expiry moves only when it would come within one and a half renewal
+    /// intervals: one write per two renewals, never in the past while renewals succeed.
+    #[test]
+    fn published_expiry_moves_every_second_renewal() {
+        let ttl = 30_000;
+        let interval = std::time::Duration::from_millis(10_000);
+        let mut published = Some(at(ttl));
+        let mut writes = 0;
+        for renewal in 1..=30 {
+            let now = renewal * 10_000;
+            let renewed = Some(at(now + ttl));
+            let next = published_expiry(published, renewed, at(now), interval);
+            assert!(next <= renewed, "published beyond the store's expiry");
+            // Still in the future at the next renewal.
+            assert!(next > Some(at(now + 10_000)), "renewal {renewal}: {next:?}");
+            if next != published {
+                writes += 1;
+            }
+            published = next;
+        }
+        assert_eq!(writes, 15);
+        // Late renewals (a slow reconcile) move it at once.
+        assert_eq!(
+            published_expiry(Some(at(25_000)), Some(at(50_000)), at(20_000), interval),
+            Some(at(50_000))
+        );
     }
 }

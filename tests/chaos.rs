@@ -1,7 +1,8 @@
 //! Chaos: two controller replicas, a real control plane and a real Valkey (behind a TCP proxy),
 //! TargetLeases created and deleted at random, holders writing to a fenced store, and faults
 //! injected at random: controller SIGKILL, leader change, Valkey SIGKILL with and without its
-//! data, connection cuts and stalls, API server crash. An independent checker, sharing no code
+//! data, connection cuts and stalls, API server crash, the leader partitioned from the API
+//! server (a proxy per replica holds its bytes). An independent checker, sharing no code
 //! with the controller's decision logic, watches every status and owns the fenced store.
 //!
 //! `TARGETLEASE_CHAOS_SECONDS` sets the length of the fault phase (default 150 s).
@@ -32,7 +33,9 @@ use support::suite;
 const NS: &str = "chaos";
 const TARGETS: usize = 6;
 const PER_TARGET: usize = 3;
-const TTL_SECONDS: u64 = 5;
+// The shortest TTL the replicas below can keep: 1.5 x (take-over 3.75 s + call timeout 1 s +
+// 1 s to start), rounded up (docs/controller.md).
+const TTL_SECONDS: u64 = 9;
 
 /// What the checker has seen of one target.
 #[derive(Default)]
@@ -204,9 +207,10 @@ enum Fault {
     ConnectionCut,
     ConnectionStall,
     ApiServerCrash,
+    LeaderPartition,
 }
 
-const FAULTS: [Fault; 7] = [
+const FAULTS: [Fault; 8] = [
     Fault::ControllerKill,
     Fault::LeaderChange,
     Fault::ValkeyRestartWithData,
@@ -214,6 +218,7 @@ const FAULTS: [Fault; 7] = [
     Fault::ConnectionCut,
     Fault::ConnectionStall,
     Fault::ApiServerCrash,
+    Fault::LeaderPartition,
 ];
 
 struct World {
@@ -221,6 +226,8 @@ struct World {
     client: Client,
     valkey: Server,
     proxy: Proxy,
+    /// One proxy per replica between it and the API server: a partition holds its bytes.
+    api_proxies: Vec<Proxy>,
     replicas: Vec<Option<ControllerProcess>>,
 }
 
@@ -229,10 +236,13 @@ impl World {
         Api::namespaced(self.client.clone(), NS)
     }
 
-    fn replica(&self, name: &str) -> ControllerProcess {
+    fn replica(&self, i: usize) -> ControllerProcess {
         let url = format!("redis://127.0.0.1:{}", self.proxy.port);
-        ControllerProcess::start(
+        let name = format!("replica-{i}");
+        let kubeconfig = self.cluster.kubeconfig_via(self.api_proxies[i].port);
+        ControllerProcess::start_as(
             &self.cluster,
+            &kubeconfig,
             &url,
             &[
                 "--watch-namespace",
@@ -243,7 +253,7 @@ impl World {
                 "--leader-election-seconds",
                 "3",
                 "--identity",
-                name,
+                &name,
                 "--valkey-timeout",
                 "1s",
             ],
@@ -265,7 +275,7 @@ impl World {
                     p.kill();
                 }
                 tokio::time::sleep(Duration::from_millis(rng.random_range(500..3000))).await;
-                self.replicas[i] = Some(self.replica(&format!("replica-{i}")));
+                self.replicas[i] = Some(self.replica(i));
             }
             Fault::LeaderChange => {
                 let i = self
@@ -277,7 +287,7 @@ impl World {
                     p.terminate();
                 }
                 tokio::time::sleep(Duration::from_millis(1000)).await;
-                self.replicas[i] = Some(self.replica(&format!("replica-{i}")));
+                self.replicas[i] = Some(self.replica(i));
             }
             Fault::ValkeyRestartWithData => {
                 self.valkey.kill();
@@ -305,6 +315,18 @@ impl World {
                 self.proxy.set(Mode::Pass);
             }
             Fault::ApiServerCrash => self.cluster.restart("kube-apiserver", true),
+            Fault::LeaderPartition => {
+                // The leader loses the API server (its requests hang), not Valkey; longer than
+                // the election's 3 s, so the other replica takes over while it is cut off.
+                let i = self
+                    .leader()
+                    .await
+                    .unwrap_or(0)
+                    .min(self.replicas.len() - 1);
+                self.api_proxies[i].set(Mode::Stall);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(4000..8000))).await;
+                self.api_proxies[i].set(Mode::Pass);
+            }
         }
     }
 }
@@ -413,17 +435,19 @@ async fn chaos(cluster: Arc<Cluster>) {
         &["--appendonly", "yes", "--appendfsync", "always"],
     );
     let proxy = Proxy::start(valkey.port).await;
+    let api_proxies = vec![
+        Proxy::start(cluster.apiserver_port()).await,
+        Proxy::start(cluster.apiserver_port()).await,
+    ];
     let mut world = World {
         cluster: cluster.clone(),
         client: client.clone(),
         valkey,
         proxy,
+        api_proxies,
         replicas: Vec::new(),
     };
-    world.replicas = vec![
-        Some(world.replica("replica-0")),
-        Some(world.replica("replica-1")),
-    ];
+    world.replicas = vec![Some(world.replica(0)), Some(world.replica(1))];
     let api = world.api();
 
     let checker = Arc::new(Checker::default());

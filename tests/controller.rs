@@ -13,7 +13,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use targetlease::api::{Phase, TargetLease};
 use targetlease::store::{LeaseStore, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS};
 
-use support::kube::{condition, http_get, lease_yaml, phase_of, token_of};
+use support::kube::{ControllerProcess, condition, http_get, lease_yaml, phase_of, token_of};
+use support::proxy::{Mode, Proxy};
 use support::scenario::{SEC, Scenario, run_suite};
 
 // 1. kubectl apply leads to Held; kubectl wait works on the condition and on the phase.
@@ -231,6 +232,44 @@ async fn invalid_resources_are_refused(s: Scenario) {
         assert!(!out.status.success(), "{what}: accepted");
         assert!(stderr.contains(field), "{what}: {stderr}");
     }
+    // A TTL the API server accepts but this controller cannot keep (its call timeout is 1 s:
+    // three of them is 3 s) is refused with a condition that says what to do, and taken once
+    // the spec is fixed.
+    s.apply("hasty", "hasty-target", "w", "ttlSeconds: 2");
+    let refused = s
+        .wait("hasty", "TTLTooShort", 30 * SEC, |l| {
+            condition(l, "Ready").is_some_and(|c| c.reason == "TTLTooShort")
+        })
+        .await;
+    assert_eq!(phase_of(&refused), Some(Phase::Failed));
+    let message = condition(&refused, "Ready").map(|c| c.message.clone());
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains("3 s") && m.contains("raise spec.ttlSeconds")),
+        "{message:?}"
+    );
+    assert!(
+        s.store()
+            .await
+            .inspect(&s.target("hasty-target"))
+            .await
+            .expect("inspect")
+            .lease
+            .is_none(),
+        "a lease was taken"
+    );
+    s.cluster.kubectl_ok(&[
+        "patch",
+        "tl",
+        "hasty",
+        "-n",
+        &s.ns,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"ttlSeconds":3}}"#,
+    ]);
+    s.wait_phase("hasty", Phase::Held, 30 * SEC).await;
 }
 
 // 4. holderRef: deleting the holder pod releases the lease and the waiter gets it within 2 s.
@@ -396,6 +435,135 @@ async fn leader_failover_keeps_leases(mut s: Scenario) {
         .await
         .expect("inspect");
     assert!(seen.lease.is_some(), "SIGTERM released the lease");
+}
+
+// 5c. A leader cut off from the API server only (a proxy that holds its bytes; Valkey still
+//     reachable) stops acting before the other replica takes over, and what it had sent arrives
+//     later without overwriting a newer status.
+async fn cut_off_leader_stops_first(mut s: Scenario) {
+    s.controller.take();
+    let proxy = Proxy::start(s.cluster.apiserver_port()).await;
+    let election = [
+        "--leader-election",
+        "--leader-election-namespace",
+        s.ns.as_str(),
+        "--leader-election-seconds",
+        "3",
+    ];
+    let via_proxy = s.cluster.kubeconfig_via(proxy.port);
+    let a = s.start_controller_as(
+        &via_proxy,
+        &[&election[..], &["--identity", "replica-a"]].concat(),
+    );
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(s.client.clone(), &s.ns);
+    let holder_of_lease = || async {
+        leases
+            .get_opt("targetlease-controller")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec)
+            .and_then(|spec| spec.holder_identity)
+    };
+    let deadline = Instant::now() + 30 * SEC;
+    while holder_of_lease().await.as_deref() != Some("replica-a") {
+        assert!(Instant::now() < deadline, "replica-a never led");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let b = s.start_controller(&[&election[..], &["--identity", "replica-b"]].concat());
+    s.apply("holder", "cut-target", "worker-1", "ttlSeconds: 9");
+    let held = s.wait_phase("holder", Phase::Held, 30 * SEC).await;
+    s.apply("waiter", "cut-target", "worker-2", "ttlSeconds: 9");
+    s.wait_phase("waiter", Phase::Waiting, 30 * SEC).await;
+    let leading = |c: &ControllerProcess| metric(&c.http, "targetlease_leading");
+    assert_eq!(leading(&a), 1.0);
+    assert_eq!(leading(&b), 0.0);
+
+    // Cut A off from the API server: its requests hang, its Valkey works.
+    proxy.set(Mode::Stall);
+    let cut = Instant::now();
+    let (mut a_stopped, mut b_leads) = (None, None);
+    while a_stopped.is_none() || b_leads.is_none() {
+        assert!(cut.elapsed() < 30 * SEC, "a={a_stopped:?} b={b_leads:?}");
+        if a_stopped.is_none() && leading(&a) == 0.0 {
+            a_stopped = Some(cut.elapsed());
+        }
+        if b_leads.is_none() && leading(&b) == 1.0 {
+            b_leads = Some(cut.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (a_stopped, b_leads) = (a_stopped.unwrap_or_default(), b_leads.unwrap_or_default());
+    eprintln!("cut-off leader stopped after {a_stopped:?}; the other led after {b_leads:?}");
+    assert!(
+        a_stopped < b_leads,
+        "the cut-off leader acted until {a_stopped:?}, the other led from {b_leads:?}"
+    );
+    let calls = |c: &ControllerProcess| {
+        ["renew", "acquire", "release", "inspect"].map(|op| {
+            metric(
+                &c.http,
+                &format!("targetlease_store_call_seconds_count{{op=\"{op}\"}}"),
+            )
+        })
+    };
+    let a_calls = calls(&a);
+
+    // B acts: the holder is released, the waiter takes the target. A, had it gone on, would
+    // renew the holder, learn it lost and write Lost over Released.
+    s.api()
+        .patch(
+            "holder",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"release": true}})),
+        )
+        .await
+        .expect("release the holder");
+    let released = s.wait_phase("holder", Phase::Released, 30 * SEC).await;
+    let taken = s.wait_phase("waiter", Phase::Held, 30 * SEC).await;
+    assert!(token_of(&taken) > token_of(&held));
+    // Two renewal intervals, then the partition heals and A's held bytes arrive.
+    tokio::time::sleep(6 * SEC).await;
+    proxy.set(Mode::Pass);
+    tokio::time::sleep(4 * SEC).await;
+    let (holder, waiter) = (s.get("holder").await, s.get("waiter").await);
+    assert_eq!(
+        phase_of(&holder),
+        Some(Phase::Released),
+        "{:?}",
+        holder.status
+    );
+    assert_eq!(holder.resource_version(), released.resource_version());
+    assert_eq!(phase_of(&waiter), Some(Phase::Held), "{:?}", waiter.status);
+    assert_eq!(token_of(&waiter), token_of(&taken));
+    assert_eq!(calls(&a), a_calls, "the cut-off leader called the store");
+    assert_eq!(leading(&a), 0.0, "A leads again after the partition healed");
+    assert!(a.logs().contains("leadership lapsed"), "{}", a.logs());
+    // What a late write from a stale read would meet: the controller's status patch (forced
+    // server-side apply) carries the resourceVersion it was decided on, and the API server
+    // refuses it once the object moved on.
+    let stale = serde_json::json!({
+        "apiVersion": "targetlease.dev/v1alpha1",
+        "kind": "TargetLease",
+        "metadata": {"resourceVersion": held.resource_version()},
+        "status": held.status,
+    });
+    let refused = s
+        .api()
+        .patch_status(
+            "holder",
+            &PatchParams::apply(targetlease::api::FIELD_MANAGER).force(),
+            &Patch::Apply(&stale),
+        )
+        .await
+        .expect_err("a status write based on a stale read");
+    assert!(
+        matches!(&refused, kube::Error::Api(e) if e.code == 409),
+        "{refused}"
+    );
+    assert_eq!(phase_of(&s.get("holder").await), Some(Phase::Released));
+    drop(b);
 }
 
 // 6. expiresAt stays true: never in the past while Held over 3 x TTL, at the cost of one status
@@ -789,6 +957,7 @@ fn main() {
         holder_pod_gone_releases,
         controller_restart_keeps_leases,
         leader_failover_keeps_leases,
+        cut_off_leader_stops_first,
         expires_at_stays_true,
         store_refusals_within_the_expiry_keep_held,
         release_flag_and_max_hold,

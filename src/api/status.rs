@@ -64,6 +64,8 @@ pub enum Reason {
     InvalidRequest,
     /// The lease store answered something this version does not understand.
     BackendUnexpectedReply,
+    /// `spec.ttlSeconds` is shorter than this controller can keep a lease for.
+    TtlTooShort,
 }
 
 impl Reason {
@@ -87,6 +89,7 @@ impl Reason {
             Reason::CorruptRecord => "CorruptRecord",
             Reason::InvalidRequest => "InvalidRequest",
             Reason::BackendUnexpectedReply => "BackendUnexpectedReply",
+            Reason::TtlTooShort => "TTLTooShort",
         }
     }
 }

@@ -56,8 +56,8 @@ pub struct ControllerArgs {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "targetlease-controller")]
     leader_election_name: String,
-    /// How long a leader's claim lasts without renewal (seconds). Keep it well below the
-    /// shortest TargetLease TTL so a successor renews in time.
+    /// How long a leader's claim lasts without renewal (seconds). It sets the shortest
+    /// TargetLease TTL this controller accepts: 1.5 x (take-over + call timeout + 1 s).
     #[arg(long, default_value_t = 10)]
     leader_election_seconds: u64,
     /// This replica's name (events, leader election).
@@ -131,35 +131,52 @@ impl ControllerArgs {
             .map_err(|e| format!("cannot listen on {}: {e}", self.http_addr))?;
         let http = tokio::spawn(http::serve(listener, probe.clone(), stopped(stop.clone())));
 
+        let election = self.leader_election.then(|| Election {
+            namespace: self.leader_election_namespace.clone(),
+            name: self.leader_election_name.clone(),
+            identity: self.identity(),
+            duration_seconds: self.leader_election_seconds,
+        });
         let settings = Settings {
             namespace: self.watch_namespace.clone(),
             identity: self.identity(),
+            shortest_ttl: controller::shortest_ttl(self.valkey.valkey_timeout, election.as_ref()),
         };
-        let work = |signal: election::StopSignal| {
+        info!(
+            shortest_ttl_seconds = settings.shortest_ttl.as_secs(),
+            "TargetLeases with a shorter ttlSeconds are refused"
+        );
+        let work = |signal: election::StopSignal, leadership: election::Leadership| {
             let probe = probe.clone();
             controller::run(
                 client.clone(),
                 store.clone(),
                 metrics.clone(),
                 settings.clone(),
+                leadership,
                 signal,
                 move |leases| {
                     *probe.leases.write().unwrap_or_else(|e| e.into_inner()) = Some(leases);
                 },
             )
         };
-        if self.leader_election {
-            let election = Election {
-                namespace: self.leader_election_namespace.clone(),
-                name: self.leader_election_name.clone(),
-                identity: settings.identity.clone(),
-                duration_seconds: self.leader_election_seconds,
-            };
-            election::lead(client.clone(), election, stop.clone(), work)
-                .await
-                .map_err(|e| format!("leader election failed: {e}"))?;
+        if let Some(election) = election {
+            election::lead(
+                client.clone(),
+                election,
+                stop.clone(),
+                metrics.leading.clone(),
+                work,
+            )
+            .await
+            .map_err(|e| format!("leader election failed: {e}"))?;
         } else {
-            work(Box::pin(stopped(stop.clone()))).await;
+            metrics.leading.set(1);
+            work(
+                Box::pin(stopped(stop.clone())),
+                election::Leadership::unconditional(),
+            )
+            .await;
         }
         match http.await {
             Ok(Ok(())) => Ok(()),

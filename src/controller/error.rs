@@ -18,6 +18,9 @@ pub enum Error {
     /// The object lacks something the API server always sets (namespace, uid).
     #[error("object is missing {0}")]
     MissingField(&'static str),
+    /// This replica may not act: its leadership lapsed.
+    #[error(transparent)]
+    NotLeading(#[from] super::election::NotLeading),
 }
 
 impl From<kube::Error> for Error {
@@ -38,6 +41,20 @@ impl Error {
                 _ => "finalizer",
             },
             Error::MissingField(_) => "missing_field",
+            Error::NotLeading(_) => "not_leading",
+        }
+    }
+
+    /// A write refused by its resourceVersion precondition: what it was based on is stale.
+    pub fn is_stale_read(&self) -> bool {
+        match self {
+            Error::Kube(e) => matches!(e.as_ref(), kube::Error::Api(s) if s.code == 409),
+            Error::Finalizer(inner) => match inner.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e)
+                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.is_stale_read(),
+                _ => false,
+            },
+            _ => false,
         }
     }
 }

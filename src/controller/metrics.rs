@@ -27,6 +27,8 @@ pub struct Metrics {
     handovers: Counter,
     status_writes: Counter,
     leases: Family<Labels, Gauge>,
+    /// 1 while this replica may act (leads, or runs without leader election), 0 otherwise.
+    pub leading: Gauge,
 }
 
 impl Default for Metrics {
@@ -48,7 +50,13 @@ impl Metrics {
             handovers: Counter::default(),
             status_writes: Counter::default(),
             leases: Family::default(),
+            leading: Gauge::default(),
         };
+        registry.register(
+            "leading",
+            "1 while this replica may act: it leads (or runs without leader election)",
+            metrics.leading.clone(),
+        );
         registry.register(
             "reconciles",
             "Reconciles by result (ok, or the error kind)",

@@ -54,6 +54,10 @@ pub struct Context {
     pub holders: Holders,
     /// The heartbeats of `targetlease run`.
     pub heartbeats: heartbeat::Heartbeats,
+    /// Whether this replica may act; checked before every store call and status write.
+    pub leadership: election::Leadership,
+    /// The shortest `ttlSeconds` this controller accepts.
+    pub shortest_ttl: Duration,
     /// Consecutive failures per object, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<TargetLease>, u32>>,
 }
@@ -65,6 +69,22 @@ pub struct Settings {
     pub namespace: Option<String>,
     /// This replica's name, in events.
     pub identity: String,
+    /// The shortest `ttlSeconds` this controller can keep (see [`shortest_ttl`]).
+    pub shortest_ttl: Duration,
+}
+
+/// The shortest TTL this controller can keep a lease for, from its own timings: a renewal
+/// (every TTL/3) must be able to take a whole call timeout before the next one is due, and with
+/// leader election, after the leader's last renewal (up to TTL/3 before it died) a successor
+/// must take over, start and renew within the two thirds of the TTL that are left:
+/// `max(3 x call timeout, 1.5 x (take-over + call timeout + 1 s to start))`, in whole seconds.
+pub fn shortest_ttl(call_timeout: Duration, election: Option<&election::Election>) -> Duration {
+    let renewing = call_timeout * 3;
+    let failover = election.map_or(Duration::ZERO, |e| {
+        (e.takeover() + call_timeout + Duration::from_secs(1)) * 3 / 2
+    });
+    let ms = renewing.max(failover).as_millis();
+    Duration::from_secs(u64::try_from(ms.div_ceil(1000)).unwrap_or(u64::MAX).max(1))
 }
 
 /// Drops what the controller never reads before an object enters the cache: `managedFields`
@@ -88,6 +108,12 @@ fn backoff(n: u32) -> Duration {
 }
 
 fn error_policy(lease: Arc<TargetLease>, error: &Error, ctx: Arc<Context>) -> Action {
+    if error.is_stale_read() {
+        // The status write was based on an object the cache had not caught up with (or a newer
+        // leader wrote since): the watch brings the newer object, which is reconciled anew.
+        debug!(lease = %lease.name_any(), "status write refused: the object changed since it was read");
+        return Action::requeue(Duration::from_millis(100));
+    }
     let key = ObjectRef::from_obj(lease.as_ref());
     let n = {
         let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
@@ -120,6 +146,7 @@ pub async fn run(
     store: Arc<dyn LeaseStore>,
     metrics: Arc<Metrics>,
     settings: Settings,
+    leadership: election::Leadership,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
     on_start: impl FnOnce(Store<TargetLease>),
 ) {
@@ -155,6 +182,8 @@ pub async fn run(
         wake,
         holders: holders.clone(),
         heartbeats: heartbeat::Heartbeats::default(),
+        leadership,
+        shortest_ttl: settings.shortest_ttl,
         failures: Mutex::default(),
     });
     let pods = tokio::spawn(holders.watch(client, settings.namespace.clone()));
@@ -183,4 +212,36 @@ pub async fn run(
         .await;
     pods.abort();
     info!("controller stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn election(seconds: u64) -> election::Election {
+        election::Election {
+            namespace: "ns".into(),
+            name: "lease".into(),
+            identity: "me".into(),
+            duration_seconds: seconds,
+        }
+    }
+
+    #[test]
+    fn shortest_ttl_follows_the_timings() {
+        // Alone: three call timeouts.
+        assert_eq!(shortest_ttl(Duration::from_secs(2), None).as_secs(), 6);
+        assert_eq!(shortest_ttl(Duration::from_secs(1), None).as_secs(), 3);
+        assert_eq!(shortest_ttl(Duration::from_millis(100), None).as_secs(), 1);
+        // With the default election (10 s, take-over 12.5 s) and call timeout (2 s):
+        // 1.5 x (12.5 + 2 + 1) = 23.25 s, so 24 s; the default TTL (30 s) is above it.
+        let default = shortest_ttl(Duration::from_secs(2), Some(&election(10)));
+        assert_eq!(default.as_secs(), 24);
+        assert!(u64::from(crate::api::DEFAULT_TTL_SECONDS) >= default.as_secs());
+        // The chaos run's replicas: 3 s election, 1 s timeout.
+        assert_eq!(
+            shortest_ttl(Duration::from_secs(1), Some(&election(3))).as_secs(),
+            9
+        );
+    }
 }

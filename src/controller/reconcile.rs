@@ -31,6 +31,8 @@ use crate::store::{
 
 /// Entry point called by the kube-runtime Controller.
 pub async fn reconcile(lease: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // A replica whose leadership lapsed does nothing, the finalizer patch included.
+    ctx.leadership.check()?;
     let ns = lease
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
@@ -159,9 +161,13 @@ async fn write_status(
         return Ok(false);
     }
     let phase_changed = old.map(|s| s.phase) != Some(new.phase);
+    ctx.leadership.check()?;
+    // The resourceVersion the status was decided on is a precondition: a write based on a stale
+    // read (a cut-off leader's late write, a cache behind) is refused with 409, not applied.
     let patch = json!({
         "apiVersion": "targetlease.dev/v1alpha1",
         "kind": "TargetLease",
+        "metadata": {"resourceVersion": lease.resource_version()},
         "status": new,
     });
     api.patch_status(
@@ -189,17 +195,19 @@ async fn refuse_claim(lease: &TargetLease, ctx: &Context, error: StoreError) -> 
     Error::Store(error)
 }
 
-/// Times one store call for the metrics.
-async fn timed<T>(
+/// Makes one store call, if this replica may still act, and times it for the metrics. The outer
+/// error is the refusal to act; the inner result is the store's answer.
+async fn store_call<T>(
     ctx: &Context,
     op: &'static str,
     call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
+) -> Result<Result<T, StoreError>, Error> {
+    ctx.leadership.check()?;
     let start = Instant::now();
     let result = call.await;
     let kind = result.as_ref().err().map(|e| e.kind().as_str());
     ctx.metrics.store_call(op, start.elapsed(), kind);
-    result
+    Ok(result)
 }
 
 /// Why a lease must be given up, if it must. `holder_gone` says why the holder is gone, if it is.
@@ -303,6 +311,19 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
     }
     let next = match claim.held_handle() {
         Some(handle) => renew(&claim, ctx, handle).await,
+        None if claim.ttl() < ctx.shortest_ttl => {
+            // A lease held already is kept (its workload runs); a new one is not taken.
+            let message = format!(
+                "ttlSeconds {} is shorter than {} s, the shortest TTL this controller can keep \
+                 (three Valkey call timeouts, and with leader election the time a successor \
+                 needs to take over and renew); raise spec.ttlSeconds",
+                claim.ttl().as_secs(),
+                ctx.shortest_ttl.as_secs()
+            );
+            let observed = Observed::refused(Reason::TtlTooShort, message, claim.last_token());
+            claim.settle(ctx, observed, None).await?;
+            return Ok(Action::await_change());
+        }
         None => acquire(&claim, ctx).await,
     }?;
     // A claim with a heartbeat is looked at again when it would go stale, so a crashed run's
@@ -346,7 +367,7 @@ async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<
         ttl: claim.ttl(),
         request_id: RequestId::random(),
     };
-    match timed(ctx, "renew", ctx.store.renew(&request)).await {
+    match store_call(ctx, "renew", ctx.store.renew(&request)).await? {
         Ok(RenewOutcome::Renewed {
             server_time_ms,
             expires_in_ms,
@@ -447,7 +468,7 @@ async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Duration, Error> {
         min_token: min_token(claim, ctx),
         request_id: RequestId::random(),
     };
-    match timed(ctx, "acquire", ctx.store.acquire(&request)).await {
+    match store_call(ctx, "acquire", ctx.store.acquire(&request)).await? {
         Ok(AcquireOutcome::Acquired(grant)) => {
             let previous = claim.status.map(|s| s.phase);
             let note = format!(
@@ -530,7 +551,7 @@ async fn release_in_store(claim: &Claim<'_>, ctx: &Context) -> Result<(), Error>
 
 /// Asks the store what this lease id holds on the target and releases it.
 async fn release_by_lease_id(claim: &Claim<'_>, ctx: &Context) -> Result<(), Error> {
-    let handle = match timed(ctx, "inspect", ctx.store.inspect(&claim.target)).await {
+    let handle = match store_call(ctx, "inspect", ctx.store.inspect(&claim.target)).await? {
         Ok(seen) => seen
             .lease
             .filter(|l| l.lease_id == claim.lease_id)
@@ -560,7 +581,7 @@ async fn release_handle(
         lease: handle,
         request_id: RequestId::random(),
     };
-    match timed(ctx, "release", ctx.store.release(&request)).await {
+    match store_call(ctx, "release", ctx.store.release(&request)).await? {
         Ok(ReleaseOutcome::Released) => {
             info!(lease = %claim.lease.name_any(), target = %claim.target, "released");
             wake_waiters(claim, ctx);

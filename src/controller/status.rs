@@ -75,6 +75,11 @@ impl Observed {
         Self::not_holding(Phase::Released, true, reason, message, last_token)
     }
 
+    /// The claim cannot be served as it is written; a person must change its spec.
+    pub fn refused(reason: Reason, message: String, last_token: Option<u64>) -> Self {
+        Self::not_holding(Phase::Failed, false, reason, message, last_token)
+    }
+
     /// The lease expired or was taken while this resource believed it held it.
     pub fn lost(reason: Reason, message: String, last_token: Option<u64>) -> Self {
         Self::not_holding(Phase::Lost, false, reason, message, last_token)

@@ -111,6 +111,30 @@ impl Cluster {
         &self.env["KUBECONFIG"]
     }
 
+    /// The API server's port on loopback, from the admin kubeconfig.
+    pub fn apiserver_port(&self) -> u16 {
+        let config = std::fs::read_to_string(self.kubeconfig()).expect("read the kubeconfig");
+        config
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"))
+            .and_then(|p| p.trim().parse().ok())
+            .expect("the kubeconfig names https://127.0.0.1:PORT")
+    }
+
+    /// A copy of the admin kubeconfig that reaches the API server through loopback `port` (a
+    /// proxy; the server's certificate names 127.0.0.1, so TLS still verifies).
+    pub fn kubeconfig_via(&self, port: u16) -> PathBuf {
+        let config = std::fs::read_to_string(self.kubeconfig()).expect("read the kubeconfig");
+        let direct = format!("server: https://127.0.0.1:{}", self.apiserver_port());
+        let path = self.scratch().join(format!("kubeconfig-via-{port}"));
+        std::fs::write(
+            &path,
+            config.replace(&direct, &format!("server: https://127.0.0.1:{port}")),
+        )
+        .expect("write the kubeconfig");
+        path
+    }
+
     /// The folder holding kubectl and helm.
     pub fn bin(&self) -> PathBuf {
         PathBuf::from(&self.env["TARGETLEASE_E2E_BIN"])

@@ -2,6 +2,7 @@
 //! server and controller process (watching only that namespace), and the runner that starts one
 //! control plane per suite and runs the scenarios one at a time.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,11 +53,18 @@ impl Scenario {
         scenario
     }
 
-    /// Starts a controller on this scenario's namespace and Valkey, with `extra` flags.
+    /// Starts a controller on this scenario's namespace and Valkey, with `extra` flags. Its
+    /// Valkey call timeout is 1 s, so the short TTLs of the tests (3 s and up) are ones it can
+    /// keep (three call timeouts; docs/controller.md).
     pub fn start_controller(&self, extra: &[&str]) -> ControllerProcess {
-        let mut args = vec!["--watch-namespace", &self.ns];
+        self.start_controller_as(Path::new(self.cluster.kubeconfig()), extra)
+    }
+
+    /// Like [`Scenario::start_controller`], reaching the API server as `kubeconfig` says.
+    pub fn start_controller_as(&self, kubeconfig: &Path, extra: &[&str]) -> ControllerProcess {
+        let mut args = vec!["--watch-namespace", &self.ns, "--valkey-timeout", "1s"];
         args.extend_from_slice(extra);
-        ControllerProcess::start(&self.cluster, &self.valkey.url(), &args)
+        ControllerProcess::start_as(&self.cluster, kubeconfig, &self.valkey.url(), &args)
     }
 
     /// The running controller.

@@ -482,10 +482,13 @@ impl Bench {
     }
 
     fn start_controller(&self, ns: &str) -> ControllerProcess {
+        // The controller refuses a TTL shorter than three Valkey call timeouts: the smoke run's
+        // 2 s TTL needs a shorter call timeout than the default 2 s.
+        let timeout = if self.ttl < 6 { "500ms" } else { "2s" };
         let controller = ControllerProcess::start_with_env(
             &self.cluster,
             &self.valkey.url(),
-            &["--watch-namespace", ns],
+            &["--watch-namespace", ns, "--valkey-timeout", timeout],
             // The production default; the tests use debug.
             &[("TARGETLEASE_LOG", "info")],
         );

@@ -573,7 +573,7 @@ fn chart_crd_matches_crds_dir(tools: &Tools) {
     assert!(
         rendered == committed[0],
         "charts/targetlease/templates/crd.yaml differs from crds/targetlease.dev_targetleases.yaml: \
-         run scripts/sync-chart-crd.sh"
+         run `cargo run -- crd --chart > charts/targetlease/templates/crd.yaml`"
     );
 }
 

@@ -38,11 +38,14 @@ pub struct Cli {
 enum Command {
     /// Run the TargetLease controller.
     Controller(controller::ControllerArgs),
-    /// Print the TargetLease CRD as YAML (or its API reference as Markdown).
+    /// Print the TargetLease CRD as YAML (or the chart's CRD template, or the API reference).
     Crd {
         /// Print the API reference (docs/api.md) rendered from the CRD schema instead.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "chart")]
         markdown: bool,
+        /// Print the Helm chart's CRD template (charts/targetlease/templates/crd.yaml) instead.
+        #[arg(long)]
+        chart: bool,
     },
     /// Wait until a TargetLease is Held and print its fencing token.
     Wait(wait::WaitArgs),
@@ -62,11 +65,15 @@ impl Cli {
         telemetry::init(self.log_format);
         match self.command {
             Command::Controller(args) => args.run().await,
-            Command::Crd { markdown: true } => {
+            Command::Crd { markdown: true, .. } => {
                 print!("{}", crate::api::reference::markdown());
                 ExitCode::SUCCESS
             }
-            Command::Crd { markdown: false } => match crate::api::crd_yaml() {
+            Command::Crd { chart, .. } => match if chart {
+                crate::api::chart_crd_template()
+            } else {
+                crate::api::crd_yaml()
+            } {
                 Ok(yaml) => {
                     print!("{yaml}");
                     ExitCode::SUCCESS

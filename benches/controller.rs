@@ -32,22 +32,46 @@ use kube::{Client, ResourceExt};
 use targetlease::api::{Phase, TargetLease, TargetLeaseSpec};
 use tokio::sync::mpsc;
 
-use common::{Args, cpu_seconds, loadavg, machine, quantile, status_kib};
+use clap::Parser;
+use common::{CommonArgs, cpu_seconds, loadavg, machine, quantile, status_kib};
 use support::kube::{Cluster, ControllerProcess, http_get};
 use support::server::{Server, ServerKind};
 
-const HELP: &str = "\
-cargo bench --bench controller -- [options]
-  --small N          leases of the first scale phase (default 1000)
-  --large N          leases of the second scale phase and the steady state (default 10000)
-  --handovers N      hand-overs per hand-over phase (default 200)
-  --in-flight N      concurrent create requests (default 32)
-  --ttl S            ttlSeconds of the scale phases' leases (default 30)
-  --steady-ttls N    length of the steady state in TTLs (default 2)
-  --phases LIST      which of api,small,handover,large to run (default all)
-  --api-ops N        objects per request kind in the api phase (default 1000)
-  --out DIR          where controller.md, controller.json and the SVGs go
-  --smoke            tiny run for scripts/test.sh: checks that numbers come out, not speed";
+/// Options after `cargo bench --bench controller --`.
+#[derive(Debug, Parser)]
+#[command(name = "cargo bench --bench controller --")]
+struct Options {
+    /// Leases of the first scale phase [default: 1000; smoke: 10]
+    #[arg(long)]
+    small: Option<usize>,
+    /// Leases of the second scale phase and the steady state [default: 10000; smoke: 20]
+    #[arg(long)]
+    large: Option<usize>,
+    /// Hand-overs per hand-over phase [default: 200; smoke: 3]
+    #[arg(long)]
+    handovers: Option<usize>,
+    /// Concurrent create requests
+    #[arg(long, default_value_t = 32)]
+    in_flight: usize,
+    /// ttlSeconds of the scale phases' leases [default: 30; smoke: 2]
+    #[arg(long)]
+    ttl: Option<u32>,
+    /// Length of the steady state in TTLs
+    #[arg(long, default_value_t = 2.0)]
+    steady_ttls: f64,
+    /// Which of api,small,handover,large to run, comma-separated
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "api,small,handover,large"
+    )]
+    phases: Vec<String>,
+    /// Objects per request kind in the api phase [default: 1000; smoke: 10]
+    #[arg(long)]
+    api_ops: Option<usize>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
 
 /// Every wait is bounded so that a broken run ends; these are not speed goals.
 const WAIT_LIMIT: Duration = Duration::from_secs(900);
@@ -985,35 +1009,24 @@ fn metric_labeled(text: &str, name: &str, label: &str) -> f64 {
 }
 
 fn main() {
-    let args = Args::parse(&[
-        "small",
-        "large",
-        "handovers",
-        "in-flight",
-        "ttl",
-        "steady-ttls",
-        "phases",
-        "api-ops",
-        "out",
-    ]);
-    if args.flag("help") {
-        println!("{HELP}");
-        return;
-    }
-    let smoke = args.flag("smoke");
-    let small: usize = args.get("small", if smoke { 10 } else { 1000 });
-    let large: usize = args.get("large", if smoke { 20 } else { 10_000 });
-    let handovers: usize = args.get("handovers", if smoke { 3 } else { 200 });
-    let in_flight: usize = args.get("in-flight", 32);
-    let ttl: u32 = args.get("ttl", if smoke { 2 } else { 30 });
-    let steady_ttls: f64 = args.get("steady-ttls", 2.0);
-    let phases: Vec<String> = args.list(
-        "phases",
-        &["api", "small", "handover", "large"].map(String::from),
-    );
-    let api_ops: usize = args.get("api-ops", if smoke { 10 } else { 1000 });
+    let Options {
+        small,
+        large,
+        handovers,
+        in_flight,
+        ttl,
+        steady_ttls,
+        phases,
+        api_ops,
+        common,
+    } = Options::parse();
+    let small = common.pick(small, 1000, 10);
+    let large = common.pick(large, 10_000, 20);
+    let handovers = common.pick(handovers, 200, 3);
+    let ttl = common.pick(ttl, 30, 2);
+    let api_ops = common.pick(api_ops, 1000, 10);
     let run = |p: &str| phases.iter().any(|x| x == p);
-    let out = common::out_dir(&args, "controller");
+    let out = common.out_dir("controller");
     let binary = env!("CARGO_BIN_EXE_targetlease");
 
     let started = Instant::now();

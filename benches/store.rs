@@ -30,30 +30,51 @@ use redis::AsyncConnectionConfig;
 use redis::Script;
 use redis::aio::MultiplexedConnection;
 use targetlease::redact::SecretUrl;
-use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
+use targetlease::store::valkey::{DEFAULT_POOL_SIZE, ValkeyConfig, ValkeyStore};
 use targetlease::store::{
     AcquireOutcome, AcquireRequest, LeaseHandle, LeaseId, LeaseStore, ReleaseOutcome,
     ReleaseRequest, RenewOutcome, RenewRequest, RequestId, TargetRef,
 };
 use tokio::sync::Barrier;
 
-use common::{Args, loadavg, machine, median, quantile};
+use clap::Parser;
+use common::{CommonArgs, loadavg, machine, median, quantile};
 use support::server::{Server, ServerKind};
 
-const HELP: &str = "\
-cargo bench --bench store -- [options]
-  --rounds N           rounds; every figure is the median over them (default 9)
-  --seconds S          measured seconds per run (default 1)
-  --warmup S           unmeasured seconds before each run's measurement (default 0.2)
-  --concurrency LIST   concurrent tasks (default 1,16,64,256)
-  --threads N          tokio worker threads of the client (default 2)
-  --connections N      connections of the store's pool and of the baseline (default 4, the
-                       store's default pool size)
-  --workloads LIST     which of a,b,c,d,e to run (default all)
-  --server NAME        valkey-9.1 (default), valkey-8.1 or redis-7.0 (the contract suite's servers)
-  --max-cycles N       bound on the cycles of one run (default 2000000)
-  --out DIR            where store.md and store.json go (default: Cargo's target tmp dir)
-  --smoke              tiny run for scripts/test.sh: checks that numbers come out, not speed";
+/// Options after `cargo bench --bench store --`.
+#[derive(Debug, Parser)]
+#[command(name = "cargo bench --bench store --")]
+struct Options {
+    /// Rounds; every figure is the median over them [default: 9; smoke: 1]
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Measured seconds per run [default: 1; smoke: 0.2]
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Unmeasured seconds before each run's measurement [default: 0.2; smoke: 0.05]
+    #[arg(long)]
+    warmup: Option<f64>,
+    /// Concurrent tasks, comma-separated [default: 1,16,64,256; smoke: 1,4]
+    #[arg(long, value_delimiter = ',')]
+    concurrency: Vec<usize>,
+    /// Tokio worker threads of the client
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Connections of the store's pool and of the baseline (the store's default pool size)
+    #[arg(long, default_value_t = DEFAULT_POOL_SIZE)]
+    connections: usize,
+    /// Which of a,b,c,d,e to run, comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "a,b,c,d,e")]
+    workloads: Vec<String>,
+    /// The server: the contract suite's valkey-9.1, valkey-8.1 or redis-7.0
+    #[arg(long, default_value = "valkey-9.1", value_parser = ["valkey-9.1", "valkey-8.1", "redis-7.0"])]
+    server: String,
+    /// Bound on the cycles of one run
+    #[arg(long, default_value_t = 2_000_000)]
+    max_cycles: u64,
+    #[command(flatten)]
+    common: CommonArgs,
+}
 
 const LEASE_TTL: Duration = Duration::from_secs(30);
 
@@ -584,45 +605,37 @@ fn ratio(runs: &[Run], c: usize, num: Workload, den: Workload) -> f64 {
 }
 
 fn main() {
-    let args = Args::parse(&[
-        "rounds",
-        "seconds",
-        "warmup",
-        "concurrency",
-        "threads",
-        "connections",
-        "max-cycles",
-        "workloads",
-        "server",
-        "out",
-    ]);
-    if args.flag("help") {
-        println!("{HELP}");
-        return;
-    }
-    let smoke = args.flag("smoke");
-    let rounds: usize = args.get("rounds", if smoke { 1 } else { 9 });
-    let measure = Duration::from_secs_f64(args.get("seconds", if smoke { 0.2 } else { 1.0 }));
-    let warmup = Duration::from_secs_f64(args.get("warmup", if smoke { 0.05 } else { 0.2 }));
-    let levels: Vec<usize> = args.list(
-        "concurrency",
-        if smoke { &[1, 4] } else { &[1, 16, 64, 256] },
-    );
-    let threads: usize = args.get("threads", 2);
-    let connections: usize = args.get("connections", 4);
-    let letters: Vec<String> = args.list("workloads", &["a", "b", "c", "d", "e"].map(String::from));
+    let Options {
+        rounds,
+        seconds,
+        warmup,
+        concurrency,
+        threads,
+        connections,
+        workloads: letters,
+        server,
+        max_cycles,
+        common,
+    } = Options::parse();
+    let smoke = common.smoke;
+    let rounds = common.pick(rounds, 9, 1);
+    let measure = Duration::from_secs_f64(common.pick(seconds, 1.0, 0.2));
+    let warmup = Duration::from_secs_f64(common.pick(warmup, 0.2, 0.05));
+    let levels: Vec<usize> = if concurrency.is_empty() {
+        common.pick(None, vec![1, 16, 64, 256], vec![1, 4])
+    } else {
+        concurrency
+    };
     let workloads: Vec<Workload> = Workload::ALL
         .into_iter()
         .filter(|w| letters.iter().any(|l| l == w.letter()))
         .collect();
-    let max_cycles: u64 = args.get("max-cycles", 2_000_000);
-    let out = common::out_dir(&args, "store");
+    let out = common.out_dir("store");
 
-    let kind = match args.string("server").as_deref() {
-        None | Some("valkey-9.1") => ServerKind::Valkey91,
-        Some("valkey-8.1") => ServerKind::Valkey81,
-        Some("redis-7.0") => ServerKind::Redis70,
-        Some(other) => panic!("--server {other:?}: use valkey-9.1, valkey-8.1 or redis-7.0"),
+    let kind = match server.as_str() {
+        "valkey-8.1" => ServerKind::Valkey81,
+        "redis-7.0" => ServerKind::Redis70,
+        _ => ServerKind::Valkey91,
     };
     let server = Server::start(kind);
     let runtime = tokio::runtime::Builder::new_multi_thread()

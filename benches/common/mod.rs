@@ -1,87 +1,45 @@
-//! Helpers shared by the benchmarks: argument parsing, statistics, the machine's description,
+//! Helpers shared by the benchmarks: the options they share, statistics, the machine's description,
 //! process accounting from /proc and a hand-written SVG histogram. No measurement here asserts on
 //! speed: the benchmarks print numbers and ratios, they never pass or fail on them.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// `--name value` and `--flag` arguments. `cargo bench` adds `--bench`, which is ignored.
-pub struct Args {
-    values: HashMap<String, String>,
-    flags: Vec<String>,
+/// What every benchmark takes besides its own options: the output folder, the smoke switch and
+/// what `cargo bench` passes along. Flatten it into a bench's clap options.
+#[derive(Debug, clap::Args)]
+pub struct CommonArgs {
+    /// Where the report (Markdown, JSON, SVG) goes [default: a folder in Cargo's target tmp dir]
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Tiny run for scripts/test.sh: checks that numbers come out, not speed
+    #[arg(long)]
+    pub smoke: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    pub bench: bool,
+    /// A name filter from `cargo bench NAME`; ignored.
+    #[arg(hide = true)]
+    pub filter: Vec<String>,
 }
 
-impl Args {
-    /// Parses the process arguments; `value_names` take a value, anything else is a flag.
-    pub fn parse(value_names: &[&str]) -> Args {
-        let mut values = HashMap::new();
-        let mut flags = Vec::new();
-        let mut it = std::env::args().skip(1);
-        while let Some(arg) = it.next() {
-            let Some(name) = arg.strip_prefix("--") else {
-                continue; // a test-name filter from `cargo bench NAME`: not used
-            };
-            if let Some((name, value)) = name.split_once('=') {
-                values.insert(name.to_owned(), value.to_owned());
-            } else if value_names.contains(&name) {
-                let value = it
-                    .next()
-                    .unwrap_or_else(|| panic!("--{name} needs a value"));
-                values.insert(name.to_owned(), value);
-            } else {
-                flags.push(name.to_owned());
-            }
-        }
-        Args { values, flags }
+impl CommonArgs {
+    /// The output folder, created: `--out DIR`, or `<Cargo's target tmp dir>/<bench>`.
+    pub fn out_dir(&self, bench: &str) -> PathBuf {
+        let dir = self
+            .out
+            .clone()
+            .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join(bench));
+        std::fs::create_dir_all(&dir).expect("create the output folder");
+        dir
     }
 
-    /// Whether `--name` was given.
-    pub fn flag(&self, name: &str) -> bool {
-        self.flags.iter().any(|f| f == name)
+    /// `value` when given, else the smoke run's default or the full run's.
+    pub fn pick<T>(&self, value: Option<T>, full: T, smoke: T) -> T {
+        value.unwrap_or(if self.smoke { smoke } else { full })
     }
-
-    /// The value of `--name`, parsed, or `default`.
-    pub fn get<T: std::str::FromStr>(&self, name: &str, default: T) -> T {
-        match self.values.get(name) {
-            Some(v) => v
-                .parse()
-                .unwrap_or_else(|_| panic!("--{name} {v:?} is not valid")),
-            None => default,
-        }
-    }
-
-    /// A comma-separated list, or `default`.
-    pub fn list<T: std::str::FromStr + Clone>(&self, name: &str, default: &[T]) -> Vec<T> {
-        match self.values.get(name) {
-            Some(v) => v
-                .split(',')
-                .map(|p| {
-                    p.trim()
-                        .parse()
-                        .unwrap_or_else(|_| panic!("--{name}: {p:?} is not valid"))
-                })
-                .collect(),
-            None => default.to_vec(),
-        }
-    }
-
-    /// The raw value of `--name`, if given.
-    pub fn string(&self, name: &str) -> Option<String> {
-        self.values.get(name).cloned()
-    }
-}
-
-/// The output folder: `--out DIR`, or a folder in Cargo's target directory.
-pub fn out_dir(args: &Args, bench: &str) -> PathBuf {
-    let dir = args
-        .string("out")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join(bench));
-    std::fs::create_dir_all(&dir).expect("create the output folder");
-    dir
 }
 
 /// The 1, 5 and 15 minute load averages, as `/proc/loadavg` shows them.

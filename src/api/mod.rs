@@ -20,6 +20,10 @@ pub const FINALIZER: &str = "targetlease.dev/release";
 pub const FIELD_MANAGER: &str = "targetlease-controller";
 /// Default lease time-to-live.
 pub const DEFAULT_TTL_SECONDS: u32 = 30;
+
+/// [`DEFAULT_TTL_SECONDS`] as a duration: the default `--ttl` of `targetlease run` and `lease`.
+pub const DEFAULT_TTL: std::time::Duration =
+    std::time::Duration::from_secs(DEFAULT_TTL_SECONDS as u64);
 /// Longest accepted lease time-to-live.
 pub const MAX_TTL_SECONDS: u32 = 3600;
 /// Longest accepted `maxHoldSeconds` (7 days).

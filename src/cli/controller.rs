@@ -58,7 +58,7 @@ pub struct ControllerArgs {
     leader_election_name: String,
     /// How long a leader's claim lasts without renewal (seconds). It sets the shortest
     /// TargetLease TTL this controller accepts: 1.5 x (take-over + call timeout + 1 s).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = election::DEFAULT_DURATION_SECONDS)]
     leader_election_seconds: u64,
     /// This replica's name (events, leader election).
     #[arg(long, env = "POD_NAME")]
@@ -140,7 +140,7 @@ impl ControllerArgs {
         let settings = Settings {
             namespace: self.watch_namespace.clone(),
             identity: self.identity(),
-            shortest_ttl: controller::shortest_ttl(self.valkey.valkey_timeout, election.as_ref()),
+            shortest_ttl: controller::shortest_ttl(self.valkey.valkey_timeout.0, election.as_ref()),
         };
         info!(
             shortest_ttl_seconds = settings.shortest_ttl.as_secs(),
@@ -202,5 +202,45 @@ pub async fn wait_for_signal() {
         _ => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Span;
+    use crate::store::valkey::{DEFAULT_CALL_TIMEOUT, DEFAULT_PREFIX};
+
+    /// The chart's values.yaml repeats some defaults of the flags (so that `helm show values`
+    /// tells the truth); they must be the code's, which are written once as constants.
+    #[test]
+    fn chart_values_match_the_flag_defaults() {
+        let values: serde_yaml::Value =
+            serde_yaml::from_str(include_str!("../../charts/targetlease/values.yaml"))
+                .expect("values.yaml parses");
+        let at = |path: &[&str]| {
+            let mut v = &values;
+            for key in path {
+                v = &v[*key];
+            }
+            match v {
+                serde_yaml::Value::String(s) => s.clone(),
+                serde_yaml::Value::Number(n) => n.to_string(),
+                other => panic!("values.yaml {path:?} is {other:?}"),
+            }
+        };
+        assert_eq!(
+            at(&["valkey", "timeout"]),
+            Span(DEFAULT_CALL_TIMEOUT).to_string()
+        );
+        assert_eq!(at(&["valkey", "keyPrefix"]), DEFAULT_PREFIX);
+        assert_eq!(
+            at(&["valkey", "durability"]),
+            crate::store::valkey::Durability::NONE.to_string()
+        );
+        assert_eq!(
+            at(&["controller", "leaderElection", "leaseDurationSeconds"]),
+            election::DEFAULT_DURATION_SECONDS.to_string()
+        );
     }
 }

@@ -6,14 +6,13 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::valkey_args::ValkeyArgs;
-use super::{exit, parse_duration};
+use super::{Span, exit};
 use crate::store::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, LeaseHandle,
     LeaseId, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId,
@@ -29,8 +28,8 @@ pub enum LeaseCommand {
         #[command(flatten)]
         claim: ClaimArgs,
         /// Lease time-to-live (30, 30s, 500ms, 2m).
-        #[arg(long, value_parser = parse_duration, default_value = "30s")]
-        ttl: Duration,
+        #[arg(long, default_value_t = Span(crate::api::DEFAULT_TTL))]
+        ttl: Span,
         /// The new token will be larger than this. Refused when more than one hour ahead of
         /// the server clock (no store issues such a token).
         #[arg(long, default_value_t = 0)]
@@ -48,8 +47,8 @@ pub enum LeaseCommand {
         #[arg(long)]
         token: u64,
         /// New time-to-live from now.
-        #[arg(long, value_parser = parse_duration, default_value = "30s")]
-        ttl: Duration,
+        #[arg(long, default_value_t = Span(crate::api::DEFAULT_TTL))]
+        ttl: Span,
         #[command(flatten)]
         request: RequestArgs,
     },
@@ -226,7 +225,7 @@ impl LeaseCommand {
                         target,
                         lease_id: LeaseId::new(claim.lease_id.clone())?,
                         owner: claim.owner.clone(),
-                        ttl: *ttl,
+                        ttl: ttl.0,
                         min_token: *min_token,
                         request_id: request_id.clone(),
                     })
@@ -246,7 +245,7 @@ impl LeaseCommand {
                 let outcome = store
                     .renew(&RenewRequest {
                         lease: claim.handle(target, *token)?,
-                        ttl: *ttl,
+                        ttl: ttl.0,
                         request_id: request_id.clone(),
                     })
                     .await?;

@@ -38,7 +38,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{info, warn};
 
 use super::watch::{Sighting, watch_one};
-use super::{exit, kube_client, parse_duration};
+use super::{Span, exit, kube_client, parse_duration};
 use crate::api::{HEARTBEAT_ANNOTATION, HolderRef, Phase, TargetLease, TargetLeaseSpec};
 
 /// Annotation naming the `run` process that owns the TargetLease: `<boot id> <pid> <start>`.
@@ -65,8 +65,8 @@ pub struct RunArgs {
     #[arg(long, env = "POD_UID")]
     pod_uid: Option<String>,
     /// Lease time-to-live: also the longest `run` trusts its lease without a confirmation.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
-    ttl: Duration,
+    #[arg(long, default_value_t = Span(crate::api::DEFAULT_TTL))]
+    ttl: Span,
     /// Namespace of the TargetLease (default: POD_NAMESPACE, else the kubeconfig's).
     #[arg(long, short = 'n', env = "POD_NAMESPACE")]
     namespace: Option<String>,
@@ -294,7 +294,7 @@ impl RunArgs {
     }
 
     fn heartbeat_interval(&self) -> Duration {
-        (self.ttl / 4).max(Duration::from_millis(250))
+        (self.ttl.0 / 4).max(Duration::from_millis(250))
     }
 
     fn new_lease(&self, name: &str, holder: &str) -> TargetLease {
@@ -334,7 +334,7 @@ impl RunArgs {
                     name: name.clone(),
                     uid: self.pod_uid.clone(),
                 }),
-                ttl_seconds: u32::try_from(self.ttl.as_secs().max(1)).unwrap_or(u32::MAX),
+                ttl_seconds: u32::try_from(self.ttl.0.as_secs().max(1)).unwrap_or(u32::MAX),
                 max_hold_seconds: None,
                 release: false,
                 priority: None,
@@ -399,7 +399,7 @@ impl RunArgs {
         heartbeat.abort();
         // Deleting the TargetLease releases the lease (through the controller's finalizer). It is
         // bounded: with the API server unreachable, the stopped heartbeat releases it instead.
-        let limit = self.ttl.min(Duration::from_secs(10));
+        let limit = self.ttl.0.min(Duration::from_secs(10));
         match tokio::time::timeout(limit, api.delete(&name, &DeleteParams::default())).await {
             Err(_) => {
                 warn!(%name, "the API server did not answer the delete in time; the controller releases the lease when the heartbeat stops")
@@ -557,7 +557,7 @@ impl RunArgs {
         let mut stop: Option<(Stop, Instant)> = None;
         let mut killed = false;
         let status = loop {
-            let trust_until = confirmed + self.ttl;
+            let trust_until = confirmed + self.ttl.0;
             let grace_ends = stop.as_ref().map(|(_, at)| *at);
             tokio::select! {
                 status = child.wait() => break status.map_err(|e| format!("waiting for {program}: {e}"))?,
@@ -579,7 +579,7 @@ impl RunArgs {
                 }
                 _ = sleep_until(trust_until), if stop.is_none() => {
                     let why = Stop::Lost(format!(
-                        "no confirmation that the lease is held for {:?} (its TTL)", self.ttl
+                        "no confirmation that the lease is held for {:?} (its TTL)", self.ttl.0
                     ));
                     stop = Some((why.clone(), self.terminate(group, &why)));
                 }

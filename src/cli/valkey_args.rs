@@ -9,19 +9,19 @@
 use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::builder::TypedValueParser;
 use clap::error::ErrorKind as ClapErrorKind;
 use clap::{Arg, Args, Command};
 
-use super::parse_duration;
+use super::Span;
 use crate::redact::{Secret, SecretUrl};
 use crate::store::valkey::{
-    ClientCertificate, DEFAULT_PREFIX, Durability, PasswordSource, TlsConfig, ValkeyConfig,
-    ValkeyStore,
+    ClientCertificate, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,
+    DEFAULT_PREFIX, DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_RECONNECT_MIN_DELAY, Durability,
+    PasswordSource, TlsConfig, ValkeyConfig, ValkeyStore,
 };
-use crate::store::{LeaseStore, StoreError};
+use crate::store::{DEFAULT_REPLY_TTL, LeaseStore, StoreError};
 
 /// The variable that may hold the Valkey password.
 pub const PASSWORD_ENV: &str = "TARGETLEASE_VALKEY_PASSWORD";
@@ -100,24 +100,24 @@ pub struct ValkeyArgs {
     pub valkey_key_prefix: String,
 
     /// Number of multiplexed connections.
-    #[arg(long, env = "TARGETLEASE_VALKEY_POOL_SIZE", default_value_t = 4)]
+    #[arg(long, env = "TARGETLEASE_VALKEY_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE)]
     pub valkey_pool_size: usize,
 
     /// Deadline for making one connection (TCP, TLS, authentication).
-    #[arg(long, env = "TARGETLEASE_VALKEY_CONNECT_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
-    pub valkey_connect_timeout: Duration,
+    #[arg(long, env = "TARGETLEASE_VALKEY_CONNECT_TIMEOUT", default_value_t = Span(DEFAULT_CONNECT_TIMEOUT))]
+    pub valkey_connect_timeout: Span,
 
     /// Deadline of one call, reconnects and retries included.
-    #[arg(long, env = "TARGETLEASE_VALKEY_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
-    pub valkey_timeout: Duration,
+    #[arg(long, env = "TARGETLEASE_VALKEY_TIMEOUT", default_value_t = Span(DEFAULT_CALL_TIMEOUT))]
+    pub valkey_timeout: Span,
 
     /// First delay between reconnect attempts (doubles per failure, with jitter).
-    #[arg(long, env = "TARGETLEASE_VALKEY_RECONNECT_MIN_DELAY", value_parser = parse_duration, default_value = "50ms")]
-    pub valkey_reconnect_min_delay: Duration,
+    #[arg(long, env = "TARGETLEASE_VALKEY_RECONNECT_MIN_DELAY", default_value_t = Span(DEFAULT_RECONNECT_MIN_DELAY))]
+    pub valkey_reconnect_min_delay: Span,
 
     /// Longest delay between reconnect attempts.
-    #[arg(long, env = "TARGETLEASE_VALKEY_RECONNECT_MAX_DELAY", value_parser = parse_duration, default_value = "2s")]
-    pub valkey_reconnect_max_delay: Duration,
+    #[arg(long, env = "TARGETLEASE_VALKEY_RECONNECT_MAX_DELAY", default_value_t = Span(DEFAULT_RECONNECT_MAX_DELAY))]
+    pub valkey_reconnect_max_delay: Span,
 
     /// What an acquire waits for before it returns: none, local (AOF fsync on the primary),
     /// replicas=N (AOF fsync on N replicas) or local,replicas=N. Needs WAITAOF (Valkey 8+).
@@ -127,8 +127,8 @@ pub struct ValkeyArgs {
     /// How long a call's reply stays cached for retries with the same request id: at least 4
     /// call timeouts (--valkey-timeout). A retry after it is refused or acts again, never
     /// answered from the cache.
-    #[arg(long, env = "TARGETLEASE_VALKEY_REPLY_TTL", value_parser = parse_duration, default_value = "60s")]
-    pub valkey_reply_ttl: Duration,
+    #[arg(long, env = "TARGETLEASE_VALKEY_REPLY_TTL", default_value_t = Span(DEFAULT_REPLY_TTL))]
+    pub valkey_reply_ttl: Span,
 
     /// Accept a server whose maxmemory-policy may evict keys (anything but noeviction), with a
     /// warning at every connect. Evicted leases are lost leases and evicted fences let tokens
@@ -214,12 +214,12 @@ impl ValkeyArgs {
         });
         config.key_prefix = valkey_key_prefix.clone();
         config.pool_size = *valkey_pool_size;
-        config.connect_timeout = *valkey_connect_timeout;
-        config.call_timeout = *valkey_timeout;
-        config.reconnect_min_delay = *valkey_reconnect_min_delay;
-        config.reconnect_max_delay = *valkey_reconnect_max_delay;
+        config.connect_timeout = valkey_connect_timeout.0;
+        config.call_timeout = valkey_timeout.0;
+        config.reconnect_min_delay = valkey_reconnect_min_delay.0;
+        config.reconnect_max_delay = valkey_reconnect_max_delay.0;
         config.durability = *valkey_durability;
-        config.reply_ttl = *valkey_reply_ttl;
+        config.reply_ttl = valkey_reply_ttl.0;
         config.allow_eviction = *valkey_allow_eviction;
         config.validate()?;
         Ok(config)
@@ -274,6 +274,8 @@ impl TypedValueParser for SecretUrlParser {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use clap::Parser;
 
     use super::*;

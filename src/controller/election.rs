@@ -27,6 +27,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+/// How long a leader's claim lasts without renewal unless configured otherwise, in seconds
+/// (`--leader-election-seconds`, the chart's `controller.leaderElection.leaseDurationSeconds`).
+pub const DEFAULT_DURATION_SECONDS: u64 = 10;
+
 /// Which Lease to compete for, and as whom.
 #[derive(Clone, Debug)]
 pub struct Election {

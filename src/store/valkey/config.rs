@@ -18,6 +18,22 @@ use super::keys::check_prefix;
 /// Default key prefix.
 pub const DEFAULT_PREFIX: &str = "tl";
 
+/// Connections in the pool unless configured otherwise (`--valkey-pool-size`).
+pub const DEFAULT_POOL_SIZE: usize = 4;
+
+/// Deadline for making one connection unless configured otherwise.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Deadline of one call unless configured otherwise (`--valkey-timeout`, the chart's
+/// `valkey.timeout`).
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// First delay between reconnect attempts unless configured otherwise.
+pub const DEFAULT_RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
+
+/// Longest delay between reconnect attempts unless configured otherwise.
+pub const DEFAULT_RECONNECT_MAX_DELAY: Duration = Duration::from_secs(2);
+
 /// Where Valkey is.
 #[derive(Clone, Debug)]
 pub enum Endpoints {
@@ -273,11 +289,11 @@ impl ValkeyConfig {
             password: None,
             tls: None,
             key_prefix: DEFAULT_PREFIX.to_owned(),
-            pool_size: 4,
-            connect_timeout: Duration::from_secs(2),
-            call_timeout: Duration::from_secs(2),
-            reconnect_min_delay: Duration::from_millis(50),
-            reconnect_max_delay: Duration::from_secs(2),
+            pool_size: DEFAULT_POOL_SIZE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            reconnect_min_delay: DEFAULT_RECONNECT_MIN_DELAY,
+            reconnect_max_delay: DEFAULT_RECONNECT_MAX_DELAY,
             durability: Durability::NONE,
             reply_ttl: DEFAULT_REPLY_TTL,
             allow_eviction: false,

@@ -24,8 +24,9 @@ use tracing::{debug, warn};
 
 use self::classify::{breaks_connection, classify, millis};
 pub use self::config::{
-    ClientCertificate, DEFAULT_PREFIX, Durability, Endpoints, PasswordSource, TlsConfig,
-    ValkeyConfig,
+    ClientCertificate, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,
+    DEFAULT_PREFIX, DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_RECONNECT_MIN_DELAY, Durability,
+    Endpoints, PasswordSource, TlsConfig, ValkeyConfig,
 };
 use self::connect::{Conn, Connector};
 use self::keys::TargetKeys;

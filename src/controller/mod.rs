@@ -1,6 +1,7 @@
 //! The TargetLease controller: watches TargetLeases, keeps their leases in the store, and writes
 //! status on transitions.
 
+pub mod decide;
 pub mod election;
 mod error;
 pub mod heartbeat;

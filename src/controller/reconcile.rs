@@ -15,18 +15,16 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use super::decide::{self, Facts, Plan};
 use super::heartbeat::stale_after;
 use super::holders::{Fate, fate_of};
 use super::queue;
-use super::status::{Observed, is_transition, published_expiry};
+use super::status::{Observed, is_transition};
 use super::{Context, Error};
-use crate::api::{
-    FIELD_MANAGER, FINALIZER, HolderRef, Phase, Reason, TargetLease, TargetLeaseStatus,
-};
+use crate::api::{FIELD_MANAGER, FINALIZER, HolderRef, Phase, Reason, TargetLease};
 use crate::store::{
-    AcquireOutcome, AcquireRequest, LeaseHandle, LeaseId, LossReason, MAX_TOKEN,
-    MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId,
-    StoreError, TargetRef,
+    AcquireOutcome, AcquireRequest, LeaseHandle, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, ReleaseOutcome,
+    ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError,
 };
 
 /// Entry point called by the kube-runtime Controller.
@@ -50,54 +48,26 @@ pub async fn reconcile(lease: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Act
     result
 }
 
-/// Everything a reconcile needs to know about one TargetLease, resolved once.
+/// A claim being reconciled: the decisions' view of it ([`decide::Claim`]) and the API to write
+/// its status with.
 struct Claim<'a> {
-    lease: &'a TargetLease,
+    view: decide::Claim<'a>,
     api: Api<TargetLease>,
-    target: TargetRef,
-    lease_id: LeaseId,
-    status: Option<&'a TargetLeaseStatus>,
+}
+
+impl<'a> std::ops::Deref for Claim<'a> {
+    type Target = decide::Claim<'a>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.view
+    }
 }
 
 impl<'a> Claim<'a> {
     fn new(lease: &'a TargetLease, ctx: &Context) -> Result<Self, Error> {
-        let ns = lease
-            .namespace()
-            .ok_or(Error::MissingField("metadata.namespace"))?;
-        let uid = lease.uid().ok_or(Error::MissingField("metadata.uid"))?;
-        Ok(Self {
-            lease,
-            api: Api::namespaced(ctx.client.clone(), &ns),
-            target: TargetRef::new(&ns, &lease.spec.target)?,
-            lease_id: LeaseId::new(uid)?,
-            status: lease.status.as_ref(),
-        })
-    }
-
-    fn holder(&self) -> &str {
-        &self.lease.spec.holder
-    }
-
-    fn ttl(&self) -> Duration {
-        Duration::from_secs(u64::from(self.lease.spec.ttl_seconds.max(1)))
-    }
-
-    /// The handle of the tenure the status records, if it says Held.
-    fn held_handle(&self) -> Option<LeaseHandle> {
-        let status = self.status?;
-        if status.phase != Phase::Held {
-            return None;
-        }
-        Some(LeaseHandle {
-            target: self.target.clone(),
-            lease_id: self.lease_id.clone(),
-            owner: self.holder().to_owned(),
-            token: status.fencing_token?,
-        })
-    }
-
-    fn last_token(&self) -> Option<u64> {
-        self.status.and_then(|s| s.fencing_token)
+        let view = decide::Claim::new(lease)?;
+        let api = Api::namespaced(ctx.client.clone(), view.target.namespace());
+        Ok(Self { view, api })
     }
 
     /// Writes the status for `observed` if it is a transition; publishes `event` with it.
@@ -210,39 +180,6 @@ async fn store_call<T>(
     Ok(result)
 }
 
-/// Why a lease must be given up, if it must. `holder_gone` says why the holder is gone, if it is.
-fn release_reason(claim: &Claim<'_>, holder_gone: Option<String>) -> Option<(Reason, String)> {
-    let spec = &claim.lease.spec;
-    if spec.release {
-        return Some((Reason::ReleaseRequested, "spec.release is true".to_owned()));
-    }
-    if let Some(why) = holder_gone {
-        return Some((Reason::HolderGone, why));
-    }
-    let (Some(max), Some(status)) = (spec.max_hold_seconds, claim.status) else {
-        return None;
-    };
-    // A spent claim stays released until its spec changes: otherwise the same TargetLease would
-    // take the target again at once and the bound would bound nothing. The mark is a status field
-    // of its own, kept through store failures (which rewrite the conditions) and restarts.
-    let spent = status.max_hold_spent_generation.is_some()
-        && status.max_hold_spent_generation == claim.lease.metadata.generation;
-    if spent {
-        return Some((
-            Reason::MaxHoldReached,
-            format!("held for {max} s, the maxHoldSeconds bound"),
-        ));
-    }
-    let acquired = status.acquired_at.filter(|_| status.phase == Phase::Held)?;
-    let held_for = Timestamp::now().duration_since(acquired);
-    (held_for.as_secs() >= i64::from(max)).then(|| {
-        (
-            Reason::MaxHoldReached,
-            format!("held for {max} s, the maxHoldSeconds bound"),
-        )
-    })
-}
-
 async fn holder_done(
     lease: &TargetLease,
     holder: &HolderRef,
@@ -305,59 +242,39 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
         Err(e) => return Err(e),
     };
     let silent = ctx.heartbeats.silent_for(lease, Instant::now());
-    let gone = holder_gone(&claim, ctx, silent).await?;
-    if let Some((reason, message)) = release_reason(&claim, gone) {
-        return give_up(&claim, ctx, reason, message).await;
-    }
-    let next = match claim.held_handle() {
-        Some(handle) => renew(&claim, ctx, handle).await,
-        None if claim.ttl() < ctx.shortest_ttl => {
-            // A lease held already is kept (its workload runs); a new one is not taken.
-            let message = format!(
-                "ttlSeconds {} is shorter than {} s, the shortest TTL this controller can keep \
-                 (three Valkey call timeouts, and with leader election the time a successor \
-                 needs to take over and renew); raise spec.ttlSeconds",
-                claim.ttl().as_secs(),
-                ctx.shortest_ttl.as_secs()
-            );
-            let observed = Observed::refused(Reason::TtlTooShort, message, claim.last_token());
-            claim.settle(ctx, observed, None).await?;
-            return Ok(Action::await_change());
-        }
-        None => acquire(&claim, ctx).await,
-    }?;
-    // A claim with a heartbeat is looked at again when it would go stale, so a crashed run's
-    // lease is released within half a TTL of its last heartbeat.
-    let next = match silent {
-        Some(silent) => {
-            let left = stale_after(claim.ttl()).saturating_sub(silent) + Duration::from_millis(20);
-            next.min(left)
-        }
-        None => next,
+    let facts = Facts {
+        holder_gone: holder_gone(&claim, ctx, silent).await?,
+        in_line_after: in_line_after(&claim, ctx),
+        shortest_ttl: ctx.shortest_ttl,
+        now: Timestamp::now(),
     };
-    Ok(Action::requeue(next))
-}
-
-/// The renewal interval: a third of the TTL, so two renewals can fail before the lease expires.
-fn renew_interval(ttl: Duration) -> Duration {
-    (ttl / 3).max(Duration::from_millis(300))
-}
-
-/// When to look at a held lease again: the next renewal, or the `maxHoldSeconds` bound if that
-/// comes first.
-fn next_check(claim: &Claim<'_>) -> Duration {
-    let renew = renew_interval(claim.ttl());
-    let acquired = claim.status.and_then(|s| s.acquired_at);
-    match (claim.lease.spec.max_hold_seconds, acquired) {
-        (Some(max), Some(acquired)) => {
-            let held_ms = Timestamp::now().duration_since(acquired).as_millis().max(0);
-            let left_ms = (i128::from(max) * 1000 - held_ms).max(0);
-            renew.min(Duration::from_millis(
-                u64::try_from(left_ms).unwrap_or(u64::MAX),
-            ))
+    let next = match decide::plan(&claim, &facts) {
+        Plan::GiveUp { reason, message } => return give_up(&claim, ctx, reason, message).await,
+        Plan::Settle { observed, next } => {
+            claim.settle(ctx, observed, None).await?;
+            match next {
+                Some(next) => next,
+                None => return Ok(Action::await_change()),
+            }
         }
-        _ => renew,
-    }
+        Plan::Renew(handle) => renew(&claim, ctx, handle).await?,
+        Plan::Acquire => acquire(&claim, ctx).await?,
+    };
+    Ok(Action::requeue(decide::next_look(&claim, next, silent)))
+}
+
+/// The claim in line before this one on its target, and who holds the target, when this one
+/// must wait its turn (see [`queue`]).
+fn in_line_after(claim: &Claim<'_>, ctx: &Context) -> Option<(String, String)> {
+    let on_target =
+        ctx.targets
+            .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target());
+    let ahead = queue::ahead_of(claim.lease, &on_target)?;
+    let holder = on_target
+        .iter()
+        .find(|l| l.status.as_ref().is_some_and(|s| s.phase == Phase::Held))
+        .map_or_else(|| ahead.spec.holder.clone(), |l| l.spec.holder.clone());
+    Some((ahead.name_any(), holder))
 }
 
 /// Renews the lease; answers when to look at the claim again.
@@ -367,49 +284,16 @@ async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<
         ttl: claim.ttl(),
         request_id: RequestId::random(),
     };
-    match store_call(ctx, "renew", ctx.store.renew(&request)).await? {
-        Ok(RenewOutcome::Renewed {
-            server_time_ms,
-            expires_in_ms,
-        }) => {
-            // Renewals live in Valkey; the status is written when something else changed (a new
-            // generation, recovery from a failure) or when the published expiry must move
-            // forward to stay in the future (every second renewal).
-            let grant = crate::store::Grant {
-                token: request.lease.token,
-                acquired_at_ms: claim
-                    .status
-                    .and_then(|s| s.acquired_at)
-                    .map_or(server_time_ms, |t| t.as_millisecond().max(0) as u64),
-                server_time_ms,
-                expires_in_ms,
-            };
-            let mut observed = Observed::held(&grant, claim.holder());
-            observed.expires_at = published_expiry(
-                claim.status.and_then(|s| s.expires_at),
-                observed.expires_at,
-                Timestamp::from_millisecond(i64::try_from(server_time_ms).unwrap_or(i64::MAX))
-                    .unwrap_or_else(|_| Timestamp::now()),
-                renew_interval(claim.ttl()),
-            );
-            claim.settle(ctx, observed, None).await?;
-            Ok(next_check(claim))
-        }
-        Ok(RenewOutcome::Lost { reason }) => {
-            let (reason, message) = match reason {
-                LossReason::Expired => (Reason::Expired, "the lease expired before it was renewed"),
-                LossReason::NotHolder => (Reason::Lost, "another claim holds the target"),
-            };
-            info!(lease = %claim.lease.name_any(), target = %claim.target, %reason, "lease lost");
-            let observed = Observed::lost(reason, message.to_owned(), claim.last_token());
-            claim
-                .settle(ctx, observed, Some((reason, message.to_owned())))
-                .await?;
-            // Try again at once: a new tenure can only get a larger token.
-            Ok(Duration::from_millis(100))
-        }
-        Err(e) => Err(claim.fail(ctx, e).await),
+    let outcome = match store_call(ctx, "renew", ctx.store.renew(&request)).await? {
+        Ok(outcome) => outcome,
+        Err(e) => return Err(claim.fail(ctx, e).await),
+    };
+    let step = decide::after_renew(claim, &request.lease, &outcome, Timestamp::now());
+    if let RenewOutcome::Lost { reason } = &outcome {
+        info!(lease = %claim.lease.name_any(), target = %claim.target, reason = ?reason, "lease lost");
     }
+    claim.settle(ctx, step.observed, step.event).await?;
+    Ok(step.next)
 }
 
 /// The highest token any TargetLease status has shown for this target: the floor for the next
@@ -439,27 +323,8 @@ fn min_token(claim: &Claim<'_>, ctx: &Context) -> u64 {
         .unwrap_or(0)
 }
 
-/// Tries to take the target, in its turn; answers when to look at the claim again.
+/// Asks the store for the target (the claim's turn has come); answers when to look again.
 async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Duration, Error> {
-    let on_target =
-        ctx.targets
-            .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target());
-    if let Some(ahead) = queue::ahead_of(claim.lease, &on_target) {
-        // Not this claim's turn: it asks the store nothing. It is woken when the target is
-        // released or a grant happens, and looks again at the renewal interval at the latest.
-        let holder = on_target
-            .iter()
-            .find(|l| l.status.as_ref().is_some_and(|s| s.phase == Phase::Held))
-            .map_or_else(|| ahead.spec.holder.clone(), |l| l.spec.holder.clone());
-        let mut observed = Observed::waiting(&holder, claim.last_token());
-        observed.message = format!(
-            "target is held by {holder}; in line after {} (claims get the target in the order \
-             they were created, higher spec.priority first)",
-            ahead.name_any()
-        );
-        claim.settle(ctx, observed, None).await?;
-        return Ok(renew_interval(claim.ttl()));
-    }
     let request = AcquireRequest {
         target: claim.target.clone(),
         lease_id: claim.lease_id.clone(),
@@ -468,50 +333,24 @@ async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Duration, Error> {
         min_token: min_token(claim, ctx),
         request_id: RequestId::random(),
     };
-    match store_call(ctx, "acquire", ctx.store.acquire(&request)).await? {
-        Ok(AcquireOutcome::Acquired(grant)) => {
-            let previous = claim.status.map(|s| s.phase);
-            let note = format!(
-                "acquired {} with fencing token {}",
-                claim.target, grant.token
-            );
-            info!(lease = %claim.lease.name_any(), target = %claim.target, token = grant.token, "acquired");
-            claim
-                .settle(
-                    ctx,
-                    Observed::held(&grant, claim.holder()),
-                    Some((Reason::Acquired, note)),
-                )
-                .await?;
-            // A hand-over is a target passing to a claim that waited for it; a Lost claim taking
-            // its target back is not one.
-            if previous == Some(Phase::Waiting) {
-                ctx.metrics.handover();
-            }
-            // Every other claim on the target looks again now, Held ones included: one that
-            // still says Held (after a data loss or an outage) learns at its renewal that it
-            // lost, so at most one shows Held beyond this reconcile.
-            wake_others(claim, ctx, |_| true);
-            Ok(renew_interval(claim.ttl()))
+    let outcome = match store_call(ctx, "acquire", ctx.store.acquire(&request)).await? {
+        Ok(outcome) => outcome,
+        Err(e) => return Err(claim.fail(ctx, e).await),
+    };
+    let step = decide::after_acquire(claim, &outcome);
+    let handover = decide::is_handover(claim);
+    claim.settle(ctx, step.observed, step.event).await?;
+    if let AcquireOutcome::Acquired(grant) = &outcome {
+        info!(lease = %claim.lease.name_any(), target = %claim.target, token = grant.token, "acquired");
+        if handover {
+            ctx.metrics.handover();
         }
-        Ok(AcquireOutcome::Held {
-            owner,
-            expires_in_ms,
-        }) => {
-            let note = format!("{} is held by {owner}", claim.target);
-            claim
-                .settle(
-                    ctx,
-                    Observed::waiting(&owner, claim.last_token()),
-                    Some((Reason::Waiting, note)),
-                )
-                .await?;
-            // A release through this controller wakes waiters at once; this requeue covers a
-            // holder that stopped renewing: try again when Valkey said the lease expires.
-            Ok(Duration::from_millis(expires_in_ms) + Duration::from_millis(20))
-        }
-        Err(e) => Err(claim.fail(ctx, e).await),
+        // Every other claim on the target looks again now, Held ones included: one that still
+        // says Held (after a data loss or an outage) learns at its renewal that it lost, so at
+        // most one shows Held beyond this reconcile.
+        wake_others(claim, ctx, |_| true);
     }
+    Ok(step.next)
 }
 
 /// Releases the lease (when this resource holds it) and settles in Released.

@@ -1,0 +1,600 @@
+//! The reconcile's decisions, as pure functions of what it knows and of the time it is given:
+//! which store call a claim needs (or none), and what the store's answer means for the status,
+//! the Event and the next look. No I/O and no clock of its own: [`super::reconcile`] gathers the
+//! [`Facts`], makes the one store call the [`Plan`] names and writes the one status a [`Step`]
+//! carries. Unit-tested below with fixtures, a manual clock and the in-memory store.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::Error;
+use super::heartbeat::stale_after;
+use super::status::{Observed, published_expiry};
+use crate::api::{Phase, Reason, TargetLease, TargetLeaseStatus};
+use crate::store::{
+    AcquireOutcome, Grant, LeaseHandle, LeaseId, LossReason, RenewOutcome, TargetRef,
+};
+
+/// One TargetLease as the store sees it: its target, its lease id (the resource's uid) and what
+/// its status says.
+pub struct Claim<'a> {
+    /// The resource.
+    pub lease: &'a TargetLease,
+    /// The target in the store.
+    pub target: TargetRef,
+    /// The lease id: the resource's uid.
+    pub lease_id: LeaseId,
+    /// The status as last written.
+    pub status: Option<&'a TargetLeaseStatus>,
+}
+
+impl<'a> Claim<'a> {
+    /// Resolves the claim; refuses a resource without namespace or uid, or whose target or
+    /// namespace the store cannot take.
+    pub fn new(lease: &'a TargetLease) -> Result<Self, Error> {
+        let ns = lease
+            .namespace()
+            .ok_or(Error::MissingField("metadata.namespace"))?;
+        let uid = lease.uid().ok_or(Error::MissingField("metadata.uid"))?;
+        Ok(Self {
+            lease,
+            target: TargetRef::new(&ns, &lease.spec.target)?,
+            lease_id: LeaseId::new(uid)?,
+            status: lease.status.as_ref(),
+        })
+    }
+
+    /// The holder the spec names (the store's owner).
+    pub fn holder(&self) -> &str {
+        &self.lease.spec.holder
+    }
+
+    /// The lease's time-to-live.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(u64::from(self.lease.spec.ttl_seconds.max(1)))
+    }
+
+    /// The handle of the tenure the status records, if it says Held.
+    pub fn held_handle(&self) -> Option<LeaseHandle> {
+        let status = self.status?;
+        if status.phase != Phase::Held {
+            return None;
+        }
+        Some(LeaseHandle {
+            target: self.target.clone(),
+            lease_id: self.lease_id.clone(),
+            owner: self.holder().to_owned(),
+            token: status.fencing_token?,
+        })
+    }
+
+    /// The token of the current or last tenure.
+    pub fn last_token(&self) -> Option<u64> {
+        self.status.and_then(|s| s.fencing_token)
+    }
+}
+
+/// What a reconcile knows before it decides, besides the claim itself.
+#[derive(Clone, Debug)]
+pub struct Facts {
+    /// Why the holder is gone, if it is (its pod is done, its `run` stopped beating).
+    pub holder_gone: Option<String>,
+    /// When this claim must wait its turn: the claim in line before it, and who holds the target.
+    pub in_line_after: Option<(String, String)>,
+    /// The shortest TTL this controller can keep.
+    pub shortest_ttl: Duration,
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// What the reconcile does.
+#[derive(Debug, PartialEq)]
+pub enum Plan {
+    /// Release whatever the claim holds and settle in Released.
+    GiveUp {
+        /// Why.
+        reason: Reason,
+        /// The condition message.
+        message: String,
+    },
+    /// Renew the tenure the status records.
+    Renew(LeaseHandle),
+    /// Ask the store for the target.
+    Acquire,
+    /// Ask the store nothing: write `observed`, look again after `next` (or on a change).
+    Settle {
+        /// The status to write.
+        observed: Observed,
+        /// When to look again; `None` waits for a change of the resource.
+        next: Option<Duration>,
+    },
+}
+
+/// Decides what the reconcile of `claim` does.
+pub fn plan(claim: &Claim<'_>, facts: &Facts) -> Plan {
+    if let Some((reason, message)) = release_reason(claim, facts.holder_gone.clone(), facts.now) {
+        return Plan::GiveUp { reason, message };
+    }
+    if let Some(handle) = claim.held_handle() {
+        return Plan::Renew(handle);
+    }
+    if claim.ttl() < facts.shortest_ttl {
+        // A lease held already is renewed above (its workload runs); a new one is not taken.
+        let message = format!(
+            "ttlSeconds {} is shorter than {} s, the shortest TTL this controller can keep \
+             (three Valkey call timeouts, and with leader election the time a successor needs \
+             to take over and renew); raise spec.ttlSeconds",
+            claim.ttl().as_secs(),
+            facts.shortest_ttl.as_secs()
+        );
+        let observed = Observed::refused(Reason::TtlTooShort, message, claim.last_token());
+        return Plan::Settle {
+            observed,
+            next: None,
+        };
+    }
+    if let Some((ahead, holder)) = &facts.in_line_after {
+        // Not this claim's turn: it asks the store nothing. It is woken when the target is
+        // released or a grant happens, and looks again at the renewal interval at the latest.
+        let mut observed = Observed::waiting(holder, claim.last_token());
+        observed.message = format!(
+            "target is held by {holder}; in line after {ahead} (claims get the target in the \
+             order they were created, higher spec.priority first)"
+        );
+        return Plan::Settle {
+            observed,
+            next: Some(renew_interval(claim.ttl())),
+        };
+    }
+    Plan::Acquire
+}
+
+/// Why a lease must be given up at `now`, if it must. `holder_gone` says why the holder is gone.
+pub fn release_reason(
+    claim: &Claim<'_>,
+    holder_gone: Option<String>,
+    now: Timestamp,
+) -> Option<(Reason, String)> {
+    let spec = &claim.lease.spec;
+    if spec.release {
+        return Some((Reason::ReleaseRequested, "spec.release is true".to_owned()));
+    }
+    if let Some(why) = holder_gone {
+        return Some((Reason::HolderGone, why));
+    }
+    let (Some(max), Some(status)) = (spec.max_hold_seconds, claim.status) else {
+        return None;
+    };
+    let reached = || {
+        (
+            Reason::MaxHoldReached,
+            format!("held for {max} s, the maxHoldSeconds bound"),
+        )
+    };
+    // A spent claim stays released until its spec changes: otherwise the same TargetLease would
+    // take the target again at once and the bound would bound nothing. The mark is a status field
+    // of its own, kept through store failures (which rewrite the conditions) and restarts.
+    let spent = status.max_hold_spent_generation.is_some()
+        && status.max_hold_spent_generation == claim.lease.metadata.generation;
+    if spent {
+        return Some(reached());
+    }
+    let acquired = status.acquired_at.filter(|_| status.phase == Phase::Held)?;
+    (now.duration_since(acquired).as_secs() >= i64::from(max)).then(reached)
+}
+
+/// The renewal interval: a third of the TTL, so two renewals can fail before the lease expires.
+pub fn renew_interval(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(300))
+}
+
+/// When to look at a held lease again: the next renewal, or the `maxHoldSeconds` bound if that
+/// comes first.
+pub fn next_check(claim: &Claim<'_>, now: Timestamp) -> Duration {
+    let renew = renew_interval(claim.ttl());
+    let acquired = claim.status.and_then(|s| s.acquired_at);
+    match (claim.lease.spec.max_hold_seconds, acquired) {
+        (Some(max), Some(acquired)) => {
+            let held_ms = now.duration_since(acquired).as_millis().max(0);
+            let left_ms = (i128::from(max) * 1000 - held_ms).max(0);
+            renew.min(Duration::from_millis(
+                u64::try_from(left_ms).unwrap_or(u64::MAX),
+            ))
+        }
+        _ => renew,
+    }
+}
+
+/// A claim with a heartbeat is looked at again when it would go stale, so a crashed `run`'s
+/// lease is released within half a TTL of its last heartbeat; `silent` is how long it has been.
+pub fn next_look(claim: &Claim<'_>, next: Duration, silent: Option<Duration>) -> Duration {
+    match silent {
+        Some(silent) => {
+            let left = stale_after(claim.ttl()).saturating_sub(silent) + Duration::from_millis(20);
+            next.min(left)
+        }
+        None => next,
+    }
+}
+
+/// What to write after the store answered, which Event goes with it, and when to look again.
+#[derive(Debug, PartialEq)]
+pub struct Step {
+    /// The status (written only when it is a transition).
+    pub observed: Observed,
+    /// The Event published with the write.
+    pub event: Option<(Reason, String)>,
+    /// When to look again.
+    pub next: Duration,
+}
+
+fn millis_to_time(ms: u64) -> Timestamp {
+    Timestamp::from_millisecond(i64::try_from(ms).unwrap_or(i64::MAX)).unwrap_or(Timestamp::MAX)
+}
+
+/// What a renewal of `handle`'s tenure answered, at `now`.
+pub fn after_renew(
+    claim: &Claim<'_>,
+    handle: &LeaseHandle,
+    outcome: &RenewOutcome,
+    now: Timestamp,
+) -> Step {
+    match outcome {
+        RenewOutcome::Renewed {
+            server_time_ms,
+            expires_in_ms,
+        } => {
+            // Renewals live in Valkey; the status is written when something else changed (a new
+            // generation, recovery from a failure) or when the published expiry must move
+            // forward to stay in the future (every second renewal).
+            let grant = Grant {
+                token: handle.token,
+                acquired_at_ms: claim
+                    .status
+                    .and_then(|s| s.acquired_at)
+                    .map_or(*server_time_ms, |t| {
+                        u64::try_from(t.as_millisecond()).unwrap_or(0)
+                    }),
+                server_time_ms: *server_time_ms,
+                expires_in_ms: *expires_in_ms,
+            };
+            let mut observed = Observed::held(&grant, claim.holder());
+            observed.expires_at = published_expiry(
+                claim.status.and_then(|s| s.expires_at),
+                observed.expires_at,
+                millis_to_time(*server_time_ms),
+                renew_interval(claim.ttl()),
+            );
+            Step {
+                observed,
+                event: None,
+                next: next_check(claim, now),
+            }
+        }
+        RenewOutcome::Lost { reason } => {
+            let (reason, message) = match reason {
+                LossReason::Expired => (Reason::Expired, "the lease expired before it was renewed"),
+                LossReason::NotHolder => (Reason::Lost, "another claim holds the target"),
+            };
+            Step {
+                observed: Observed::lost(reason, message.to_owned(), claim.last_token()),
+                event: Some((reason, message.to_owned())),
+                // Try again at once: a new tenure can only get a larger token.
+                next: Duration::from_millis(100),
+            }
+        }
+    }
+}
+
+/// What an acquire answered.
+pub fn after_acquire(claim: &Claim<'_>, outcome: &AcquireOutcome) -> Step {
+    match outcome {
+        AcquireOutcome::Acquired(grant) => Step {
+            observed: Observed::held(grant, claim.holder()),
+            event: Some((
+                Reason::Acquired,
+                format!(
+                    "acquired {} with fencing token {}",
+                    claim.target, grant.token
+                ),
+            )),
+            next: renew_interval(claim.ttl()),
+        },
+        AcquireOutcome::Held {
+            owner,
+            expires_in_ms,
+        } => Step {
+            observed: Observed::waiting(owner, claim.last_token()),
+            event: Some((
+                Reason::Waiting,
+                format!("{} is held by {owner}", claim.target),
+            )),
+            // A release through this controller wakes waiters at once; this requeue covers a
+            // holder that stopped renewing: try again when Valkey said the lease expires.
+            next: Duration::from_millis(*expires_in_ms) + Duration::from_millis(20),
+        },
+    }
+}
+
+/// Whether a grant to `claim` is a hand-over: the target passing to a claim that waited for it
+/// (a Lost claim taking its target back is not one).
+pub fn is_handover(claim: &Claim<'_>) -> bool {
+    claim.status.map(|s| s.phase) == Some(Phase::Waiting)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use jiff::SignedDuration;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+    use crate::api::{TargetLeaseSpec, test_spec};
+    use crate::store::memory::{ManualClock, MemoryStore};
+    use crate::store::{AcquireRequest, LeaseStore, RenewRequest, RequestId};
+
+    const T0: i64 = 1_800_000_000;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(T0 + seconds).expect("time")
+    }
+
+    /// A TargetLease named `name` with `spec` and `status`, generation 1.
+    fn fixture(spec: TargetLeaseSpec, status: Option<TargetLeaseStatus>) -> TargetLease {
+        let mut lease = TargetLease::new("claim", spec);
+        lease.metadata = ObjectMeta {
+            name: Some("claim".into()),
+            namespace: Some("ns".into()),
+            uid: Some("uid-claim".into()),
+            generation: Some(1),
+            ..ObjectMeta::default()
+        };
+        lease.status = status;
+        lease
+    }
+
+    fn facts(now: Timestamp) -> Facts {
+        Facts {
+            holder_gone: None,
+            in_line_after: None,
+            shortest_ttl: Duration::from_secs(6),
+            now,
+        }
+    }
+
+    fn held_since(seconds: i64, token: u64) -> TargetLeaseStatus {
+        TargetLeaseStatus {
+            phase: Phase::Held,
+            owner: Some("w".into()),
+            fencing_token: Some(token),
+            acquired_at: Some(at(seconds)),
+            expires_at: Some(at(seconds + 30)),
+            ..TargetLeaseStatus::default()
+        }
+    }
+
+    #[test]
+    fn the_decision_table() {
+        let spec = test_spec("t", "w");
+        // New: acquire.
+        let lease = fixture(spec.clone(), None);
+        let claim = Claim::new(&lease).expect("claim");
+        assert_eq!(plan(&claim, &facts(at(0))), Plan::Acquire);
+        // Held: renew with the status's token.
+        let lease = fixture(spec.clone(), Some(held_since(0, 7)));
+        let claim = Claim::new(&lease).expect("claim");
+        match plan(&claim, &facts(at(10))) {
+            Plan::Renew(handle) => assert_eq!(handle.token, 7),
+            other => panic!("{other:?}"),
+        }
+        // Asked to release, or the holder is gone: give up, Held or not.
+        let lease = fixture(
+            TargetLeaseSpec {
+                release: true,
+                ..spec.clone()
+            },
+            Some(held_since(0, 7)),
+        );
+        let claim = Claim::new(&lease).expect("claim");
+        assert!(matches!(
+            plan(&claim, &facts(at(1))),
+            Plan::GiveUp {
+                reason: Reason::ReleaseRequested,
+                ..
+            }
+        ));
+        let lease = fixture(spec.clone(), Some(held_since(0, 7)));
+        let claim = Claim::new(&lease).expect("claim");
+        let mut gone = facts(at(1));
+        gone.holder_gone = Some("pod gone".into());
+        assert!(matches!(
+            plan(&claim, &gone),
+            Plan::GiveUp {
+                reason: Reason::HolderGone,
+                ..
+            }
+        ));
+        // Not its turn: Waiting, no store call, a look at the renewal interval.
+        let lease = fixture(spec.clone(), None);
+        let claim = Claim::new(&lease).expect("claim");
+        let mut behind = facts(at(0));
+        behind.in_line_after = Some(("older".into(), "holder-0".into()));
+        match plan(&claim, &behind) {
+            Plan::Settle { observed, next } => {
+                assert_eq!(observed.phase, Phase::Waiting);
+                assert!(observed.message.contains("in line after older"));
+                assert_eq!(next, Some(Duration::from_secs(10)));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_ttl_the_controller_cannot_keep_is_refused_unless_held() {
+        let short = TargetLeaseSpec {
+            ttl_seconds: 5,
+            ..test_spec("t", "w")
+        };
+        let lease = fixture(short.clone(), None);
+        let claim = Claim::new(&lease).expect("claim");
+        match plan(&claim, &facts(at(0))) {
+            Plan::Settle {
+                observed,
+                next: None,
+            } => {
+                assert_eq!(observed.phase, Phase::Failed);
+                assert_eq!(observed.reason, Reason::TtlTooShort);
+                assert!(observed.message.contains("6 s"), "{}", observed.message);
+            }
+            other => panic!("{other:?}"),
+        }
+        let lease = fixture(short, Some(held_since(0, 7)));
+        let claim = Claim::new(&lease).expect("claim");
+        assert!(matches!(plan(&claim, &facts(at(1))), Plan::Renew(_)));
+    }
+
+    #[test]
+    fn max_hold_is_reached_by_the_clock_and_stays_spent() {
+        let bounded = TargetLeaseSpec {
+            max_hold_seconds: Some(60),
+            ..test_spec("t", "w")
+        };
+        let lease = fixture(bounded.clone(), Some(held_since(0, 7)));
+        let claim = Claim::new(&lease).expect("claim");
+        assert!(matches!(plan(&claim, &facts(at(59))), Plan::Renew(_)));
+        assert!(matches!(
+            plan(&claim, &facts(at(60))),
+            Plan::GiveUp {
+                reason: Reason::MaxHoldReached,
+                ..
+            }
+        ));
+        // The next look comes at the bound, not a renewal later.
+        assert_eq!(next_check(&claim, at(55)), Duration::from_secs(5));
+        // Released and spent for this generation: still given up, whatever the phase says.
+        let spent = TargetLeaseStatus {
+            phase: Phase::Released,
+            max_hold_spent_generation: Some(1),
+            ..TargetLeaseStatus::default()
+        };
+        let lease = fixture(bounded.clone(), Some(spent.clone()));
+        let claim = Claim::new(&lease).expect("claim");
+        assert!(matches!(
+            plan(&claim, &facts(at(1000))),
+            Plan::GiveUp {
+                reason: Reason::MaxHoldReached,
+                ..
+            }
+        ));
+        // A new generation (the spec changed) is a new claim.
+        let mut lease = fixture(bounded, Some(spent));
+        lease.metadata.generation = Some(2);
+        let claim = Claim::new(&lease).expect("claim");
+        assert_eq!(plan(&claim, &facts(at(1000))), Plan::Acquire);
+    }
+
+    #[test]
+    fn a_heartbeat_brings_the_next_look_forward() {
+        let lease = fixture(test_spec("t", "w"), Some(held_since(0, 7)));
+        let claim = Claim::new(&lease).expect("claim");
+        // TTL 30 s: stale after 15 s of silence; silent for 10 s, so look again in 5 s.
+        let next = next_look(
+            &claim,
+            Duration::from_secs(10),
+            Some(Duration::from_secs(10)),
+        );
+        assert_eq!(next, Duration::from_millis(5_020));
+        assert_eq!(
+            next_look(&claim, Duration::from_secs(10), None),
+            Duration::from_secs(10)
+        );
+    }
+
+    /// The store's real answers, on a manual clock, mapped to statuses: a grant, renewals that
+    /// move `expiresAt` every second time, a loss after the lease expired unrenewed.
+    #[tokio::test]
+    async fn store_answers_become_statuses() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(Arc::new(clock.clone()), Duration::from_secs(60));
+        let lease = fixture(test_spec("t", "w"), None);
+        let claim = Claim::new(&lease).expect("claim");
+        let answer = store
+            .acquire(&AcquireRequest {
+                target: claim.target.clone(),
+                lease_id: claim.lease_id.clone(),
+                owner: "w".into(),
+                ttl: claim.ttl(),
+                min_token: 0,
+                request_id: RequestId::random(),
+            })
+            .await
+            .expect("acquire");
+        let step = after_acquire(&claim, &answer);
+        assert_eq!(step.observed.phase, Phase::Held);
+        assert_eq!(step.next, Duration::from_secs(10));
+        assert!(matches!(step.event, Some((Reason::Acquired, _))));
+        let granted_at =
+            Timestamp::from_microsecond(i64::try_from(clock_now(&clock)).expect("time"))
+                .expect("time");
+        let mut status = step.observed.into_status(Some(1), None, granted_at);
+        let first_expiry = status.expires_at.expect("expiresAt");
+
+        let mut writes = 0;
+        for renewal in 1..=6 {
+            clock.advance(Duration::from_secs(10));
+            let now = granted_at + SignedDuration::from_secs(10 * renewal);
+            let lease = fixture(test_spec("t", "w"), Some(status.clone()));
+            let claim = Claim::new(&lease).expect("claim");
+            let Plan::Renew(handle) = plan(&claim, &facts(now)) else {
+                panic!("a held claim renews");
+            };
+            let step = renewed(&store, &claim, &handle, now).await;
+            assert_eq!(step.observed.phase, Phase::Held);
+            let expires = step.observed.expires_at.expect("expiresAt");
+            assert!(expires > now + SignedDuration::from_secs(10), "{renewal}");
+            let next = step.observed.into_status(Some(1), Some(&status), now);
+            if super::super::status::is_transition(Some(&status), &next) {
+                writes += 1;
+            }
+            status = next;
+        }
+        assert_eq!(writes, 3, "one status write per two renewals");
+        assert!(status.expires_at > Some(first_expiry));
+
+        // Unrenewed past its TTL: the store says expired, the claim shows Lost and tries again.
+        clock.advance(Duration::from_secs(31));
+        let lease = fixture(test_spec("t", "w"), Some(status.clone()));
+        let claim = Claim::new(&lease).expect("claim");
+        let handle = claim.held_handle().expect("held");
+        let step = renewed(&store, &claim, &handle, at(0)).await;
+        assert_eq!(step.observed.phase, Phase::Lost);
+        assert_eq!(step.next, Duration::from_millis(100));
+        assert!(matches!(step.event, Some((Reason::Expired, _))));
+    }
+
+    /// Renews `handle` in `store` and maps the answer.
+    async fn renewed(
+        store: &MemoryStore,
+        claim: &Claim<'_>,
+        handle: &LeaseHandle,
+        now: Timestamp,
+    ) -> Step {
+        let answer = store
+            .renew(&RenewRequest {
+                lease: handle.clone(),
+                ttl: claim.ttl(),
+                request_id: RequestId::random(),
+            })
+            .await
+            .expect("renew");
+        after_renew(claim, handle, &answer, now)
+    }
+
+    fn clock_now(clock: &ManualClock) -> u64 {
+        use crate::store::memory::Clock;
+        clock.now_micros()
+    }
+}

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use kube::Client;
@@ -118,7 +118,6 @@ impl ControllerArgs {
             client: client.clone(),
             store: store.clone(),
             metrics: metrics.clone(),
-            leases: RwLock::new(None),
         });
         let (stop_tx, stop) = watch::channel(false);
         tokio::spawn(async move {
@@ -147,7 +146,6 @@ impl ControllerArgs {
             "TargetLeases with a shorter ttlSeconds are refused"
         );
         let work = |signal: election::StopSignal, leadership: election::Leadership| {
-            let probe = probe.clone();
             controller::run(
                 client.clone(),
                 store.clone(),
@@ -155,9 +153,6 @@ impl ControllerArgs {
                 settings.clone(),
                 leadership,
                 signal,
-                move |leases| {
-                    *probe.leases.write().unwrap_or_else(|e| e.into_inner()) = Some(leases);
-                },
             )
         };
         if let Some(election) = election {

@@ -1,7 +1,6 @@
 //! `/healthz`, `/readyz` and `/metrics`.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -9,10 +8,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use kube::Client;
-use kube::runtime::reflector::Store;
 
 use super::metrics::Metrics;
-use crate::api::TargetLease;
 use crate::store::LeaseStore;
 
 /// What the endpoints look at.
@@ -23,8 +20,6 @@ pub struct Probe {
     pub store: Arc<dyn LeaseStore>,
     /// Metrics to render.
     pub metrics: Arc<Metrics>,
-    /// The leases the running controller sees (none while not leader).
-    pub leases: RwLock<Option<Store<TargetLease>>>,
 }
 
 /// Serves the endpoints on `listener` until `shutdown` resolves.
@@ -63,21 +58,5 @@ async fn readyz(State(probe): State<Arc<Probe>>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(probe): State<Arc<Probe>>) -> String {
-    let mut counts: BTreeMap<String, i64> = BTreeMap::new();
-    let store = probe
-        .leases
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    if let Some(store) = store {
-        for lease in store.state() {
-            let phase = lease
-                .status
-                .as_ref()
-                .map_or_else(|| "Pending".to_owned(), |s| format!("{:?}", s.phase));
-            *counts.entry(phase).or_default() += 1;
-        }
-    }
-    let counts: Vec<(String, i64)> = counts.into_iter().collect();
-    probe.metrics.render(&counts)
+    probe.metrics.render()
 }

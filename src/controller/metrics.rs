@@ -1,6 +1,7 @@
 //! Prometheus metrics of the controller, served at `/metrics`.
 
-use std::sync::Mutex;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -9,6 +10,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use kube::runtime::reflector::Store;
+
+use crate::api::TargetLease;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -29,6 +34,7 @@ pub struct Metrics {
     leases: Family<Labels, Gauge>,
     /// 1 while this replica may act (leads, or runs without leader election), 0 otherwise.
     pub leading: Gauge,
+    cache: RwLock<Option<Store<TargetLease>>>,
 }
 
 impl Default for Metrics {
@@ -51,6 +57,7 @@ impl Metrics {
             status_writes: Counter::default(),
             leases: Family::default(),
             leading: Gauge::default(),
+            cache: RwLock::new(None),
         };
         registry.register(
             "leading",
@@ -131,12 +138,26 @@ impl Metrics {
     }
 
     /// Renders every metric, after setting the per-phase lease gauge from `counts`.
-    pub fn render(&self, counts: &[(String, i64)]) -> String {
+    /// Counts `targetlease_leases{phase}` from `cache` from now on (the running controller's
+    /// reflector), or from nothing (`None`: this replica does not lead).
+    pub fn count_leases_in(&self, cache: Option<Store<TargetLease>>) {
+        *self.cache.write().unwrap_or_else(|e| e.into_inner()) = cache;
+    }
+
+    /// The text exposition of every metric, with the leases counted by phase now.
+    pub fn render(&self) -> String {
+        let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+        let cache = self.cache.read().unwrap_or_else(|e| e.into_inner()).clone();
+        for lease in cache.iter().flat_map(Store::state) {
+            let phase = lease
+                .status
+                .as_ref()
+                .map_or_else(|| "Pending".to_owned(), |s| format!("{:?}", s.phase));
+            *counts.entry(phase).or_default() += 1;
+        }
         self.leases.clear();
         for (phase, n) in counts {
-            self.leases
-                .get_or_create(&vec![("phase", phase.clone())])
-                .set(*n);
+            self.leases.get_or_create(&vec![("phase", phase)]).set(n);
         }
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());

@@ -149,7 +149,6 @@ pub async fn run(
     settings: Settings,
     leadership: election::Leadership,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-    on_start: impl FnOnce(Store<TargetLease>),
 ) {
     let api: Api<TargetLease> = match &settings.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -167,7 +166,7 @@ pub async fn run(
             .applied_objects()
     };
     let controller = Controller::for_stream(stream, leases.clone());
-    on_start(leases.clone());
+    metrics.count_leases_in(Some(leases.clone()));
     let holders = Holders::new(wake.clone());
     let reporter = Reporter {
         controller: FIELD_MANAGER.to_owned(),
@@ -212,6 +211,8 @@ pub async fn run(
         })
         .await;
     pods.abort();
+    // No longer leading: nothing to count.
+    failures_ctx.metrics.count_leases_in(None);
     info!("controller stopped");
 }
 

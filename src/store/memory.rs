@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
-use super::types::{check_guarded_key, check_owner, ttl_millis};
+use super::protocol::{check_guarded_key, check_owner, ttl_millis};
 use super::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
     Grant, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseStore, LeaseView, LossReason,

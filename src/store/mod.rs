@@ -7,13 +7,13 @@
 
 mod error;
 pub mod memory;
-mod types;
+mod protocol;
 pub mod valkey;
 
 use async_trait::async_trait;
 
 pub use error::{ErrorKind, StoreError};
-pub use types::{
+pub use protocol::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
     Grant, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseView, LossReason, MAX_TOKEN,
     MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,

@@ -32,7 +32,7 @@ use self::connect::{Conn, Connector};
 use self::keys::TargetKeys;
 use self::pool::{Backoff, Pool};
 use self::scripts::{LuaScript, SCRIPTS};
-use super::types::{check_guarded_key, check_owner, ttl_millis};
+use super::protocol::{check_guarded_key, check_owner, ttl_millis};
 use super::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, ErrorKind,
     GuardedValue, Inspection, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome,

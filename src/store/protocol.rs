@@ -1,3 +1,7 @@
+//! The lease-store protocol's vocabulary, shared by every backend and every caller: the validated
+//! names (targets, lease ids, request ids), the requests, the outcomes, and the bounds (token,
+//! target length, reply TTL) that the Lua scripts and the memory backend enforce alike.
+
 use std::fmt;
 use std::time::Duration;
 

@@ -1,8 +1,8 @@
 -- acquire: claim the target when it is free or its lease expired; re-entrant for the same lease.
--- KEYS[1] lease hash   KEYS[2] fence   KEYS[3] reply cache of this request id
--- KEYS[4] the request id of the newest grant (never expires)
--- ARGV[1] lease_id  ARGV[2] owner  ARGV[3] ttl_ms  ARGV[4] min_token  ARGV[5] reply_ttl_ms
--- ARGV[6] request_id
+-- KEYS: lease, fence, reply, grant
+--   the lease hash; the fence (newest token); the reply cache of this request id; the request id
+--   of the newest grant (never expires)
+-- ARGV: lease_id, owner, ttl_ms, min_token, reply_ttl_ms, request_id
 -- Reply: {'acquired', token, pttl_ms, server_ms, acquired_ms} | {'held', owner, pttl_ms}
 local ttl, min_token, reply_ttl = arg_int(ARGV[3]), arg_int(ARGV[4]), arg_int(ARGV[5])
 if not ttl or ttl < 1 then return invalid('ttl_ms must be a positive integer') end

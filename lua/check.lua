@@ -1,7 +1,7 @@
 -- check: read-only fencing check; is `token` the newest token issued for the target? A token
 -- above the newest was never issued (a typo, another target's token, or lost data): refused.
--- KEYS[1] fence
--- ARGV[1] token
+-- KEYS: fence
+-- ARGV: token
 -- Reply: {'current', newest_token} | {'stale', newest_token}
 local token = arg_int(ARGV[1])
 if not token or token == 0 then return invalid('token must be an integer from 1 to 2^53-1') end

@@ -4,8 +4,11 @@
 -- one tenure the writer numbers its writes, so a late replay of an earlier write can never roll
 -- the record back. The same (token, sequence) with the same value is answered `committed`
 -- without writing again, so a retry is harmless even after its cached reply expired.
--- KEYS[1] fence   KEYS[2] guarded record (hash: token, sequence, value)   KEYS[3] reply cache
--- ARGV[1] token  ARGV[2] value  ARGV[3] reply_ttl_ms  ARGV[4] sequence  ARGV[5] guarded key name
+-- KEYS: fence, guarded, commit_reply
+--   the fence (newest token); the guarded record (hash: token, sequence, value); the reply cache
+--   of this request id (under :commit-req:, writable by the workload ACL user)
+-- ARGV: token, value, reply_ttl_ms, sequence, key
+--   key: the guarded record's name (bound into the request id)
 -- Reply: {'committed', token} | {'stale', newest_token}
 local token, reply_ttl, sequence = arg_int(ARGV[1]), arg_int(ARGV[3]), arg_int(ARGV[4])
 if not token or token == 0 then return invalid('token must be an integer from 1 to 2^53-1') end

@@ -1,5 +1,6 @@
 -- inspect: read-only view of a target for operators.
--- KEYS[1] lease hash   KEYS[2] fence
+-- KEYS: lease, fence
+-- ARGV: (none)
 -- Reply: {'free', fence, server_ms} | {'held', fence, server_ms, owner, token, acquired_ms, pttl_ms, lease_id}
 local lease, lease_err = read_lease(KEYS[1])
 if lease_err then return lease_err end

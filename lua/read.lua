@@ -1,5 +1,7 @@
 -- read: the guarded record written by fenced commits.
--- KEYS[1] guarded record (hash: token, sequence, value)
+-- KEYS: guarded
+--   the guarded record (hash: token, sequence, value)
+-- ARGV: (none)
 -- Reply: {'absent'} | {'present', token, value}
 local r = redis.pcall('HMGET', KEYS[1], 'token', 'value')
 if type(r) == 'table' and r.err then return read_error(r, 'guarded record at ' .. KEYS[1] .. ' is not a hash') end

@@ -1,7 +1,8 @@
 -- release: compare-and-delete; only the exact (lease_id, owner, token) that holds the lease.
 -- The fence stays, so the next acquire still issues a larger token.
--- KEYS[1] lease hash   KEYS[2] reply cache of this request id
--- ARGV[1] lease_id  ARGV[2] owner  ARGV[3] token  ARGV[4] reply_ttl_ms
+-- KEYS: lease, reply
+--   the lease hash; the reply cache of this request id
+-- ARGV: lease_id, owner, token, reply_ttl_ms
 -- Reply: {'released'} | {'not_holder'}
 local reply_ttl = arg_int(ARGV[4])
 if not reply_ttl or reply_ttl < 1 then return invalid('reply_ttl_ms must be a positive integer') end

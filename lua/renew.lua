@@ -1,8 +1,9 @@
 -- renew: extend the lease, only for the exact (lease_id, owner, token) that holds it. A token
 -- below the fence (an older record brought back by a restore) is not the holder's any more; a
 -- fence below the holder's token (lost with the data) is raised again.
--- KEYS[1] lease hash   KEYS[2] fence   KEYS[3] reply cache of this request id
--- ARGV[1] lease_id  ARGV[2] owner  ARGV[3] token  ARGV[4] ttl_ms  ARGV[5] reply_ttl_ms
+-- KEYS: lease, fence, reply
+--   the lease hash; the fence (newest token); the reply cache of this request id
+-- ARGV: lease_id, owner, token, ttl_ms, reply_ttl_ms
 -- Reply: {'renewed', pttl_ms, server_ms} | {'lost', 'expired' | 'not_holder'}
 local ttl, reply_ttl = arg_int(ARGV[4]), arg_int(ARGV[5])
 if not ttl or ttl < 1 then return invalid('ttl_ms must be a positive integer') end

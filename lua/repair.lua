@@ -3,8 +3,8 @@
 -- largest of the operator's floor, the readable lease token and the server clock in
 -- microseconds plus MAX_LEAD (where a target without a fence starts), so the next token is
 -- still above every token this store could have issued. Readable records are left alone.
--- KEYS[1] lease hash   KEYS[2] fence
--- ARGV[1] floor
+-- KEYS: lease, fence
+-- ARGV: floor
 -- Reply: {'intact', fence} | {'repaired', fence, what}
 local floor = arg_int(ARGV[1])
 if not floor or floor >= MAX_TOKEN then return invalid('floor must be an integer from 0 to 2^53-2') end

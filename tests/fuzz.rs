@@ -12,7 +12,7 @@ use proptest::test_runner::{Config, TestRunner};
 use targetlease::api::TargetLease;
 use targetlease::redact::SecretUrl;
 use targetlease::store::valkey::keys::TargetKeys;
-use targetlease::store::valkey::reply;
+use targetlease::store::valkey::wire;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
     AcquireOutcome, AcquireRequest, CommitRequest, ErrorKind, LeaseHandle, LeaseId, LeaseStore,
@@ -51,14 +51,14 @@ fn reply_decoders_never_panic() {
     });
     runner
         .run(&proptest::collection::vec(element(), 0..10), |parts| {
-            let _ = reply::acquire(&parts);
-            let _ = reply::renew(&parts);
-            let _ = reply::release(&parts);
-            let _ = reply::commit(&parts);
-            let _ = reply::check(&parts);
-            let _ = reply::read(&parts);
-            let _ = reply::inspect(&parts);
-            let _ = reply::repair(&parts);
+            let _ = wire::acquire(&parts);
+            let _ = wire::renew(&parts);
+            let _ = wire::release(&parts);
+            let _ = wire::commit(&parts);
+            let _ = wire::check(&parts);
+            let _ = wire::read(&parts);
+            let _ = wire::inspect(&parts);
+            let _ = wire::repair(&parts);
             Ok(())
         })
         .expect("decoders");

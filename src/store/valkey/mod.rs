@@ -12,8 +12,8 @@ pub mod config;
 mod connect;
 pub mod keys;
 mod pool;
-pub mod reply;
 pub mod scripts;
+pub mod wire;
 
 use std::sync::Arc;
 
@@ -31,7 +31,7 @@ pub use self::config::{
 use self::connect::{Conn, Connector};
 use self::keys::TargetKeys;
 use self::pool::{Backoff, Pool};
-use self::scripts::{LuaScript, SCRIPTS};
+use self::scripts::LuaScript;
 use super::protocol::{check_guarded_key, check_owner, ttl_millis};
 use super::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, ErrorKind,
@@ -324,30 +324,18 @@ impl LeaseStore for ValkeyStore {
         let ttl_ms = ttl_millis(req.ttl)?.to_string();
         check_owner(&req.owner)?;
         check_token("min_token", req.min_token, false)?;
-        let keys = self.keys(&req.target);
-        let call = ScriptCall::new(
-            &SCRIPTS.acquire,
-            vec![
-                keys.lease(),
-                keys.fence(),
-                keys.reply(&req.request_id),
-                keys.grant(),
-            ],
-            &[
-                req.lease_id.expose(),
-                &req.owner,
-                &ttl_ms,
-                &req.min_token.to_string(),
-                &self.inner.reply_ttl_ms,
-                req.request_id.as_str(),
-            ],
+        let call = wire::acquire_call(
+            &self.keys(&req.target),
+            req,
+            &ttl_ms,
+            &self.inner.reply_ttl_ms,
         );
         let result = if self.config().durability.is_none() {
             self.run(call).await
         } else {
             self.run_durable(call).await
         }
-        .and_then(|r| reply::acquire(&r));
+        .and_then(|r| wire::acquire(&r));
         debug!(target = %req.target, lease = %req.lease_id, ?result, "acquire");
         logged("acquire", &req.target, result)
     }
@@ -358,19 +346,14 @@ impl LeaseStore for ValkeyStore {
         check_token("token", lease.token, true)?;
         let keys = self.keys(&lease.target);
         let result = self
-            .run(ScriptCall::new(
-                &SCRIPTS.renew,
-                vec![keys.lease(), keys.fence(), keys.reply(&req.request_id)],
-                &[
-                    lease.lease_id.expose(),
-                    &lease.owner,
-                    &lease.token.to_string(),
-                    &ttl_ms,
-                    &self.inner.reply_ttl_ms,
-                ],
+            .run(wire::renew_call(
+                &keys,
+                req,
+                &ttl_ms,
+                &self.inner.reply_ttl_ms,
             ))
             .await
-            .and_then(|r| reply::renew(&r));
+            .and_then(|r| wire::renew(&r));
         debug!(target = %lease.target, lease = %lease.lease_id, ?result, "renew");
         logged("renew", &lease.target, result)
     }
@@ -380,18 +363,9 @@ impl LeaseStore for ValkeyStore {
         check_token("token", lease.token, true)?;
         let keys = self.keys(&lease.target);
         let result = self
-            .run(ScriptCall::new(
-                &SCRIPTS.release,
-                vec![keys.lease(), keys.reply(&req.request_id)],
-                &[
-                    lease.lease_id.expose(),
-                    &lease.owner,
-                    &lease.token.to_string(),
-                    &self.inner.reply_ttl_ms,
-                ],
-            ))
+            .run(wire::release_call(&keys, req, &self.inner.reply_ttl_ms))
             .await
-            .and_then(|r| reply::release(&r));
+            .and_then(|r| wire::release(&r));
         debug!(target = %lease.target, lease = %lease.lease_id, ?result, "release");
         logged("release", &lease.target, result)
     }
@@ -402,23 +376,9 @@ impl LeaseStore for ValkeyStore {
         check_token("sequence", req.sequence, false)?;
         let keys = self.keys(&req.target);
         let result = self
-            .run(ScriptCall::new(
-                &SCRIPTS.commit,
-                vec![
-                    keys.fence(),
-                    keys.guarded(&req.key),
-                    keys.commit_reply(&req.request_id),
-                ],
-                &[
-                    &req.token.to_string(),
-                    &req.value,
-                    &self.inner.reply_ttl_ms,
-                    &req.sequence.to_string(),
-                    &req.key,
-                ],
-            ))
+            .run(wire::commit_call(&keys, req, &self.inner.reply_ttl_ms))
             .await
-            .and_then(|r| reply::commit(&r));
+            .and_then(|r| wire::commit(&r));
         debug!(target = %req.target, token = req.token, ?result, "commit");
         logged("commit", &req.target, result)
     }
@@ -431,9 +391,9 @@ impl LeaseStore for ValkeyStore {
         check_guarded_key(key)?;
         let keys = self.keys(target);
         let result = self
-            .run(ScriptCall::new(&SCRIPTS.read, vec![keys.guarded(key)], &[]))
+            .run(wire::read_call(&keys, key))
             .await
-            .and_then(|r| reply::read(&r));
+            .and_then(|r| wire::read(&r));
         logged("read", target, result)
     }
 
@@ -441,26 +401,18 @@ impl LeaseStore for ValkeyStore {
         check_token("token", token, true)?;
         let keys = self.keys(target);
         let result = self
-            .run(ScriptCall::new(
-                &SCRIPTS.check,
-                vec![keys.fence()],
-                &[&token.to_string()],
-            ))
+            .run(wire::check_call(&keys, token))
             .await
-            .and_then(|r| reply::check(&r));
+            .and_then(|r| wire::check(&r));
         logged("check", target, result)
     }
 
     async fn inspect(&self, target: &TargetRef) -> Result<Inspection, StoreError> {
         let keys = self.keys(target);
         let result = self
-            .run(ScriptCall::new(
-                &SCRIPTS.inspect,
-                vec![keys.lease(), keys.fence()],
-                &[],
-            ))
+            .run(wire::inspect_call(&keys))
             .await
-            .and_then(|r| reply::inspect(&r));
+            .and_then(|r| wire::inspect(&r));
         logged("inspect", target, result)
     }
 
@@ -468,13 +420,9 @@ impl LeaseStore for ValkeyStore {
         check_token("floor", floor, false)?;
         let keys = self.keys(target);
         let result = self
-            .run(ScriptCall::new(
-                &SCRIPTS.repair,
-                vec![keys.lease(), keys.fence()],
-                &[&floor.to_string()],
-            ))
+            .run(wire::repair_call(&keys, floor))
             .await
-            .and_then(|r| reply::repair(&r));
+            .and_then(|r| wire::repair(&r));
         warn!(%target, ?result, "repair");
         logged("repair", target, result)
     }

@@ -13,6 +13,8 @@ COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY lua ./lua
 COPY crds ./crds
+# A workspace member (the tests' support crate): cargo reads its manifest, builds none of it.
+COPY test-support ./test-support
 RUN cargo build --release --locked \
  && install -D -m 0555 target/release/targetlease /out/targetlease
 

@@ -14,8 +14,7 @@
 //!
 //! Nothing here asserts on speed. Bounds on waiting only keep a broken run from hanging.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use targetlease_test_support as support;
 
 mod common;
 

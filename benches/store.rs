@@ -15,8 +15,7 @@
 //! workloads in a rotated order, and each figure is the median over the rounds, so machine noise
 //! hits all of them alike. Every run starts on an empty database (`FLUSHALL SYNC`, not timed).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use targetlease_test_support as support;
 
 mod common;
 

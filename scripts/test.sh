@@ -20,8 +20,8 @@ bash scripts/install-test-deps.sh
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --locked --all-targets -- -D warnings
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --locked --workspace --all-targets -- -D warnings
 
 step "cargo test (unit, lease-store contract, model and fuzz tests on real servers, controller and chart end to end)"
 # Into a file, not a pipe: a process a test leaves behind with the test's output inherited

@@ -7,7 +7,8 @@
 //! contract suite that offers what the test needs (memory, Valkey 9.1, Valkey 8.1, Redis 7.0).
 //! Prints a closing `adversarial: N passed, N failed` line.
 
-mod support;
+use targetlease_test_support as support;
+use targetlease_test_support::cases;
 
 use std::path::Path;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //!
 //! `TARGETLEASE_CHAOS_SECONDS` sets the length of the fault phase (default 150 s).
 
-mod support;
+use targetlease_test_support as support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -7,7 +7,7 @@
 //! auth can-i` as that ServiceAccount, kstatus on objects the controller wrote, upgrade and
 //! uninstall. A missing tool or control plane fails the suite; it never skips.
 
-mod support;
+use targetlease_test_support as support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

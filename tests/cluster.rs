@@ -4,7 +4,7 @@
 //! its replica is promoted, with every operation succeeding again and tokens still strictly
 //! larger than any issued before. A missing server binary fails the suite.
 
-mod support;
+use targetlease_test_support as support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

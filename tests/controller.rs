@@ -2,7 +2,8 @@
 //! scenario gets its own namespace, Valkey server and controller process (watching only that
 //! namespace). A missing control plane or server fails the suite; it never skips.
 
-mod support;
+use targetlease_test_support as support;
+use targetlease_test_support::scenarios;
 
 use std::time::{Duration, Instant};
 

@@ -1,10 +1,10 @@
 //! Network and server faults between the lease store and Valkey 9.1: a TCP proxy written here
-//! (tests/support/proxy.rs) stalls, delays and cuts connections and drops replies after the
+//! (test-support/src/proxy.rs) stalls, delays and cuts connections and drops replies after the
 //! server ran the script; the server is killed and restarted with and without AOF. Each test
 //! keeps one store object throughout: recovery never needs a restart of the client. Measured
 //! figures are printed as `measured: ...` lines. A missing server binary fails the suite.
 
-mod support;
+use targetlease_test_support as support;
 
 use std::time::{Duration, Instant};
 

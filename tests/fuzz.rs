@@ -2,7 +2,7 @@
 //! arbitrary TargetLease documents. Nothing may panic; bad input must come back as an error, and a
 //! record the scripts cannot read must never be treated as a free target.
 
-mod support;
+use targetlease_test_support as support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! store and against real Valkey / Redis servers, and compared step by step with a small
 //! reference model that shares no code with the stores.
 
-mod support;
+use targetlease_test_support as support;
 
 use std::collections::HashMap;
 use std::sync::Arc;

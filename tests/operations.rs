@@ -5,7 +5,7 @@
 //! and over mTLS; the other tests check that each misconfiguration fails with a clear error.
 //! Servers are real and started per test; a missing binary fails the suite.
 
-mod support;
+use targetlease_test_support as support;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,7 +2,8 @@
 //! the controller running: each scenario tries to make a command outlive its lease, or a lease
 //! outlive its command. A missing control plane or server fails the suite; it never skips.
 
-mod support;
+use targetlease_test_support as support;
+use targetlease_test_support::scenarios;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

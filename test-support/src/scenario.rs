@@ -166,7 +166,7 @@ pub type ScenarioFn = fn(Scenario) -> std::pin::Pin<Box<dyn std::future::Future<
 #[macro_export]
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
-        [$((stringify!($name), (|s| Box::pin($name(s))) as $crate::support::scenario::ScenarioFn)),*]
+        [$((stringify!($name), (|s| Box::pin($name(s))) as $crate::scenario::ScenarioFn)),*]
     };
 }
 

@@ -1,7 +1,7 @@
-//! Test support shared by the integration suites: real servers on loopback ports, clusters,
-//! certificates, a misbehaving proxy, a Kubernetes control plane, the contract's test bodies and
-//! the suite runner.
-#![allow(dead_code)]
+//! Test support shared by the integration suites and the benchmarks, compiled once: real
+//! servers on loopback ports, clusters, certificates, a misbehaving proxy, a Kubernetes control
+//! plane, the contract's test bodies and the suite runner. A dev-dependency of `targetlease`
+//! only; suites import it as `support` (`use targetlease_test_support as support;`).
 
 pub mod admin;
 pub mod cluster;

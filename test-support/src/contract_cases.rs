@@ -1013,8 +1013,8 @@ pub enum Needs {
 #[macro_export]
 macro_rules! cases {
     ($($needs:ident $name:ident),* $(,)?) => {
-        [$((stringify!($name), $crate::support::contract_cases::Needs::$needs,
-            (|h| Box::pin($name(h))) as $crate::support::contract_cases::TestFn)),*]
+        [$((stringify!($name), $crate::contract_cases::Needs::$needs,
+            (|h| Box::pin($name(h))) as $crate::contract_cases::TestFn)),*]
     };
 }
 

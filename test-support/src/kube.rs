@@ -13,9 +13,30 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::await_condition;
 use targetlease::api::{Condition, Phase, TargetLease};
 
-/// The repository root.
+/// The repository root (this crate lives in its `test-support/` folder).
 pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// The `targetlease` binary of the build that runs the current test or benchmark: Cargo puts a
+/// package's binaries next to the `deps/` folder that holds its test executables (debug for
+/// tests, release for benchmarks). `TARGETLEASE_BIN` overrides it.
+pub fn targetlease_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("TARGETLEASE_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable lives in <target>/<profile>/deps");
+    let bin = profile_dir.join("targetlease");
+    assert!(
+        bin.exists(),
+        "{} is missing: run the suite through cargo, which builds it",
+        bin.display()
+    );
+    bin
 }
 
 /// The folder of the e2e binaries (kubectl, helm, kstatus, ...): `e2e/build.sh` builds them when
@@ -351,7 +372,7 @@ impl ControllerProcess {
         let http = format!("127.0.0.1:{port}");
         let log = cluster.scratch().join(format!("controller-{port}.log"));
         let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        let child = Command::new(targetlease_bin())
             .arg("controller")
             .args(["--http-addr", &http])
             .args(args)

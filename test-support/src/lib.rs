@@ -4,6 +4,7 @@
 //! only; suites import it as `support` (`use targetlease_test_support as support;`).
 
 pub mod admin;
+pub mod chart;
 pub mod cluster;
 pub mod contract_cases;
 pub mod kube;

@@ -41,15 +41,17 @@ where
                     .unwrap_or_else(|_| panic!("test timed out after {limit:?}"));
             });
         }));
-        outcome.map_err(|panic| {
-            let message = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "test panicked".into());
-            Failed::from(message)
-        })
+        outcome.map_err(|panic| Failed::from(panic_message(&*panic)))
     })
+}
+
+/// The message of a caught panic.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "test panicked".into())
 }
 
 /// Runs the trials, prints the closing line and exits (non-zero on failure or when nothing ran).

@@ -1,4 +1,4 @@
-//! The lease-store contract (`test-support/src/contract_cases.rs`) against the in-memory store and
+//! The lease-store contract (`test-support/src/contract_cases/`) against the in-memory store and
 //! plain servers: Valkey 9.1, Valkey 8.1 and Redis 7.0, each test on its own server on a free
 //! loopback port. A missing server binary fails the suite; it never skips. Prints a closing
 //! `contract: N passed, N failed` line and fails when no test ran.

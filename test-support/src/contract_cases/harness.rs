@@ -1,0 +1,163 @@
+//! What a contract test gets: the store under test and, where the backend offers them, an
+//! administrator connection, plaintext access and a way to lose all data or let time pass.
+
+use super::*;
+
+/// Plaintext access to a server as its default user: for MONITOR and for bytes sent by hand.
+#[derive(Clone, Debug)]
+pub struct RawAccess {
+    /// The plaintext port.
+    pub port: u16,
+    /// The default user's password, if any.
+    pub password: Option<String>,
+}
+
+/// A server (or cluster) under test, with how the store reaches it and how an administrator
+/// does.
+pub struct ServerEnv {
+    /// The server flavour (for a cluster: of its nodes).
+    pub kind: ServerKind,
+    /// How the store under test connects (ACL user, TLS, cluster seeds, ...).
+    pub config: ValkeyConfig,
+    /// The administrator's connection.
+    pub admin: Admin,
+    /// Plaintext access as the default user, when the server offers it.
+    pub raw: Option<RawAccess>,
+    /// Whatever must live as long as the test: servers, clusters, certificate folders.
+    pub keep: Vec<Box<dyn std::any::Any + Send>>,
+}
+
+/// One backend instance for one test.
+pub struct Harness {
+    /// The store under test.
+    pub store: Arc<dyn LeaseStore>,
+    memory: Option<(Arc<MemoryStore>, ManualClock)>,
+    pub(super) env: Option<ServerEnv>,
+}
+
+/// A config for a plain test server URL.
+pub fn valkey_config(url: &str) -> ValkeyConfig {
+    ValkeyConfig::new(SecretUrl::parse(url).expect("test URL parses"))
+}
+
+impl Harness {
+    /// The in-memory store on a manual clock.
+    pub fn memory() -> Harness {
+        let clock = ManualClock::new();
+        let store = Arc::new(MemoryStore::with_clock(
+            Arc::new(clock.clone()),
+            Duration::from_secs(60),
+        ));
+        Harness {
+            store: store.clone(),
+            memory: Some((store, clock)),
+            env: None,
+        }
+    }
+
+    /// A store connected to `env` as `env.config` says.
+    pub async fn server(env: ServerEnv) -> Harness {
+        let store = ValkeyStore::connect(env.config.clone())
+            .await
+            .unwrap_or_else(|e| panic!("connect to the test server: {e}"));
+        Harness {
+            store: Arc::new(store),
+            memory: None,
+            env: Some(env),
+        }
+    }
+
+    /// A plain server of `kind`, reached by URL, with raw access.
+    pub async fn plain(kind: ServerKind) -> Harness {
+        let server = Server::start(kind);
+        let admin = Admin::single(&server.url(), None).await;
+        let env = ServerEnv {
+            kind,
+            config: valkey_config(&server.url()),
+            admin,
+            raw: Some(RawAccess {
+                port: server.port,
+                password: None,
+            }),
+            keep: vec![Box::new(server)],
+        };
+        Harness::server(env).await
+    }
+
+    /// A store on its own pool (the same store for the in-memory backend).
+    pub(super) async fn another_connection(&self) -> Arc<dyn LeaseStore> {
+        match &self.env {
+            Some(env) => Arc::new(
+                ValkeyStore::connect(env.config.clone())
+                    .await
+                    .expect("connect"),
+            ),
+            None => self.store.clone(),
+        }
+    }
+
+    /// A store whose cached replies expire soon, and how long to let pass until they have:
+    /// the in-memory store itself (its manual clock jumps past its 60 s reply TTL), or a second
+    /// store on the server with a 1 s reply TTL (and a call timeout that the 4x rule allows).
+    pub async fn short_replies(&self) -> (Arc<dyn LeaseStore>, Duration) {
+        match &self.env {
+            None => (self.store.clone(), Duration::from_secs(61)),
+            Some(env) => {
+                let mut config = env.config.clone();
+                config.reply_ttl = Duration::from_secs(1);
+                config.call_timeout = Duration::from_millis(250);
+                let store = ValkeyStore::connect(config).await.expect("connect");
+                (Arc::new(store), Duration::from_millis(1_200))
+            }
+        }
+    }
+
+    /// Lets time pass: the manual clock moves, a real server is waited for.
+    pub async fn pass(&self, d: Duration) {
+        match &self.memory {
+            Some((_, clock)) => clock.advance(d),
+            None => tokio::time::sleep(d).await,
+        }
+    }
+
+    /// The store's clock in microseconds: the manual clock, or this machine's clock for a server
+    /// on this machine (close enough for tests that keep a minute of margin).
+    pub fn clock_micros(&self) -> u64 {
+        match &self.memory {
+            Some((_, clock)) => clock.now_micros(),
+            None => SystemClock.now_micros(),
+        }
+    }
+
+    /// Loses all data, as FLUSHALL or a restart without persistence does.
+    pub async fn wipe(&self) {
+        match (&self.memory, &self.env) {
+            (Some((store, _)), _) => store.forget_everything(),
+            (_, Some(env)) => env.admin.flushall().await,
+            _ => unreachable!(),
+        }
+    }
+
+    /// The server under test (server backends only).
+    pub fn env(&self) -> &ServerEnv {
+        self.env.as_ref().expect("server backend")
+    }
+
+    /// The administrator's connection (server backends only).
+    pub fn admin(&self) -> &Admin {
+        &self.env().admin
+    }
+
+    pub(super) fn raw(&self) -> &RawAccess {
+        self.env().raw.as_ref().expect("raw access")
+    }
+
+    /// The keys of a target under the store's prefix.
+    pub fn keys(&self, t: &TargetRef) -> TargetKeys {
+        let prefix = self
+            .env
+            .as_ref()
+            .map_or("tl", |e| e.config.key_prefix.as_str());
+        TargetKeys::new(prefix, t)
+    }
+}

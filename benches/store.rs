@@ -31,8 +31,8 @@ use redis::aio::MultiplexedConnection;
 use targetlease::redact::SecretUrl;
 use targetlease::store::valkey::{DEFAULT_POOL_SIZE, ValkeyConfig, ValkeyStore};
 use targetlease::store::{
-    AcquireOutcome, AcquireRequest, LeaseHandle, LeaseId, LeaseStore, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, RequestId, TargetRef,
+    AcquireOutcome, AcquireRequest, LeaseHandle, LeaseId, LeaseStore, Owner, ReleaseOutcome,
+    ReleaseRequest, RenewOutcome, RenewRequest, RequestId, TargetRef, Token, Ttl,
 };
 use tokio::sync::Barrier;
 
@@ -76,6 +76,11 @@ struct Options {
 }
 
 const LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// [`LEASE_TTL`] as the protocol takes it.
+fn lease_ttl() -> Ttl {
+    Ttl::new(LEASE_TTL).expect("30 s is a valid TTL")
+}
 
 /// The Redlock compare-and-delete, as the Redlock libraries write it.
 const UNLOCK: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
@@ -172,7 +177,7 @@ enum TaskState {
     Lease {
         target: TargetRef,
         lease_id: LeaseId,
-        owner: String,
+        owner: Owner,
     },
     Redlock {
         key: String,
@@ -192,7 +197,7 @@ async fn setup(w: Workload, sh: &Shared, task: usize) -> Result<TaskState, Strin
         .map_err(|e| e.to_string())?;
     let lease_id =
         LeaseId::new(uuid::Uuid::new_v4().hyphenated().to_string()).map_err(|e| e.to_string())?;
-    let owner = format!("worker-{task}");
+    let owner = Owner::new(format!("worker-{task}")).map_err(|e| e.to_string())?;
     Ok(match w {
         Workload::Lease => TaskState::Lease {
             target,
@@ -208,7 +213,7 @@ async fn setup(w: Workload, sh: &Shared, task: usize) -> Result<TaskState, Strin
                 target: target.clone(),
                 lease_id: lease_id.clone(),
                 owner: owner.clone(),
-                ttl: LEASE_TTL,
+                ttl: lease_ttl(),
                 min_token: 0,
                 request_id: RequestId::random(),
             };
@@ -218,7 +223,7 @@ async fn setup(w: Workload, sh: &Shared, task: usize) -> Result<TaskState, Strin
                         target,
                         lease_id,
                         owner,
-                        token: grant.token,
+                        token: Token::new(grant.token).map_err(|e| e.to_string())?,
                     },
                 },
                 other => return Err(format!("setup acquire: {other:?}")),
@@ -257,12 +262,14 @@ async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
                 target: target.clone(),
                 lease_id: lease_id.clone(),
                 owner: owner.clone(),
-                ttl: LEASE_TTL,
+                ttl: lease_ttl(),
                 min_token: 0,
                 request_id: RequestId::random(),
             };
             let token = match sh.store.acquire(&acquire).await {
-                Ok(AcquireOutcome::Acquired(grant)) => grant.token,
+                Ok(AcquireOutcome::Acquired(grant)) => {
+                    Token::new(grant.token).map_err(|e| e.to_string())?
+                }
                 other => return Err(format!("acquire: {other:?}")),
             };
             let release = ReleaseRequest {
@@ -322,7 +329,7 @@ async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
         TaskState::Renew { handle } => {
             let request = RenewRequest {
                 lease: handle.clone(),
-                ttl: LEASE_TTL,
+                ttl: lease_ttl(),
                 request_id: RequestId::random(),
             };
             match sh.store.renew(&request).await {

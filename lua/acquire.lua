@@ -9,8 +9,14 @@ if not ttl or ttl < 1 then return invalid('ttl_ms must be a positive integer') e
 if not min_token then return invalid('min_token must be an integer from 0 to 2^53-2') end
 if min_token >= MAX_TOKEN then return exhausted(0, min_token) end
 if not reply_ttl or reply_ttl < 1 then return invalid('reply_ttl_ms must be a positive integer') end
+-- What read_lease cannot read back is never written: an empty lease id or owner would make the
+-- target's record corrupt.
+if ARGV[1] == '' or #ARGV[1] > 256 then return invalid('lease_id must be 1 to 256 bytes') end
+if ARGV[2] == '' or #ARGV[2] > 253 then return invalid('owner must be 1 to 253 bytes') end
 
-local bound = binding('acquire', ARGV[1], ARGV[2])
+-- The floor is bound too: it decides what a grant may answer (a token above it), so a retry
+-- with another floor is another call, not a replay of this one.
+local bound = binding('acquire', ARGV[1], ARGV[2], int(min_token))
 local cached, err = cached_reply(KEYS[3], bound, 'acquire')
 if cached then
   -- Every path that answers 'acquired' writes, a replayed reply too: the client's WAITAOF (the

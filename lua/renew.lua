@@ -8,7 +8,8 @@
 local ttl, reply_ttl = arg_int(ARGV[4]), arg_int(ARGV[5])
 if not ttl or ttl < 1 then return invalid('ttl_ms must be a positive integer') end
 if not reply_ttl or reply_ttl < 1 then return invalid('reply_ttl_ms must be a positive integer') end
-if not arg_int(ARGV[3]) then return invalid('token must be an integer from 1 to 2^53-1') end
+local token = arg_int(ARGV[3])
+if not token or token == 0 then return invalid('token must be an integer from 1 to 2^53-1') end
 
 local bound = binding('renew', ARGV[1], ARGV[2], ARGV[3])
 local cached, err = cached_reply(KEYS[3], bound, 'renew')

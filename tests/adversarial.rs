@@ -14,15 +14,16 @@ use std::path::Path;
 use std::time::Duration;
 
 use targetlease::redact::Secret;
+use targetlease::store::valkey::scripts::SCRIPTS;
 use targetlease::store::valkey::{PasswordSource, ValkeyStore};
 use targetlease::store::{
     CheckOutcome, CommitOutcome, ErrorKind, LeaseStore, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS,
-    ReleaseOutcome, RenewOutcome, RepairOutcome, RequestId, StoreError,
+    ReleaseOutcome, RenewOutcome, RepairOutcome, RequestId, StoreError, Token,
 };
 
 use support::contract_cases::{
-    Harness, TTL, acquire_req, acquired, commit_req, handle, plain_variants, release_req,
-    renew_req, target, trials_of, valkey_config,
+    Harness, TTL, acquire_req, acquired, commit_req, guarded, handle, plain_variants, release_req,
+    renew_req, target, token_of, trials_of, valkey_config,
 };
 use support::server::{Server, ServerKind};
 use support::suite;
@@ -53,6 +54,11 @@ async fn reused_request_id_is_refused(h: Harness) {
     assert_eq!(seen.lease.map(|l| l.owner), Some("alice".to_owned()));
     // Alice's own retry still gets her grant.
     assert_eq!(acquired(&*h.store, &a).await, granted);
+    // Her id with a higher floor is another call: refused, never answered with a token below
+    // the floor it asks for.
+    let mut higher = a.clone();
+    higher.min_token = granted.token;
+    refused(h.store.acquire(&higher).await, "request id already used");
 
     // release: Bob's release with the id Alice's release used does not answer `released`.
     let mut release = release_req(handle(&t, "lease-a", "alice", granted.token));
@@ -81,17 +87,20 @@ async fn reused_request_id_is_refused(h: Harness) {
 
     // commit: the id of a commit to `x` replayed for a commit to `y` writes nothing and says so.
     let mut to_x = commit_req(&t, bob.token, "for x");
-    to_x.key = "x".into();
+    to_x.key = guarded("x");
     to_x.request_id = RequestId::new("job-1-commit").expect("id");
     assert!(matches!(
         h.store.commit(&to_x).await.expect("commit"),
         CommitOutcome::Committed { .. }
     ));
     let mut to_y = commit_req(&t, bob.token, "for y");
-    to_y.key = "y".into();
+    to_y.key = guarded("y");
     to_y.request_id = to_x.request_id.clone();
     refused(h.store.commit(&to_y).await, "request id already used");
-    assert_eq!(h.store.read_guarded(&t, "y").await.expect("read"), None);
+    assert_eq!(
+        h.store.read_guarded(&t, &guarded("y")).await.expect("read"),
+        None
+    );
     // Another operation with the same id is refused too.
     let mut as_acquire = acquire_req(&t, "lease-c", "carol", TTL);
     as_acquire.request_id = renew.request_id.clone();
@@ -127,16 +136,13 @@ async fn tokens_at_and_past_2_53(h: Harness) {
     req.min_token = MAX_TOKEN - 1;
     refused(h.store.acquire(&req).await, "ahead of the server clock");
     assert_eq!(h.store.inspect(&t).await.expect("inspect").fence, 0);
-    // Tokens past the bound are refused wherever a caller gives one.
-    let past = MAX_TOKEN + 1;
-    refused(h.store.check(&t, past).await, "2^53-1");
-    refused(h.store.commit(&commit_req(&t, past, "v")).await, "2^53-1");
-    let lease = handle(&t, "lease-a", "alice", past);
-    refused(
-        h.store.renew(&renew_req(lease.clone(), TTL)).await,
-        "2^53-1",
-    );
-    refused(h.store.release(&release_req(lease)).await, "2^53-1");
+    // A token past the bound (or 0) cannot even be given to a store: the protocol's Token is
+    // built at the edge (a flag, a status) and refuses it; the scripts refuse it too, for a
+    // caller that goes around the client (`script_arguments_are_checked_again`).
+    refused(Token::new(MAX_TOKEN + 1), "2^53-1");
+    refused(Token::new(u64::MAX), "2^53-1");
+    refused(Token::new(0), "out of range");
+    assert_eq!(Token::new(MAX_TOKEN).map(Token::get).ok(), Some(MAX_TOKEN));
     refused(h.store.repair(&t, u64::MAX).await, "2^53-1");
 }
 
@@ -173,6 +179,123 @@ async fn floor_far_ahead_of_the_clock_is_refused(h: Harness) {
     // Just inside the lead it is a floor like any other.
     req.min_token = h.clock_micros() + MAX_TOKEN_LEAD_MICROS - 600_000_000;
     assert!(acquired(&*h.store, &req).await.token > req.min_token);
+}
+
+// 2d. A caller that goes around the client (its own EVAL of the scripts, with the controller's
+//     credentials) meets the same bounds: tokens of 0 or past 2^53-1, numbers that are not
+//     canonical digits, zero TTLs, empty owners are refused by the scripts themselves, with
+//     TLINVALID, and change nothing.
+async fn script_arguments_are_checked_again(h: Harness) {
+    let t = target("raw-args");
+    let k = h.keys(&t);
+    let g = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    let before = h.store.inspect(&t).await.expect("inspect");
+    let reply = k.reply(&RequestId::new("raw-1").expect("id"));
+    let commit_reply = k.commit_reply(&RequestId::new("raw-2").expect("id"));
+    let guarded = k.guarded("data");
+    let (lease, fence) = (k.lease(), k.fence());
+    let eval = |script: &'static str, keys: Vec<String>, args: Vec<String>| {
+        let admin = h.admin().clone();
+        async move {
+            let mut argv: Vec<String> = vec!["EVAL".into(), script.into(), keys.len().to_string()];
+            argv.extend(keys);
+            argv.extend(args);
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            admin.try_cmd(&argv).await
+        }
+    };
+    let token = g.token.to_string();
+    let s = |v: &str| v.to_owned();
+    for bad in [
+        "0",
+        "9007199254740992",
+        "18446744073709551615",
+        "-1",
+        "1e3",
+        "01",
+        " 1",
+        "x",
+        "",
+    ] {
+        let calls = [
+            (
+                "renew",
+                eval(
+                    SCRIPTS.renew.source,
+                    vec![lease.clone(), fence.clone(), reply.clone()],
+                    vec![s("lease-a"), s("alice"), s(bad), s("30000"), s("60000")],
+                ),
+            ),
+            (
+                "release",
+                eval(
+                    SCRIPTS.release.source,
+                    vec![lease.clone(), reply.clone()],
+                    vec![s("lease-a"), s("alice"), s(bad), s("60000")],
+                ),
+            ),
+            (
+                "check",
+                eval(SCRIPTS.check.source, vec![fence.clone()], vec![s(bad)]),
+            ),
+            (
+                "commit",
+                eval(
+                    SCRIPTS.commit.source,
+                    vec![fence.clone(), guarded.clone(), commit_reply.clone()],
+                    vec![s(bad), s("v"), s("60000"), s("1"), s("data")],
+                ),
+            ),
+        ];
+        for (op, call) in calls {
+            match call.await {
+                Err(e) => assert!(e.to_string().contains("TLINVALID"), "{op} {bad:?}: {e}"),
+                Ok(v) => panic!("{op} with token {bad:?} answered {v:?}"),
+            }
+        }
+    }
+    for (what, owner, ttl) in [("empty owner", "", "30000"), ("zero ttl", "bob", "0")] {
+        let refused = eval(
+            SCRIPTS.acquire.source,
+            vec![lease.clone(), fence.clone(), reply.clone(), k.grant()],
+            vec![
+                s("lease-b"),
+                s(owner),
+                s(ttl),
+                s("0"),
+                s("60000"),
+                s("raw-3"),
+            ],
+        )
+        .await;
+        assert!(
+            matches!(&refused, Err(e) if e.to_string().contains("TLINVALID")),
+            "{what}: {refused:?}"
+        );
+    }
+    let renewed = eval(
+        SCRIPTS.renew.source,
+        vec![lease.clone(), fence.clone(), reply.clone()],
+        vec![s("lease-a"), s("alice"), token, s("0"), s("60000")],
+    )
+    .await;
+    assert!(
+        matches!(&renewed, Err(e) if e.to_string().contains("TLINVALID")),
+        "zero ttl: {renewed:?}"
+    );
+    let after = h.store.inspect(&t).await.expect("inspect");
+    assert_eq!(after.fence, before.fence);
+    assert_eq!(
+        after.lease.map(|l| (l.owner, l.token)),
+        Some(("alice".to_owned(), g.token))
+    );
+    assert_eq!(
+        h.store
+            .read_guarded(&t, &support::contract_cases::guarded("data"))
+            .await
+            .expect("read"),
+        None
+    );
 }
 
 // 2b. A stored fence that cannot be a token (written by an older version or a tool) fails
@@ -247,7 +370,10 @@ async fn reentrant_acquire_respects_floor_and_fence(h: Harness) {
     assert_eq!(seen.lease.map(|l| l.token), Some(second.token));
     // The old token is stale now; the new one is current.
     assert_eq!(
-        h.store.check(&t, first.token).await.expect("check"),
+        h.store
+            .check(&t, token_of(first.token))
+            .await
+            .expect("check"),
         CheckOutcome::Stale {
             newest: second.token
         }
@@ -287,12 +413,18 @@ async fn tokens_never_issued_are_refused(h: Harness) {
     let t = target("never-issued");
     let g = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
     let typo = g.token + 12_345;
-    refused(h.store.check(&t, typo).await, "never issued");
+    refused(h.store.check(&t, token_of(typo)).await, "never issued");
     refused(
         h.store.commit(&commit_req(&t, typo, "typo")).await,
         "never issued",
     );
-    assert_eq!(h.store.read_guarded(&t, "data").await.expect("read"), None);
+    assert_eq!(
+        h.store
+            .read_guarded(&t, &guarded("data"))
+            .await
+            .expect("read"),
+        None
+    );
     // The holder is not locked out.
     assert_eq!(
         h.store
@@ -302,12 +434,12 @@ async fn tokens_never_issued_are_refused(h: Harness) {
         CommitOutcome::Committed { token: g.token }
     );
     assert_eq!(
-        h.store.check(&t, g.token).await.expect("check"),
+        h.store.check(&t, token_of(g.token)).await.expect("check"),
         CheckOutcome::Current { newest: g.token }
     );
     // A target that never had a token accepts none.
     refused(
-        h.store.check(&target("nothing-here"), 7).await,
+        h.store.check(&target("nothing-here"), token_of(7)).await,
         "never issued",
     );
 }
@@ -333,7 +465,10 @@ async fn late_commit_replay_cannot_roll_back(h: Harness) {
         CommitOutcome::Stale { newest: g.token },
         "a late replay of v1 must be refused"
     );
-    let stored = store.read_guarded(&t, "data").await.expect("read");
+    let stored = store
+        .read_guarded(&t, &guarded("data"))
+        .await
+        .expect("read");
     assert_eq!(stored.map(|v| v.value), Some("v2".to_owned()));
     // The same write again (same token, sequence and value) is harmless: answered, not redone.
     assert_eq!(
@@ -516,12 +651,12 @@ async fn workload_user_cannot_touch_leases(h: Harness) {
         CommitOutcome::Committed { token: g.token }
     );
     assert!(matches!(
-        workload.check(&t, g.token).await.expect("check"),
+        workload.check(&t, token_of(g.token)).await.expect("check"),
         CheckOutcome::Current { .. }
     ));
     assert!(
         workload
-            .read_guarded(&t, "data")
+            .read_guarded(&t, &guarded("data"))
             .await
             .expect("read")
             .is_some()
@@ -604,6 +739,7 @@ fn main() {
         Store tokens_at_and_past_2_53,
         Admin last_token_is_issued_once,
         Store floor_far_ahead_of_the_clock_is_refused,
+        Admin script_arguments_are_checked_again,
         Admin unparseable_fence_fails_closed_and_repairs,
         Store reentrant_acquire_respects_floor_and_fence,
         Admin restored_older_record_gets_a_larger_token,

@@ -13,13 +13,14 @@ use targetlease::redact::{Secret, SecretUrl};
 use targetlease::store::valkey::keys::TargetKeys;
 use targetlease::store::valkey::{PasswordSource, ValkeyConfig, ValkeyStore};
 use targetlease::store::{
-    AcquireOutcome, AcquireRequest, LeaseId, LeaseStore, ReleaseOutcome, RequestId, TargetRef,
+    AcquireOutcome, AcquireRequest, LeaseId, LeaseStore, Owner, ReleaseOutcome, RequestId,
+    TargetRef, Ttl,
 };
 
 use support::admin::Admin;
 use support::cluster::Cluster;
 use support::contract_cases::{
-    self, Harness, ServerEnv, TTL, Variant, handle, release_req, target,
+    self, Harness, ServerEnv, TTL, Variant, guarded, handle, release_req, target,
 };
 use support::server::ServerKind;
 use support::suite::{self, measured, trial};
@@ -145,8 +146,8 @@ async fn workload(store: Arc<dyn LeaseStore>, t: TargetRef, until: Instant) -> S
         let req = AcquireRequest {
             target: t.clone(),
             lease_id: LeaseId::new(lease.clone()).expect("lease id"),
-            owner: "worker".into(),
-            ttl: WORKLOAD_TTL,
+            owner: Owner::new("worker").expect("owner"),
+            ttl: Ttl::new(WORKLOAD_TTL).expect("ttl"),
             min_token: seen.tokens.last().copied().unwrap_or(0),
             request_id: RequestId::random(),
         };
@@ -342,7 +343,7 @@ async fn slot_moved_between_primaries() {
     // The slot map the client holds is stale: MOVED, refresh, retry on the new owner.
     let t = target("moving");
     let read = store
-        .read_guarded(&t, "data")
+        .read_guarded(&t, &guarded("data"))
         .await
         .expect("read after the move (MOVED)");
     assert_eq!(read.map(|v| v.value).as_deref(), Some("before"));

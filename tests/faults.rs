@@ -16,7 +16,7 @@ use targetlease::store::{
 
 use support::admin::Admin;
 use support::contract_cases::{
-    TTL, acquire_req, acquired, commit_req, handle, release_req, target, valkey_config,
+    TTL, acquire_req, acquired, commit_req, guarded, handle, release_req, target, valkey_config,
 };
 use support::proxy::{Mode, Proxy};
 use support::server::{Server, ServerKind};
@@ -187,7 +187,7 @@ async fn dropped_reply_retried_returns_the_first_result() {
     );
     let stored = f
         .store
-        .read_guarded(&t, "data")
+        .read_guarded(&t, &guarded("data"))
         .await
         .expect("read")
         .expect("written");

@@ -15,8 +15,9 @@ use targetlease::store::valkey::keys::TargetKeys;
 use targetlease::store::valkey::wire;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
-    AcquireOutcome, AcquireRequest, CommitRequest, ErrorKind, LeaseHandle, LeaseId, LeaseStore,
-    MAX_TOKEN, ReleaseRequest, RenewRequest, RequestId, TargetRef,
+    AcquireOutcome, AcquireRequest, CommitRequest, ErrorKind, GuardedKey, LeaseHandle, LeaseId,
+    LeaseStore, MAX_TOKEN, Owner, ReleaseRequest, RenewRequest, RequestId, StoreError, TargetRef,
+    Token, Ttl,
 };
 
 use support::cases;
@@ -183,8 +184,8 @@ fn arbitrary_lease_records_fail_closed() {
             let request = AcquireRequest {
                 target,
                 lease_id: LeaseId::new("FUZZ-LEASE").expect("id"),
-                owner: "FUZZ-OWNER".into(),
-                ttl: Duration::from_secs(30),
+                owner: Owner::new("FUZZ-OWNER").expect("owner"),
+                ttl: Ttl::new(Duration::from_secs(30)).expect("ttl"),
                 min_token: 0,
                 request_id: RequestId::random(),
             };
@@ -306,12 +307,19 @@ fn hostile_arguments_are_refused_cleanly() {
             let target = TargetRef::new("hostile", &format!("t{}", case.get())).expect("target");
             let rid = |n: u8| RequestId::new(&format!("rid-{n}")).expect("rid");
             let lease_id = |s: &str| LeaseId::new(s.to_owned()).expect("lease id");
-            let handle = |token, owner: &str, lease: &str| LeaseHandle {
-                target: target.clone(),
-                lease_id: lease_id(lease),
-                owner: owner.to_owned(),
-                token,
-            };
+            // Hostile values go through the protocol's types, as they would from a flag or a
+            // status: those refuse what no store accepts (the scripts check again, see
+            // tests/adversarial.rs), and the refusal must be an invalid request too.
+            let handle =
+                |token: u64, owner: &str, lease: &str| -> Result<LeaseHandle, StoreError> {
+                    Ok(LeaseHandle {
+                        target: target.clone(),
+                        lease_id: lease_id(lease),
+                        owner: Owner::new(owner)?,
+                        token: Token::new(token)?,
+                    })
+                };
+            let ttl = Ttl::new(Duration::from_secs(30)).expect("ttl");
             let mut highest = 0u64;
             for call in calls {
                 let result: Result<Option<(u64, u64)>, _> = runtime.block_on(async {
@@ -321,64 +329,77 @@ fn hostile_arguments_are_refused_cleanly() {
                             owner,
                             lease,
                             rid: n,
-                        } => store
-                            .acquire(&AcquireRequest {
-                                target: target.clone(),
-                                lease_id: lease_id(lease),
-                                owner: owner.clone(),
-                                ttl: Duration::from_secs(30),
-                                min_token: *floor,
-                                request_id: rid(*n),
-                            })
-                            .await
-                            .map(|o| match o {
-                                AcquireOutcome::Acquired(g) => Some((g.token, *floor)),
-                                AcquireOutcome::Held { .. } => None,
-                            }),
+                        } => match Owner::new(owner.clone()) {
+                            Ok(owner) => store
+                                .acquire(&AcquireRequest {
+                                    target: target.clone(),
+                                    lease_id: lease_id(lease),
+                                    owner,
+                                    ttl,
+                                    min_token: *floor,
+                                    request_id: rid(*n),
+                                })
+                                .await
+                                .map(|o| match o {
+                                    AcquireOutcome::Acquired(g) => Some((g.token, *floor)),
+                                    AcquireOutcome::Held { .. } => None,
+                                }),
+                            Err(e) => Err(e),
+                        },
                         Hostile::Renew {
                             token,
                             owner,
                             lease,
                             rid: n,
-                        } => store
-                            .renew(&RenewRequest {
-                                lease: handle(*token, owner, lease),
-                                ttl: Duration::from_secs(30),
-                                request_id: rid(*n),
-                            })
-                            .await
-                            .map(|_| None),
+                        } => match handle(*token, owner, lease) {
+                            Ok(lease) => store
+                                .renew(&RenewRequest {
+                                    lease,
+                                    ttl,
+                                    request_id: rid(*n),
+                                })
+                                .await
+                                .map(|_| None),
+                            Err(e) => Err(e),
+                        },
                         Hostile::Release {
                             token,
                             owner,
                             lease,
                             rid: n,
-                        } => store
-                            .release(&ReleaseRequest {
-                                lease: handle(*token, owner, lease),
-                                request_id: rid(*n),
-                            })
-                            .await
-                            .map(|_| None),
+                        } => match handle(*token, owner, lease) {
+                            Ok(lease) => store
+                                .release(&ReleaseRequest {
+                                    lease,
+                                    request_id: rid(*n),
+                                })
+                                .await
+                                .map(|_| None),
+                            Err(e) => Err(e),
+                        },
                         Hostile::Commit {
                             token,
                             sequence,
                             value,
                             rid: n,
-                        } => store
-                            .commit(&CommitRequest {
-                                target: target.clone(),
-                                token: *token,
-                                key: "data".into(),
-                                value: value.clone(),
-                                sequence: *sequence,
-                                request_id: rid(*n),
-                            })
-                            .await
-                            .map(|_| None),
-                        Hostile::Check { token } => {
-                            store.check(&target, *token).await.map(|_| None)
-                        }
+                        } => match Token::new(*token) {
+                            Ok(token) => store
+                                .commit(&CommitRequest {
+                                    target: target.clone(),
+                                    token,
+                                    key: GuardedKey::new("data").expect("key"),
+                                    value: value.clone(),
+                                    sequence: *sequence,
+                                    request_id: rid(*n),
+                                })
+                                .await
+                                .map(|_| None),
+                            Err(e) => Err(e),
+                        },
+                        Hostile::Check { token } => match Token::new(*token) {
+                            Ok(token) => store.check(&target, token).await.map(|_| None),
+                            Err(e) => Err(e),
+                        },
                     }
                 });
                 match result {

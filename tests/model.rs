@@ -15,9 +15,9 @@ use targetlease::redact::SecretUrl;
 use targetlease::store::memory::{ManualClock, MemoryStore};
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
-    AcquireOutcome, AcquireRequest, CommitOutcome, CommitRequest, ErrorKind, LeaseHandle, LeaseId,
-    LeaseStore, LossReason, MAX_TOKEN, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
-    RequestId, StoreError, TargetRef,
+    AcquireOutcome, AcquireRequest, CommitOutcome, CommitRequest, ErrorKind, GuardedKey,
+    LeaseHandle, LeaseId, LeaseStore, LossReason, MAX_TOKEN, Owner, ReleaseOutcome, ReleaseRequest,
+    RenewOutcome, RenewRequest, RequestId, StoreError, TargetRef, Token, Ttl,
 };
 
 use support::cases;
@@ -156,8 +156,8 @@ struct World {
     sequence: u64,
 }
 
-fn owner(client: usize) -> String {
-    format!("worker-{client}")
+fn owner(client: usize) -> Owner {
+    Owner::new(format!("worker-{client}")).expect("owner")
 }
 
 impl World {
@@ -165,7 +165,13 @@ impl World {
         TargetRef::new(&self.ns, &format!("target-{t}")).expect("target")
     }
 
-    fn token(&self, client: usize, target: usize, pick: usize) -> u64 {
+    /// A token the client has seen (or one past it): always a valid token, since none reaches
+    /// 2^53-1 here.
+    fn token(&self, client: usize, target: usize, pick: usize) -> Token {
+        Token::new(self.token_number(client, target, pick)).expect("a valid token")
+    }
+
+    fn token_number(&self, client: usize, target: usize, pick: usize) -> u64 {
         let granted = self
             .tokens
             .get(&(client, target))
@@ -238,19 +244,19 @@ impl World {
         let other = |owner: &str| (client_of(owner) + 1) % CLIENTS;
         Some(match call {
             Call::Acquire(mut r) => {
-                let c = other(&r.owner);
+                let c = other(r.owner.as_str());
                 r.owner = owner(c);
                 r.lease_id = LeaseId::new(format!("lease-{c}")).expect("id");
                 Call::Acquire(r)
             }
             Call::Renew(mut r) => {
-                let c = other(&r.lease.owner);
+                let c = other(r.lease.owner.as_str());
                 r.lease.owner = owner(c);
                 r.lease.lease_id = LeaseId::new(format!("lease-{c}")).expect("id");
                 Call::Renew(r)
             }
             Call::Release(mut r) => {
-                let c = other(&r.lease.owner);
+                let c = other(r.lease.owner.as_str());
                 r.lease.owner = owner(c);
                 r.lease.lease_id = LeaseId::new(format!("lease-{c}")).expect("id");
                 Call::Release(r)
@@ -271,7 +277,7 @@ impl World {
     }
 
     async fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
-        let ttl = Duration::from_millis(self.ttl_ms);
+        let ttl = Ttl::new(Duration::from_millis(self.ttl_ms)).expect("ttl");
         let (call, target) = match *op {
             Op::Advance { ms } => {
                 if let Some(clock) = &self.clock {
@@ -355,7 +361,7 @@ impl World {
                     Call::Commit(CommitRequest {
                         target: self.target(target),
                         token: self.token(client, target, pick),
-                        key: "data".into(),
+                        key: GuardedKey::new("data").expect("key"),
                         value: format!("by {client} #{sequence}"),
                         sequence,
                         request_id: RequestId::random(),
@@ -373,7 +379,7 @@ impl World {
             (Call::Acquire(r), Seen::Invalid) => {
                 // Only a floor past the largest token, or (where a new token is needed) one far
                 // ahead of the clock, refuses an acquire: its request id is fresh.
-                let client = client_of(&r.owner);
+                let client = client_of(r.owner.as_str());
                 let held_by_other = m.holder.as_ref().is_some_and(|h| h.client != client);
                 let needs_new = m
                     .holder
@@ -389,7 +395,7 @@ impl World {
                 false
             }
             (Call::Acquire(r), Seen::Acquired { token }) => {
-                let client = client_of(&r.owner);
+                let client = client_of(r.owner.as_str());
                 prop_assert!(*token <= MAX_TOKEN, "token {} above 2^53-1", token);
                 prop_assert!(
                     *token > r.min_token,
@@ -438,24 +444,17 @@ impl World {
                 prop_assert!(r.min_token < MAX_TOKEN, "a floor at 2^53-1 was not refused");
                 let h = m.holder.as_ref();
                 prop_assert!(h.is_some(), "held reported for a free target");
-                prop_assert!(h.is_some_and(|h| h.client != client_of(&r.owner)));
-                prop_assert_eq!(o, &owner(h.map_or(0, |h| h.client)));
-                false
-            }
-            // A token past the bound is refused before anything is looked at.
-            (Call::Renew(r), outcome) if r.lease.token > MAX_TOKEN => {
-                prop_assert_eq!(outcome, &Seen::Invalid);
-                false
-            }
-            (Call::Release(r), outcome) if r.lease.token > MAX_TOKEN => {
-                prop_assert_eq!(outcome, &Seen::Invalid);
+                prop_assert!(h.is_some_and(|h| h.client != client_of(r.owner.as_str())));
+                let holder = owner(h.map_or(0, |h| h.client));
+                prop_assert_eq!(o.as_str(), holder.as_str());
                 false
             }
             (Call::Renew(r), outcome) => {
                 let expected = match &m.holder {
                     None => Seen::Lost(LossReason::Expired),
                     Some(h)
-                        if h.client == client_of(&r.lease.owner) && h.token == r.lease.token =>
+                        if h.client == client_of(r.lease.owner.as_str())
+                            && h.token == r.lease.token.get() =>
                     {
                         Seen::Renewed
                     }
@@ -469,7 +468,7 @@ impl World {
             }
             (Call::Release(r), outcome) => {
                 let holds = m.holder.as_ref().is_some_and(|h| {
-                    h.client == client_of(&r.lease.owner) && h.token == r.lease.token
+                    h.client == client_of(r.lease.owner.as_str()) && h.token == r.lease.token.get()
                 });
                 prop_assert_eq!(
                     outcome,
@@ -485,10 +484,11 @@ impl World {
                 holds
             }
             (Call::Commit(r), outcome) => {
-                let ours = (r.token, r.sequence);
-                let expected = if r.token < m.fence {
+                let token = r.token.get();
+                let ours = (token, r.sequence);
+                let expected = if token < m.fence {
                     Seen::Stale { newest: m.fence }
-                } else if r.token > m.fence {
+                } else if token > m.fence {
                     Seen::Invalid
                 } else {
                     match &m.guarded {
@@ -497,7 +497,7 @@ impl World {
                         {
                             Seen::Stale { newest: *t }
                         }
-                        _ => Seen::Committed { token: r.token },
+                        _ => Seen::Committed { token },
                     }
                 };
                 prop_assert_eq!(outcome, &expected);

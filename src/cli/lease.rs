@@ -14,9 +14,9 @@ use serde_json::{Value, json};
 use super::valkey_args::ValkeyArgs;
 use super::{Span, exit};
 use crate::store::{
-    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, LeaseHandle,
-    LeaseId, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId,
-    StoreError, TargetRef,
+    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, GuardedKey,
+    LeaseHandle, LeaseId, LeaseStore, Owner, ReleaseOutcome, ReleaseRequest, RenewOutcome,
+    RenewRequest, RequestId, StoreError, TargetRef, Token, Ttl,
 };
 
 #[derive(Debug, Subcommand)]
@@ -172,8 +172,8 @@ impl ClaimArgs {
         Ok(LeaseHandle {
             target,
             lease_id: LeaseId::new(self.lease_id.clone())?,
-            owner: self.owner.clone(),
-            token,
+            owner: Owner::new(self.owner.clone())?,
+            token: Token::new(token)?,
         })
     }
 }
@@ -224,8 +224,8 @@ impl LeaseCommand {
                     .acquire(&AcquireRequest {
                         target,
                         lease_id: LeaseId::new(claim.lease_id.clone())?,
-                        owner: claim.owner.clone(),
-                        ttl: ttl.0,
+                        owner: Owner::new(claim.owner.clone())?,
+                        ttl: Ttl::new(ttl.0)?,
                         min_token: *min_token,
                         request_id: request_id.clone(),
                     })
@@ -245,7 +245,7 @@ impl LeaseCommand {
                 let outcome = store
                     .renew(&RenewRequest {
                         lease: claim.handle(target, *token)?,
-                        ttl: ttl.0,
+                        ttl: Ttl::new(ttl.0)?,
                         request_id: request_id.clone(),
                     })
                     .await?;
@@ -271,7 +271,7 @@ impl LeaseCommand {
             }
             LeaseCommand::Check { target, token } => {
                 let (store, target) = target.open().await?;
-                let outcome = store.check(&target, *token).await?;
+                let outcome = store.check(&target, Token::new(*token)?).await?;
                 let done = matches!(outcome, CheckOutcome::Current { .. });
                 Ok(printed(&outcome, done, None))
             }
@@ -288,8 +288,8 @@ impl LeaseCommand {
                 let outcome = store
                     .commit(&CommitRequest {
                         target,
-                        token: *token,
-                        key: key.clone(),
+                        token: Token::new(*token)?,
+                        key: GuardedKey::new(key.clone())?,
                         value: value.clone(),
                         sequence: sequence.unwrap_or_else(now_micros),
                         request_id: request_id.clone(),
@@ -300,7 +300,9 @@ impl LeaseCommand {
             }
             LeaseCommand::Read { target, key } => {
                 let (store, target) = target.open().await?;
-                let found = store.read_guarded(&target, key).await?;
+                let found = store
+                    .read_guarded(&target, &GuardedKey::new(key.clone())?)
+                    .await?;
                 let body = match &found {
                     Some(v) => json!({"outcome": "present", "token": v.token, "value": v.value}),
                     None => json!({"outcome": "absent"}),

@@ -14,7 +14,8 @@ use super::heartbeat::stale_after;
 use super::status::{Observed, published_expiry};
 use crate::api::{Phase, Reason, TargetLease, TargetLeaseStatus};
 use crate::store::{
-    AcquireOutcome, Grant, LeaseHandle, LeaseId, LossReason, RenewOutcome, TargetRef,
+    AcquireOutcome, Grant, LeaseHandle, LeaseId, LossReason, Owner, RenewOutcome, TargetRef, Token,
+    Ttl,
 };
 
 /// One TargetLease as the store sees it: its target, its lease id (the resource's uid) and what
@@ -28,6 +29,10 @@ pub struct Claim<'a> {
     pub lease_id: LeaseId,
     /// The status as last written.
     pub status: Option<&'a TargetLeaseStatus>,
+    /// The holder the spec names: the store's owner.
+    pub owner: Owner,
+    /// The lease's time-to-live.
+    pub lease_ttl: Ttl,
 }
 
 impl<'a> Claim<'a> {
@@ -43,17 +48,21 @@ impl<'a> Claim<'a> {
             target: TargetRef::new(&ns, &lease.spec.target)?,
             lease_id: LeaseId::new(uid)?,
             status: lease.status.as_ref(),
+            owner: Owner::new(lease.spec.holder.clone())?,
+            lease_ttl: Ttl::new(Duration::from_secs(u64::from(
+                lease.spec.ttl_seconds.max(1),
+            )))?,
         })
     }
 
     /// The holder the spec names (the store's owner).
     pub fn holder(&self) -> &str {
-        &self.lease.spec.holder
+        self.owner.as_str()
     }
 
     /// The lease's time-to-live.
     pub fn ttl(&self) -> Duration {
-        Duration::from_secs(u64::from(self.lease.spec.ttl_seconds.max(1)))
+        self.lease_ttl.duration()
     }
 
     /// The handle of the tenure the status records, if it says Held.
@@ -65,8 +74,9 @@ impl<'a> Claim<'a> {
         Some(LeaseHandle {
             target: self.target.clone(),
             lease_id: self.lease_id.clone(),
-            owner: self.holder().to_owned(),
-            token: status.fencing_token?,
+            owner: self.owner.clone(),
+            // A status token no store can have issued (0, above 2^53-1) holds nothing.
+            token: Token::new(status.fencing_token?).ok()?,
         })
     }
 
@@ -250,7 +260,7 @@ pub fn after_renew(
             // generation, recovery from a failure) or when the published expiry must move
             // forward to stay in the future (every second renewal).
             let grant = Grant {
-                token: handle.token,
+                token: handle.token.get(),
                 acquired_at_ms: claim
                     .status
                     .and_then(|s| s.acquired_at)
@@ -387,7 +397,7 @@ mod tests {
         let lease = fixture(spec.clone(), Some(held_since(0, 7)));
         let claim = Claim::new(&lease).expect("claim");
         match plan(&claim, &facts(at(10))) {
-            Plan::Renew(handle) => assert_eq!(handle.token, 7),
+            Plan::Renew(handle) => assert_eq!(handle.token.get(), 7),
             other => panic!("{other:?}"),
         }
         // Asked to release, or the holder is gone: give up, Held or not.
@@ -525,8 +535,8 @@ mod tests {
             .acquire(&AcquireRequest {
                 target: claim.target.clone(),
                 lease_id: claim.lease_id.clone(),
-                owner: "w".into(),
-                ttl: claim.ttl(),
+                owner: claim.owner.clone(),
+                ttl: claim.lease_ttl,
                 min_token: 0,
                 request_id: RequestId::random(),
             })
@@ -585,7 +595,7 @@ mod tests {
         let answer = store
             .renew(&RenewRequest {
                 lease: handle.clone(),
-                ttl: claim.ttl(),
+                ttl: claim.lease_ttl,
                 request_id: RequestId::random(),
             })
             .await

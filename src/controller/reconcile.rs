@@ -23,8 +23,8 @@ use super::status::{Observed, is_transition};
 use super::{Context, Error};
 use crate::api::{FIELD_MANAGER, FINALIZER, HolderRef, Phase, Reason, TargetLease};
 use crate::store::{
-    AcquireOutcome, AcquireRequest, LeaseHandle, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError,
+    AcquireOutcome, AcquireRequest, LeaseHandle, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, Owner,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError, Token,
 };
 
 /// Entry point called by the kube-runtime Controller.
@@ -281,7 +281,7 @@ fn in_line_after(claim: &Claim<'_>, ctx: &Context) -> Option<(String, String)> {
 async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<Duration, Error> {
     let request = RenewRequest {
         lease: handle,
-        ttl: claim.ttl(),
+        ttl: claim.lease_ttl,
         request_id: RequestId::random(),
     };
     let outcome = match store_call(ctx, "renew", ctx.store.renew(&request)).await? {
@@ -328,8 +328,8 @@ async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Duration, Error> {
     let request = AcquireRequest {
         target: claim.target.clone(),
         lease_id: claim.lease_id.clone(),
-        owner: claim.holder().to_owned(),
-        ttl: claim.ttl(),
+        owner: claim.owner.clone(),
+        ttl: claim.lease_ttl,
         min_token: min_token(claim, ctx),
         request_id: RequestId::random(),
     };
@@ -394,11 +394,14 @@ async fn release_by_lease_id(claim: &Claim<'_>, ctx: &Context) -> Result<(), Err
         Ok(seen) => seen
             .lease
             .filter(|l| l.lease_id == claim.lease_id)
-            .map(|l| LeaseHandle {
-                target: claim.target.clone(),
-                lease_id: claim.lease_id.clone(),
-                owner: l.owner,
-                token: l.token,
+            .and_then(|l| {
+                // What the store reports is what it validated when it granted the lease.
+                Some(LeaseHandle {
+                    target: claim.target.clone(),
+                    lease_id: claim.lease_id.clone(),
+                    owner: Owner::new(l.owner).ok()?,
+                    token: Token::new(l.token).ok()?,
+                })
             }),
         Err(e) => return Err(claim.fail(ctx, e).await),
     };

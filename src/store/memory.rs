@@ -8,12 +8,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
-use super::protocol::{check_guarded_key, check_owner, ttl_millis};
 use super::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
-    Grant, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseStore, LeaseView, LossReason,
-    MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
-    RepairOutcome, RequestId, StoreError, TargetRef, check_token,
+    Grant, GuardedKey, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseStore, LeaseView,
+    LossReason, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, ReleaseRequest, RenewOutcome,
+    RenewRequest, RepairOutcome, RequestId, StoreError, TargetRef, Token, check_token,
 };
 
 /// A source of time for the in-memory backend, in microseconds since the Unix epoch.
@@ -217,7 +216,9 @@ impl TargetState {
 
     fn holds(&self, handle: &LeaseHandle) -> Option<&Lease> {
         self.lease.as_ref().filter(|l| {
-            l.lease_id == handle.lease_id && l.owner == handle.owner && l.token == handle.token
+            l.lease_id == handle.lease_id
+                && l.owner == handle.owner.as_str()
+                && l.token == handle.token.get()
         })
     }
 }
@@ -299,19 +300,20 @@ fn never_issued(token: u64, fence: u64) -> StoreError {
 #[async_trait]
 impl LeaseStore for MemoryStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        let ttl_ms = ttl_millis(req.ttl)?;
-        check_owner(&req.owner)?;
+        let ttl_ms = req.ttl.millis();
         check_token("min_token", req.min_token, false)?;
         if req.min_token >= MAX_TOKEN {
             return Err(exhausted(0, req.min_token));
         }
-        let bound = binding(&["acquire", req.lease_id.expose(), &req.owner]);
+        // The floor is bound too: a retry with another floor is another call.
+        let floor = req.min_token.to_string();
+        let bound = binding(&["acquire", req.lease_id.expose(), req.owner.as_str(), &floor]);
         let rid = req.request_id.as_str();
         let reply = self.idempotent(&req.target, &req.request_id, bound, |t, now| {
             let now_ms = micros_to_millis(now);
             let fence = t.fence;
             if let Some(lease) = t.lease.as_mut() {
-                if lease.lease_id != req.lease_id || lease.owner != req.owner {
+                if lease.lease_id != req.lease_id || lease.owner != req.owner.as_str() {
                     let left = micros_to_millis(lease.expires_at_us - now);
                     let held = AcquireOutcome::Held {
                         owner: lease.owner.clone(),
@@ -348,7 +350,7 @@ impl LeaseStore for MemoryStore {
             t.fence_request = Some(rid.to_owned());
             t.lease = Some(Lease {
                 lease_id: req.lease_id.clone(),
-                owner: req.owner.clone(),
+                owner: req.owner.as_str().to_owned(),
                 token,
                 acquired_ms: now_ms,
                 expires_at_us: now + ttl_ms * 1000,
@@ -368,21 +370,25 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
-        let ttl_ms = ttl_millis(req.ttl)?;
+        let ttl_ms = req.ttl.millis();
         let handle = &req.lease;
-        check_token("token", handle.token, true)?;
         let token = handle.token.to_string();
-        let bound = binding(&["renew", handle.lease_id.expose(), &handle.owner, &token]);
+        let bound = binding(&[
+            "renew",
+            handle.lease_id.expose(),
+            handle.owner.as_str(),
+            &token,
+        ]);
         let reply = self.idempotent(&handle.target, &req.request_id, bound, |t, now| {
             let lost = |reason| Ok((Reply::Renew(RenewOutcome::Lost { reason }), false));
             if t.lease.is_none() {
                 return lost(LossReason::Expired);
             }
             // A token below the fence (a restored record) is not the holder's any more.
-            if t.holds(handle).is_none() || handle.token < t.fence {
+            if t.holds(handle).is_none() || handle.token.get() < t.fence {
                 return lost(LossReason::NotHolder);
             }
-            t.fence = handle.token;
+            t.fence = handle.token.get();
             if let Some(lease) = t.lease.as_mut() {
                 lease.expires_at_us = now + ttl_ms * 1000;
             }
@@ -400,9 +406,13 @@ impl LeaseStore for MemoryStore {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
         let handle = &req.lease;
-        check_token("token", handle.token, true)?;
         let token = handle.token.to_string();
-        let bound = binding(&["release", handle.lease_id.expose(), &handle.owner, &token]);
+        let bound = binding(&[
+            "release",
+            handle.lease_id.expose(),
+            handle.owner.as_str(),
+            &token,
+        ]);
         let reply = self.idempotent(&handle.target, &req.request_id, bound, |t, _| {
             if t.holds(handle).is_none() {
                 return Ok((Reply::Release(ReleaseOutcome::NotHolder), false));
@@ -417,28 +427,28 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome, StoreError> {
-        check_guarded_key(&req.key)?;
-        check_token("token", req.token, true)?;
         check_token("sequence", req.sequence, false)?;
         let (token, sequence) = (req.token.to_string(), req.sequence.to_string());
         let digest = sha1_smol::Sha1::from(req.value.as_bytes())
             .digest()
             .to_string();
-        let bound = binding(&["commit", &token, &req.key, &sequence, &digest]);
+        let bound = binding(&["commit", &token, req.key.as_str(), &sequence, &digest]);
         let reply = self.idempotent(&req.target, &req.request_id, bound, |t, _| {
             let committed = || {
-                let committed = CommitOutcome::Committed { token: req.token };
+                let committed = CommitOutcome::Committed {
+                    token: req.token.get(),
+                };
                 Ok((Reply::Commit(committed), true))
             };
             let stale = |newest| Ok((Reply::Commit(CommitOutcome::Stale { newest }), false));
-            if req.token < t.fence {
+            if req.token.get() < t.fence {
                 return stale(t.fence);
             }
-            if req.token > t.fence {
-                return Err(never_issued(req.token, t.fence));
+            if req.token.get() > t.fence {
+                return Err(never_issued(req.token.get(), t.fence));
             }
-            if let Some(last) = t.guarded.get(&req.key) {
-                let ours = (req.token, req.sequence);
+            if let Some(last) = t.guarded.get(req.key.as_str()) {
+                let ours = (req.token.get(), req.sequence);
                 let theirs = (last.token, last.sequence);
                 if ours < theirs || (ours == theirs && last.value != req.value) {
                     return stale(last.token);
@@ -449,11 +459,11 @@ impl LeaseStore for MemoryStore {
                 }
             }
             let record = GuardedRecord {
-                token: req.token,
+                token: req.token.get(),
                 sequence: req.sequence,
                 value: req.value.clone(),
             };
-            t.guarded.insert(req.key.clone(), record);
+            t.guarded.insert(req.key.as_str().to_owned(), record);
             committed()
         })?;
         match reply {
@@ -465,19 +475,21 @@ impl LeaseStore for MemoryStore {
     async fn read_guarded(
         &self,
         target: &TargetRef,
-        key: &str,
+        key: &GuardedKey,
     ) -> Result<Option<GuardedValue>, StoreError> {
-        check_guarded_key(key)?;
         let state = self.lock();
-        let found = state.targets.get(target).and_then(|t| t.guarded.get(key));
+        let found = state
+            .targets
+            .get(target)
+            .and_then(|t| t.guarded.get(key.as_str()));
         Ok(found.map(|record| GuardedValue {
             token: record.token,
             value: record.value.clone(),
         }))
     }
 
-    async fn check(&self, target: &TargetRef, token: u64) -> Result<CheckOutcome, StoreError> {
-        check_token("token", token, true)?;
+    async fn check(&self, target: &TargetRef, token: Token) -> Result<CheckOutcome, StoreError> {
+        let token = token.get();
         let fence = self.lock().targets.get(target).map_or(0, |t| t.fence);
         match token.cmp(&fence) {
             std::cmp::Ordering::Less => Ok(CheckOutcome::Stale { newest: fence }),

@@ -15,16 +15,16 @@ use async_trait::async_trait;
 pub use error::{ErrorKind, StoreError};
 pub use protocol::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
-    Grant, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseView, LossReason, MAX_TOKEN,
-    MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest,
-    RepairOutcome, RequestId, TargetRef, check_token,
+    Grant, GuardedKey, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseView, LossReason,
+    MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, Owner, ReleaseOutcome, ReleaseRequest, RenewOutcome,
+    RenewRequest, RepairOutcome, RequestId, TargetRef, Token, Ttl, check_token,
 };
 
 /// A backend that keeps leases and fencing tokens.
 ///
 /// Every mutating call is atomic on the backend and idempotent by its request id: a retried call
 /// with the same [`RequestId`] returns the first call's outcome and acts once. A request id is
-/// bound to the call that first used it (operation, lease id, owner, token, guarded key,
+/// bound to the call that first used it (operation, lease id, owner, floor, token, guarded key,
 /// sequence and value): the same id with other arguments is refused with
 /// [`StoreError::InvalidRequest`], never answered with another caller's reply.
 #[async_trait]
@@ -47,18 +47,19 @@ pub trait LeaseStore: Send + Sync {
     async fn read_guarded(
         &self,
         target: &TargetRef,
-        key: &str,
+        key: &GuardedKey,
     ) -> Result<Option<GuardedValue>, StoreError>;
 
     /// Read-only fencing check: is `token` still the newest token of the target?
-    async fn check(&self, target: &TargetRef, token: u64) -> Result<CheckOutcome, StoreError>;
+    async fn check(&self, target: &TargetRef, token: Token) -> Result<CheckOutcome, StoreError>;
 
     /// Read-only view of a target, for operators.
     async fn inspect(&self, target: &TargetRef) -> Result<Inspection, StoreError>;
 
     /// Replaces the records of a target that fail closed (an unreadable lease record is
     /// deleted, an unreadable fence is set to the largest of `floor`, the readable lease token
-    /// and the backend's clock in microseconds); readable records are left alone. For
+    /// and the backend's clock in microseconds plus [`MAX_TOKEN_LEAD_MICROS`]); readable records
+    /// are left alone. For
     /// operators, after a restore or a tool wrote what this version cannot read.
     async fn repair(&self, target: &TargetRef, floor: u64) -> Result<RepairOutcome, StoreError>;
 

@@ -39,6 +39,113 @@ pub fn check_token(what: &str, value: u64, positive: bool) -> Result<(), StoreEr
     Ok(())
 }
 
+/// A fencing token given by a caller: an integer from 1 to [`MAX_TOKEN`]. Built once at the edge
+/// (a flag, a status, a reply), so no backend checks it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct Token(u64);
+
+impl Token {
+    /// Refuses 0 and anything above 2^53-1.
+    pub fn new(value: u64) -> Result<Self, StoreError> {
+        check_token("token", value, true)?;
+        Ok(Self(value))
+    }
+
+    /// The number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Who a lease is claimed for: 1 to 253 bytes (a Kubernetes object name's bound).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Owner(String);
+
+impl Owner {
+    /// Refuses an empty name and one longer than 253 bytes.
+    pub fn new(owner: impl Into<String>) -> Result<Self, StoreError> {
+        let owner = owner.into();
+        if owner.is_empty() || owner.len() > 253 {
+            return Err(StoreError::InvalidRequest(
+                "owner must be 1 to 253 bytes".into(),
+            ));
+        }
+        Ok(Self(owner))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A lease's time-to-live: whole milliseconds from 1 ms to 24 h.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Ttl(u64);
+
+impl Ttl {
+    /// Refuses zero (after rounding down to milliseconds) and more than 24 h.
+    pub fn new(ttl: Duration) -> Result<Self, StoreError> {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        if ms == 0 || ms > 24 * 3600 * 1000 {
+            return Err(StoreError::InvalidRequest(
+                "ttl must be between 1 ms and 24 h".into(),
+            ));
+        }
+        Ok(Self(ms))
+    }
+
+    /// The TTL in milliseconds, as the wire carries it.
+    pub fn millis(self) -> u64 {
+        self.0
+    }
+
+    /// The TTL as a duration.
+    pub fn duration(self) -> Duration {
+        Duration::from_millis(self.0)
+    }
+}
+
+/// The name of a guarded record of a target: 1 to 128 characters of `[A-Za-z0-9._:/-]`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GuardedKey(String);
+
+impl GuardedKey {
+    /// Refuses anything but 1 to 128 characters of `[A-Za-z0-9._:/-]`.
+    pub fn new(key: impl Into<String>) -> Result<Self, StoreError> {
+        let key = key.into();
+        let ok = !key.is_empty()
+            && key.len() <= 128
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
+        if !ok {
+            return Err(StoreError::InvalidRequest(format!(
+                "guarded key {key:?} must be 1 to 128 characters of A-Z, a-z, 0-9 and . _ : / -"
+            )));
+        }
+        Ok(Self(key))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// What is leased: leases on the same (namespace, target) exclude each other.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TargetRef {
@@ -172,9 +279,9 @@ pub struct LeaseHandle {
     /// The claim's identity.
     pub lease_id: LeaseId,
     /// Who the lease was claimed for.
-    pub owner: String,
+    pub owner: Owner,
     /// The fencing token the lease was granted with.
-    pub token: u64,
+    pub token: Token,
 }
 
 /// A request to claim a target.
@@ -185,9 +292,9 @@ pub struct AcquireRequest {
     /// The claim's identity.
     pub lease_id: LeaseId,
     /// Who the lease is claimed for.
-    pub owner: String,
+    pub owner: Owner,
     /// Lease time-to-live, kept by the backend.
-    pub ttl: Duration,
+    pub ttl: Ttl,
     /// The new token will be larger than this: the highest token the caller has seen for the
     /// target, so tokens grow even when the backend lost its data.
     pub min_token: u64,
@@ -201,7 +308,7 @@ pub struct RenewRequest {
     /// The lease to extend.
     pub lease: LeaseHandle,
     /// The new time-to-live from now.
-    pub ttl: Duration,
+    pub ttl: Ttl,
     /// Makes retries of this call act once.
     pub request_id: RequestId,
 }
@@ -221,9 +328,9 @@ pub struct CommitRequest {
     /// The target whose fence guards the write.
     pub target: TargetRef,
     /// The writer's fencing token.
-    pub token: u64,
-    /// Name of the guarded record within the target (1 to 128 characters).
-    pub key: String,
+    pub token: Token,
+    /// Name of the guarded record within the target.
+    pub key: GuardedKey,
     /// The value to store.
     pub value: String,
     /// The writer's number for this write within its tenure: (token, sequence) must be above
@@ -400,42 +507,6 @@ pub struct LeaseView {
 
 fn serialize_hashed<S: serde::Serializer>(id: &LeaseId, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(id)
-}
-
-/// Converts a TTL to whole milliseconds, refusing zero and absurd values.
-pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64, StoreError> {
-    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-    if ms == 0 || ms > 24 * 3600 * 1000 {
-        return Err(StoreError::InvalidRequest(
-            "ttl must be between 1 ms and 24 h".into(),
-        ));
-    }
-    Ok(ms)
-}
-
-/// Checks the owner name: non-empty, at most 253 bytes (a Kubernetes object name).
-pub(crate) fn check_owner(owner: &str) -> Result<(), StoreError> {
-    if owner.is_empty() || owner.len() > 253 {
-        return Err(StoreError::InvalidRequest(
-            "owner must be 1 to 253 bytes".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// Checks the name of a guarded record.
-pub(crate) fn check_guarded_key(key: &str) -> Result<(), StoreError> {
-    let ok = !key.is_empty()
-        && key.len() <= 128
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
-    if !ok {
-        return Err(StoreError::InvalidRequest(format!(
-            "guarded key {key:?} must be 1 to 128 characters of A-Z, a-z, 0-9 and . _ : / -"
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -32,11 +32,11 @@ use self::connect::{Conn, Connector};
 use self::keys::TargetKeys;
 use self::pool::{Backoff, Pool};
 use self::scripts::LuaScript;
-use super::protocol::{check_guarded_key, check_owner, ttl_millis};
+use super::Ttl;
 use super::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, ErrorKind,
-    GuardedValue, Inspection, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome,
-    RenewRequest, RepairOutcome, StoreError, TargetRef, check_token,
+    GuardedKey, GuardedValue, Inspection, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome,
+    RenewRequest, RepairOutcome, StoreError, TargetRef, Token, check_token,
 };
 
 /// The Valkey lease store. Cheap to clone; clones share the pool.
@@ -104,7 +104,7 @@ impl ValkeyStore {
     /// server can provide the configured durability before it carries a call.
     pub fn new_lazy(config: ValkeyConfig) -> Result<Self, StoreError> {
         config.validate()?;
-        let reply_ttl_ms = ttl_millis(config.reply_ttl)?.to_string();
+        let reply_ttl_ms = Ttl::new(config.reply_ttl)?.millis().to_string();
         let backoff = Backoff {
             min: config.reconnect_min_delay,
             max: config.reconnect_max_delay,
@@ -321,8 +321,7 @@ fn logged<T>(op: &str, target: &TargetRef, result: Result<T, StoreError>) -> Res
 #[async_trait]
 impl LeaseStore for ValkeyStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        let ttl_ms = ttl_millis(req.ttl)?.to_string();
-        check_owner(&req.owner)?;
+        let ttl_ms = req.ttl.millis().to_string();
         check_token("min_token", req.min_token, false)?;
         let call = wire::acquire_call(
             &self.keys(&req.target),
@@ -341,9 +340,8 @@ impl LeaseStore for ValkeyStore {
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
-        let ttl_ms = ttl_millis(req.ttl)?.to_string();
+        let ttl_ms = req.ttl.millis().to_string();
         let lease = &req.lease;
-        check_token("token", lease.token, true)?;
         let keys = self.keys(&lease.target);
         let result = self
             .run(wire::renew_call(
@@ -360,7 +358,6 @@ impl LeaseStore for ValkeyStore {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
         let lease = &req.lease;
-        check_token("token", lease.token, true)?;
         let keys = self.keys(&lease.target);
         let result = self
             .run(wire::release_call(&keys, req, &self.inner.reply_ttl_ms))
@@ -371,24 +368,21 @@ impl LeaseStore for ValkeyStore {
     }
 
     async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome, StoreError> {
-        check_guarded_key(&req.key)?;
-        check_token("token", req.token, true)?;
         check_token("sequence", req.sequence, false)?;
         let keys = self.keys(&req.target);
         let result = self
             .run(wire::commit_call(&keys, req, &self.inner.reply_ttl_ms))
             .await
             .and_then(|r| wire::commit(&r));
-        debug!(target = %req.target, token = req.token, ?result, "commit");
+        debug!(target = %req.target, token = req.token.get(), ?result, "commit");
         logged("commit", &req.target, result)
     }
 
     async fn read_guarded(
         &self,
         target: &TargetRef,
-        key: &str,
+        key: &GuardedKey,
     ) -> Result<Option<GuardedValue>, StoreError> {
-        check_guarded_key(key)?;
         let keys = self.keys(target);
         let result = self
             .run(wire::read_call(&keys, key))
@@ -397,8 +391,7 @@ impl LeaseStore for ValkeyStore {
         logged("read", target, result)
     }
 
-    async fn check(&self, target: &TargetRef, token: u64) -> Result<CheckOutcome, StoreError> {
-        check_token("token", token, true)?;
+    async fn check(&self, target: &TargetRef, token: Token) -> Result<CheckOutcome, StoreError> {
         let keys = self.keys(target);
         let result = self
             .run(wire::check_call(&keys, token))

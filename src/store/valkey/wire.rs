@@ -7,9 +7,9 @@ use super::ScriptCall;
 use super::keys::TargetKeys;
 use super::scripts::{LuaScript, SCRIPTS};
 use crate::store::{
-    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, Grant,
+    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, Grant, GuardedKey,
     GuardedValue, Inspection, LeaseId, LeaseView, LossReason, MAX_TOKEN, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, StoreError,
+    ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, StoreError, Token,
 };
 
 /// An operation's KEYS and ARGV by name, as its script's header lists them.
@@ -77,7 +77,7 @@ pub(super) fn acquire_call(
         vec![k.lease(), k.fence(), k.reply(&req.request_id), k.grant()],
         &[
             req.lease_id.expose(),
-            &req.owner,
+            req.owner.as_str(),
             ttl_ms,
             &req.min_token.to_string(),
             reply_ttl_ms,
@@ -125,7 +125,7 @@ pub(super) fn renew_call(
         vec![k.lease(), k.fence(), k.reply(&req.request_id)],
         &[
             lease.lease_id.expose(),
-            &lease.owner,
+            lease.owner.as_str(),
             &lease.token.to_string(),
             ttl_ms,
             reply_ttl_ms,
@@ -169,7 +169,7 @@ pub(super) fn release_call(
         vec![k.lease(), k.reply(&req.request_id)],
         &[
             lease.lease_id.expose(),
-            &lease.owner,
+            lease.owner.as_str(),
             &lease.token.to_string(),
             reply_ttl_ms,
         ],
@@ -201,7 +201,7 @@ pub(super) fn commit_call(
     COMMIT.call(
         vec![
             k.fence(),
-            k.guarded(&req.key),
+            k.guarded(req.key.as_str()),
             k.commit_reply(&req.request_id),
         ],
         &[
@@ -209,7 +209,7 @@ pub(super) fn commit_call(
             &req.value,
             reply_ttl_ms,
             &req.sequence.to_string(),
-            &req.key,
+            req.key.as_str(),
         ],
     )
 }
@@ -235,8 +235,8 @@ pub const READ: Contract = Contract {
 };
 
 /// The read call of the guarded record `key`.
-pub(super) fn read_call(k: &TargetKeys, key: &str) -> ScriptCall<'static> {
-    READ.call(vec![k.guarded(key)], &[])
+pub(super) fn read_call(k: &TargetKeys, key: &GuardedKey) -> ScriptCall<'static> {
+    READ.call(vec![k.guarded(key.as_str())], &[])
 }
 
 /// Decodes the reply of `read.lua`.
@@ -259,7 +259,7 @@ pub const CHECK: Contract = Contract {
 };
 
 /// The check call of `token`.
-pub(super) fn check_call(k: &TargetKeys, token: u64) -> ScriptCall<'static> {
+pub(super) fn check_call(k: &TargetKeys, token: Token) -> ScriptCall<'static> {
     CHECK.call(vec![k.fence()], &[&token.to_string()])
 }
 
@@ -407,7 +407,7 @@ mod tests {
     /// The calls carry as many KEYS and ARGV as their contracts name (debug builds assert it).
     #[test]
     fn calls_fill_their_contracts() {
-        use crate::store::{LeaseHandle, RequestId, TargetRef};
+        use crate::store::{LeaseHandle, Owner, RequestId, TargetRef, Ttl};
         let target = TargetRef::new("ns", "t").expect("target");
         let k = TargetKeys::new("tl", &target);
         let lease_id = LeaseId::new("id").expect("lease id");
@@ -415,20 +415,20 @@ mod tests {
         let handle = LeaseHandle {
             target: target.clone(),
             lease_id: lease_id.clone(),
-            owner: "o".into(),
-            token: 1,
+            owner: Owner::new("o").expect("owner"),
+            token: Token::new(1).expect("token"),
         };
         let acquire = AcquireRequest {
             target: target.clone(),
             lease_id,
-            owner: "o".into(),
-            ttl: std::time::Duration::from_secs(1),
+            owner: Owner::new("o").expect("owner"),
+            ttl: Ttl::new(std::time::Duration::from_secs(1)).expect("ttl"),
             min_token: 0,
             request_id: request_id.clone(),
         };
         let renew = RenewRequest {
             lease: handle.clone(),
-            ttl: std::time::Duration::from_secs(1),
+            ttl: Ttl::new(std::time::Duration::from_secs(1)).expect("ttl"),
             request_id: request_id.clone(),
         };
         let release = ReleaseRequest {
@@ -437,8 +437,8 @@ mod tests {
         };
         let commit = CommitRequest {
             target,
-            token: 1,
-            key: "k".into(),
+            token: Token::new(1).expect("token"),
+            key: GuardedKey::new("k").expect("key"),
             value: "v".into(),
             sequence: 0,
             request_id,
@@ -448,8 +448,8 @@ mod tests {
             (&RENEW, renew_call(&k, &renew, "1000", "60000")),
             (&RELEASE, release_call(&k, &release, "60000")),
             (&COMMIT, commit_call(&k, &commit, "60000")),
-            (&READ, read_call(&k, "k")),
-            (&CHECK, check_call(&k, 1)),
+            (&READ, read_call(&k, &GuardedKey::new("k").expect("key"))),
+            (&CHECK, check_call(&k, Token::new(1).expect("token"))),
             (&INSPECT, inspect_call(&k)),
             (&REPAIR, repair_call(&k, 0)),
         ];

@@ -12,8 +12,8 @@ pub fn acquire_req(t: &TargetRef, lease: &str, owner: &str, ttl: Duration) -> Ac
     AcquireRequest {
         target: t.clone(),
         lease_id: LeaseId::new(lease).expect("lease id"),
-        owner: owner.into(),
-        ttl,
+        owner: Owner::new(owner).expect("owner"),
+        ttl: Ttl::new(ttl).expect("ttl"),
         min_token: 0,
         request_id: RequestId::random(),
     }
@@ -24,8 +24,8 @@ pub fn handle(t: &TargetRef, lease: &str, owner: &str, token: u64) -> LeaseHandl
     LeaseHandle {
         target: t.clone(),
         lease_id: LeaseId::new(lease).expect("lease id"),
-        owner: owner.into(),
-        token,
+        owner: Owner::new(owner).expect("owner"),
+        token: token_of(token),
     }
 }
 
@@ -33,7 +33,7 @@ pub fn handle(t: &TargetRef, lease: &str, owner: &str, token: u64) -> LeaseHandl
 pub fn renew_req(h: LeaseHandle, ttl: Duration) -> RenewRequest {
     RenewRequest {
         lease: h,
-        ttl,
+        ttl: Ttl::new(ttl).expect("ttl"),
         request_id: RequestId::random(),
     }
 }
@@ -52,12 +52,27 @@ pub fn commit_req(t: &TargetRef, token: u64, value: &str) -> CommitRequest {
     static SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     CommitRequest {
         target: t.clone(),
-        token,
-        key: "data".into(),
+        token: token_of(token),
+        key: data_key(),
         value: value.into(),
         sequence: SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
         request_id: RequestId::random(),
     }
+}
+
+/// A token the test knows to be valid (1 to 2^53-1).
+pub fn token_of(n: u64) -> Token {
+    Token::new(n).expect("a valid token")
+}
+
+/// The guarded record most tests write: `data`.
+pub fn data_key() -> GuardedKey {
+    guarded("data")
+}
+
+/// A guarded record's name the test knows to be valid.
+pub fn guarded(name: &str) -> GuardedKey {
+    GuardedKey::new(name).expect("guarded key")
 }
 
 /// Acquires and expects a grant.

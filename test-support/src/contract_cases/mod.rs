@@ -20,8 +20,9 @@ use targetlease::store::valkey::scripts::SCRIPTS;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, ErrorKind, Grant,
-    LeaseHandle, LeaseId, LeaseStore, LossReason, MAX_TOKEN_LEAD_MICROS, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError, TargetRef,
+    GuardedKey, LeaseHandle, LeaseId, LeaseStore, LossReason, MAX_TOKEN_LEAD_MICROS, Owner,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError, TargetRef,
+    Token, Ttl,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 

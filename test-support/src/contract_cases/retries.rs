@@ -45,7 +45,7 @@ pub(super) async fn unread_acquire_retried_returns_first_result(h: Harness) {
 /// discarded.
 pub(super) async fn send_without_reading(h: &Harness, env: &ServerEnv, req: &AcquireRequest) {
     let keys = h.keys(&req.target);
-    let ttl = req.ttl.as_millis().to_string();
+    let ttl = req.ttl.millis().to_string();
     let min = req.min_token.to_string();
     let command = [
         "EVAL",
@@ -56,7 +56,7 @@ pub(super) async fn send_without_reading(h: &Harness, env: &ServerEnv, req: &Acq
         &keys.reply(&req.request_id),
         &keys.grant(),
         req.lease_id.expose(),
-        &req.owner,
+        req.owner.as_str(),
         &ttl,
         &min,
         "60000",
@@ -152,7 +152,7 @@ pub(super) async fn retried_commit_acts_once(h: Harness) {
     assert_eq!(h.store.commit(&first).await.unwrap(), committed);
     let stored = h
         .store
-        .read_guarded(&t, "data")
+        .read_guarded(&t, &guarded("data"))
         .await
         .unwrap()
         .expect("written");

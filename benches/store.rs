@@ -1050,7 +1050,7 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
         (
             "acquire.lua without the request-id binding (SHA-1 of the call)",
             &[(
-                "local bound = binding('acquire', ARGV[1], ARGV[2])",
+                "local bound = binding('acquire', ARGV[1], ARGV[2], int(min_token))",
                 "local bound = ''",
             )],
         ),

@@ -130,10 +130,11 @@ fn default_render_is_hardened_and_least_privilege(tools: &Tools) {
 
     // RBAC: exact rules; leader election in a Role in the release namespace.
     assert_eq!(
-        object(&docs, "ClusterRole", FULLNAME)["rules"],
+        object(&docs, "ClusterRole", &cluster_role())["rules"],
         controller_rules()
     );
-    let binding = object(&docs, "ClusterRoleBinding", FULLNAME);
+    let binding = object(&docs, "ClusterRoleBinding", &cluster_role());
+    assert_eq!(binding["roleRef"]["name"], cluster_role());
     assert_eq!(
         binding["subjects"],
         json!([{"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NS}])
@@ -165,10 +166,24 @@ fn default_render_is_hardened_and_least_privilege(tools: &Tools) {
         crd["metadata"]["annotations"]["helm.sh/resource-policy"],
         "keep"
     );
-    assert_eq!(
-        object(&docs, "PodDisruptionBudget", FULLNAME)["spec"]["minAvailable"],
-        1
-    );
+    let budget = &object(&docs, "PodDisruptionBudget", FULLNAME)["spec"];
+    assert_eq!(budget["minAvailable"], 1);
+    // /readyz follows Valkey: with Valkey down every replica is unready, and a drain must not
+    // hang on the budget.
+    assert_eq!(budget["unhealthyPodEvictionPolicy"], "AlwaysAllow");
+
+    // The pod template restarts the pods on a new Valkey endpoint, and publishes nothing about
+    // credentials in the URL: the digest is the same with and without them.
+    let endpoint_digest = |url: &str| {
+        let docs = tools.render_ok(&["--set", &format!("valkey.url={url}")]);
+        object(&docs, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["annotations"].clone()
+    };
+    let plain = endpoint_digest("redis://valkey:6379");
+    assert!(plain["checksum/valkey-endpoint"].is_string(), "{plain}");
+    assert_eq!(endpoint_digest("redis://user:s3cret@valkey:6379"), plain);
+    assert_eq!(endpoint_digest("redis://user:other@valkey:6379"), plain);
+    assert_ne!(endpoint_digest("redis://valkey-2:6379"), plain);
+    assert!(plain.get("checksum/valkey-url").is_none(), "{plain}");
 
     // crds.keep=false drops the annotation; crds.enabled=false drops the CRD.
     let docs = tools.render_ok(&["--set", "crds.keep=false"]);
@@ -237,24 +252,41 @@ fn ci_values_render_what_they_ask_for(tools: &Tools) {
         !env.iter().any(|(n, _)| n == "TARGETLEASE_VALKEY_URL"),
         "a URL and cluster seeds exclude each other"
     );
-    let password = env
-        .iter()
-        .find(|(n, _)| n == "TARGETLEASE_VALKEY_PASSWORD")
-        .map(|(_, e)| e["valueFrom"]["secretKeyRef"].clone())
-        .expect("password from the Secret");
+    // The password is a mounted file (the kubelet updates it when the Secret rotates, and the
+    // controller reads it at every reconnect), never an env var.
     assert_eq!(
-        password,
-        json!({"name": "valkey-credentials", "key": "password"})
+        value("TARGETLEASE_VALKEY_PASSWORD_FILE"),
+        "/etc/targetlease/valkey-password/password"
+    );
+    assert!(
+        !env.iter().any(|(n, _)| n == "TARGETLEASE_VALKEY_PASSWORD"),
+        "the password must not be an env var"
     );
     assert_eq!(
-        c["volumeMounts"][0]["mountPath"],
-        "/etc/targetlease/valkey-tls"
+        c["volumeMounts"],
+        json!([
+            {"name": "valkey-tls", "mountPath": "/etc/targetlease/valkey-tls", "readOnly": true},
+            {"name": "valkey-password", "mountPath": "/etc/targetlease/valkey-password", "readOnly": true},
+        ])
     );
-    assert_eq!(c["volumeMounts"][0]["readOnly"], true);
     assert_eq!(
         pod["volumes"][0]["secret"]["secretName"],
         "valkey-client-tls"
     );
+    let password = &pod["volumes"][1]["secret"];
+    assert_eq!(password["secretName"], "valkey-credentials");
+    assert_eq!(
+        password["items"],
+        json!([{"key": "password", "path": "password"}])
+    );
+    // Read-only for the pod's user and group, like the TLS files.
+    assert_eq!(
+        password["defaultMode"],
+        pod["volumes"][0]["secret"]["defaultMode"]
+    );
+    // Cluster mode passes the seeds, not a URL: no URL Secret is made for it.
+    let docs = tools.render_ok(&["--set", "valkey.clusterSeeds={valkey-0:6379}"]);
+    assert!(of_kind(&docs, "Secret").is_empty(), "an unused URL Secret");
 
     // One replica on the memory backend: no election, no PDB, no Valkey Secret.
     let docs = tools.render_ok(&["-f", &file("single-replica-memory-values.yaml")]);
@@ -297,7 +329,7 @@ fn ci_values_render_what_they_ask_for(tools: &Tools) {
         2
     );
     assert_eq!(
-        object(&docs, "ClusterRoleBinding", FULLNAME)["subjects"][0]["name"],
+        object(&docs, "ClusterRoleBinding", &cluster_role())["subjects"][0]["name"],
         "targetlease-controller"
     );
 }

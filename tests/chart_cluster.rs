@@ -534,7 +534,9 @@ async fn watch_namespace_mode_needs_only_roles(world: &World) {
     ]);
     assert!(out.status.success(), "helm install: {}", stderr(&out));
     let name = fullname(release);
-    let out = world.cluster.kubectl(&["get", "clusterrole", &name]);
+    let out = world
+        .cluster
+        .kubectl(&["get", "clusterrole", &format!("{name}-{release_ns}")]);
     assert!(
         stderr(&out).contains("NotFound"),
         "a ClusterRole in namespaced mode"
@@ -1023,9 +1025,10 @@ async fn uninstall_keeps_crd_and_leases(world: &World) {
         .await
         .expect("the TargetLease survived the uninstall");
     assert_eq!(phase_of(&kept), Some(Phase::Held));
+    let cluster_role = cluster_role();
     for (kind, name, ns) in [
-        ("clusterrole", FULLNAME, None),
-        ("clusterrolebinding", FULLNAME, None),
+        ("clusterrole", cluster_role.as_str(), None),
+        ("clusterrolebinding", cluster_role.as_str(), None),
         ("serviceaccount", FULLNAME, Some(RELEASE_NS)),
         ("deployment", FULLNAME, Some(RELEASE_NS)),
         ("role", "targetlease-leader-election", Some(RELEASE_NS)),

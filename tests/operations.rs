@@ -170,6 +170,38 @@ async fn acl_wrong_password_is_access_denied() {
     .await;
 }
 
+// A password rotated in its file (a Secret the kubelet updates, as the chart mounts it) is used
+// at the next connection without a restart: the store reads the file at every connect.
+async fn acl_password_file_rotation_needs_no_restart() {
+    let server = acl_server(&documented_acl_rule(APP_USER, APP_PASSWORD));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("password");
+    std::fs::write(&file, format!("{APP_PASSWORD}\n")).expect("write the password file");
+    let mut config = app_config(server.port, APP_USER, APP_PASSWORD);
+    config.password = Some(PasswordSource::File(file.clone()));
+    let store = ValkeyStore::connect(config).await.expect("connect");
+    let t = target("rotated");
+    acquired(&store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    // Rotate: the server gets the new password, the file too; open connections are cut (as a
+    // server restart or a network blip would), so the next call reconnects.
+    let rotated = "app-pw-rotated-3e1d";
+    let reply = server.raw(&[
+        "ACL",
+        "SETUSER",
+        APP_USER,
+        "resetpass",
+        &format!(">{rotated}"),
+    ]);
+    assert!(reply.starts_with("+OK"), "{reply}");
+    std::fs::write(&file, format!("{rotated}\n")).expect("rotate the password file");
+    server.raw(&["CLIENT", "KILL", "USER", APP_USER]);
+    let seen = store
+        .inspect(&t)
+        .await
+        .expect("the rotated password from the file");
+    assert_eq!(seen.lease.map(|l| l.owner), Some("alice".to_owned()));
+}
+
 async fn acl_user_without_rights_is_access_denied() {
     // Can connect, PING and read INFO (the eviction check), but may not run scripts.
     let rule: Vec<String> =
@@ -655,6 +687,10 @@ fn main() {
         trial(
             "acl::wrong_password_is_access_denied",
             acl_wrong_password_is_access_denied,
+        ),
+        trial(
+            "acl::password_file_rotation_needs_no_restart",
+            acl_password_file_rotation_needs_no_restart,
         ),
         trial(
             "acl::user_without_rights_is_access_denied",

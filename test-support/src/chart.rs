@@ -20,6 +20,12 @@ pub const FULLNAME: &str = "targetlease";
 /// The leader-election Lease the chart's Role allows.
 pub const ELECTION_LEASE: &str = "targetlease-controller";
 pub const CRD: &str = "targetleases.targetlease.dev";
+
+/// The name of the release's ClusterRole and ClusterRoleBinding: the full name and the release
+/// namespace, so two releases of one name in two namespaces never share them.
+pub fn cluster_role() -> String {
+    format!("{FULLNAME}-{RELEASE_NS}")
+}
 pub const SEC: Duration = Duration::from_secs(1);
 
 pub fn chart_dir() -> PathBuf {

@@ -75,7 +75,8 @@ app.kubernetes.io/component: controller
 
 {{/* Whether the chart makes the Valkey Secret itself. */}}
 {{- define "targetlease.createValkeySecret" -}}
-{{- if and (eq .Values.controller.backend "valkey") (not .Values.valkey.existingSecret.name) }}true{{ end }}
+{{- /* Not in cluster mode: the seeds are passed instead of a URL, so a URL Secret would be unused. */}}
+{{- if and (eq .Values.controller.backend "valkey") (not .Values.valkey.existingSecret.name) (not .Values.valkey.clusterSeeds) }}true{{ end }}
 {{- end }}
 
 {{/* Where the Valkey TLS Secret is mounted. */}}

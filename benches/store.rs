@@ -10,6 +10,9 @@
 //! - c: the ceiling: two `EVALSHA`s of a script that does nothing (the same two round trips).
 //! - d: targetlease `renew` of a held lease.
 //! - e: the Redlock-style extend (Lua compare-and-`PEXPIRE`), the baseline for d.
+//! - f: the fenced lock users pick instead of targetlease (bsm/redislock's fenced obtain): `SET
+//!   NX PX` plus an `INCR` of a fence counter in one script, released by compare-and-delete. It
+//!   issues tokens, but without request ids, a data-loss rule or token bounds.
 //!
 //! The runs are interleaved: every round runs every workload at every concurrency level, the
 //! workloads in a rotated order, and each figure is the median over the rounds, so machine noise
@@ -62,8 +65,8 @@ struct Options {
     /// Connections of the store's pool and of the baseline (the store's default pool size)
     #[arg(long, default_value_t = DEFAULT_POOL_SIZE)]
     connections: usize,
-    /// Which of a,b,c,d,e to run, comma-separated
-    #[arg(long, value_delimiter = ',', default_value = "a,b,c,d,e")]
+    /// Which of a,b,c,d,e,f to run, comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "a,b,c,d,e,f")]
     workloads: Vec<String>,
     /// The server: the contract suite's valkey-9.1, valkey-8.1 or redis-7.0
     #[arg(long, default_value = "valkey-9.1", value_parser = ["valkey-9.1", "valkey-8.1", "redis-7.0"])]
@@ -88,6 +91,10 @@ const UNLOCK: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis
 const EXTEND: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
 /// The ceiling: a script that does nothing.
 const NOOP: &str = "return 0";
+/// The fenced lock users pick today (bsm/redislock's fenced obtain): SET NX PX and, when it
+/// took the lock, INCR of a fence counter for the token, in one script. Released by the
+/// Redlock compare-and-delete. No request ids, no server-clock floor, no data-loss rule.
+const FENCED_OBTAIN: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) else return 0 end";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Workload {
@@ -96,15 +103,17 @@ enum Workload {
     Noop,
     Renew,
     Extend,
+    Fenced,
 }
 
 impl Workload {
-    const ALL: [Workload; 5] = [
+    const ALL: [Workload; 6] = [
         Workload::Lease,
         Workload::Redlock,
         Workload::Noop,
         Workload::Renew,
         Workload::Extend,
+        Workload::Fenced,
     ];
 
     fn letter(self) -> &'static str {
@@ -114,6 +123,7 @@ impl Workload {
             Workload::Noop => "c",
             Workload::Renew => "d",
             Workload::Extend => "e",
+            Workload::Fenced => "f",
         }
     }
 
@@ -124,13 +134,16 @@ impl Workload {
             Workload::Noop => "2 x EVALSHA of an empty script (ceiling)",
             Workload::Renew => "targetlease renew",
             Workload::Extend => "Redlock Lua compare-and-PEXPIRE",
+            Workload::Fenced => {
+                "fenced lock: SET NX PX + INCR fence in one script, compare-and-delete"
+            }
         }
     }
 
     /// Round trips per cycle.
     fn calls(self) -> u32 {
         match self {
-            Workload::Lease | Workload::Redlock | Workload::Noop => 2,
+            Workload::Lease | Workload::Redlock | Workload::Noop | Workload::Fenced => 2,
             Workload::Renew | Workload::Extend => 1,
         }
     }
@@ -146,6 +159,7 @@ struct Shared {
     noop: Script,
     unlock: Script,
     extend: Script,
+    obtain: Script,
 }
 
 impl Shared {
@@ -190,6 +204,10 @@ enum TaskState {
         key: String,
         value: String,
     },
+    Fenced {
+        key: String,
+        fence: String,
+    },
 }
 
 async fn setup(w: Workload, sh: &Shared, task: usize) -> Result<TaskState, String> {
@@ -208,6 +226,10 @@ async fn setup(w: Workload, sh: &Shared, task: usize) -> Result<TaskState, Strin
             key: format!("rl:{{bench-b/t{task}}}:lock"),
         },
         Workload::Noop => TaskState::Noop,
+        Workload::Fenced => TaskState::Fenced {
+            key: format!("fl:{{bench-f/t{task}}}:lock"),
+            fence: format!("fl:{{bench-f/t{task}}}:fence"),
+        },
         Workload::Renew => {
             let request = AcquireRequest {
                 target: target.clone(),
@@ -300,6 +322,34 @@ async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
                 .map_err(|e| format!("SET NX: {e}"))?;
             if ok.is_none() {
                 return Err("SET NX: taken".into());
+            }
+            let deleted: i64 = sh
+                .unlock
+                .key(&*key)
+                .arg(&value)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| format!("unlock: {e}"))?;
+            if deleted == 1 {
+                Ok(())
+            } else {
+                Err("unlock: not the holder".into())
+            }
+        }
+        TaskState::Fenced { key, fence } => {
+            let value = uuid::Uuid::new_v4().simple().to_string();
+            let mut conn = sh.conn();
+            let token: i64 = sh
+                .obtain
+                .key(&*key)
+                .key(&*fence)
+                .arg(&value)
+                .arg(LEASE_TTL.as_millis() as u64)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| format!("fenced obtain: {e}"))?;
+            if token <= 0 {
+                return Err("fenced obtain: taken".into());
             }
             let deleted: i64 = sh
                 .unlock
@@ -697,6 +747,7 @@ fn main() {
             noop: Script::new(NOOP),
             unlock: Script::new(UNLOCK),
             extend: Script::new(EXTEND),
+            obtain: Script::new(FENCED_OBTAIN),
         });
         let header = format!(
             "machine: {}\n{version} (allocator {allocator}) on 127.0.0.1:{} (no persistence), {connections} multiplexed connections per side, \
@@ -1210,14 +1261,15 @@ fn report(runs: &[Run], levels: &[usize], header: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "| tasks | a/b (vs Redlock) | a/c (vs ceiling) | d/e renew vs Redlock extend |"
+        "| tasks | a/b (vs Redlock) | a/f (vs a fenced lock) | a/c (vs ceiling) | d/e renew vs Redlock extend |"
     );
-    let _ = writeln!(out, "|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|");
     for &c in levels {
         let _ = writeln!(
             out,
-            "| {c} | {:.2} | {:.2} | {:.2} |",
+            "| {c} | {:.2} | {:.2} | {:.2} | {:.2} |",
             ratio(runs, c, Workload::Lease, Workload::Redlock),
+            ratio(runs, c, Workload::Lease, Workload::Fenced),
             ratio(runs, c, Workload::Lease, Workload::Noop),
             ratio(runs, c, Workload::Renew, Workload::Extend)
         );

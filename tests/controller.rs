@@ -567,6 +567,53 @@ async fn cut_off_leader_stops_first(mut s: Scenario) {
     drop(b);
 }
 
+// 5d. A leader whose leadership lapsed during a short API outage, with no other replica to take
+//     over, leads again once its renewal gets through: it must run its work again, not keep the
+//     Lease while nothing reconciles.
+async fn lapsed_leader_leads_again(mut s: Scenario) {
+    s.controller.take();
+    let proxy = Proxy::start(s.cluster.apiserver_port()).await;
+    let via_proxy = s.cluster.kubeconfig_via(proxy.port);
+    let alone = s.start_controller_as(
+        &via_proxy,
+        &[
+            "--leader-election",
+            "--leader-election-namespace",
+            s.ns.as_str(),
+            "--leader-election-seconds",
+            "3",
+            "--identity",
+            "alone",
+        ],
+    );
+    let leading = |c: &ControllerProcess| metric(&c.http, "targetlease_leading");
+    let wait_leading = |want: f64, limit: Duration| {
+        let started = Instant::now();
+        while leading(&alone) != want {
+            assert!(
+                started.elapsed() < limit,
+                "targetlease_leading never became {want}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        started.elapsed()
+    };
+    wait_leading(1.0, 30 * SEC);
+    s.apply("before", "lapse-target", "worker-1", "ttlSeconds: 9");
+    s.wait_phase("before", Phase::Held, 30 * SEC).await;
+    // Long enough for the deadline (2 s after the last renewal) to pass, shorter than anything
+    // else would notice.
+    proxy.set(Mode::Stall);
+    let lapsed = wait_leading(0.0, 10 * SEC);
+    eprintln!("leadership lapsed {lapsed:?} into the outage");
+    proxy.set(Mode::Pass);
+    let back = wait_leading(1.0, 10 * SEC);
+    eprintln!("leading again {back:?} after the outage ended");
+    s.apply("after", "lapse-target-2", "worker-2", "ttlSeconds: 9");
+    s.wait_phase("after", Phase::Held, 30 * SEC).await;
+    assert_eq!(phase_of(&s.get("before").await), Some(Phase::Held));
+}
+
 // 6. expiresAt stays true: never in the past while Held over 3 x TTL, at the cost of one status
 //    write per two renewals (the renewals themselves live in Valkey).
 async fn expires_at_stays_true(s: Scenario) {
@@ -959,6 +1006,7 @@ fn main() {
         controller_restart_keeps_leases,
         leader_failover_keeps_leases,
         cut_off_leader_stops_first,
+        lapsed_leader_leads_again,
         expires_at_stays_true,
         store_refusals_within_the_expiry_keep_held,
         release_flag_and_max_hold,

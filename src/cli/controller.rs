@@ -58,7 +58,7 @@ pub struct ControllerArgs {
     leader_election_name: String,
     /// How long a leader's claim lasts without renewal (seconds). It sets the shortest
     /// TargetLease TTL this controller accepts: 1.5 x (take-over + call timeout + 1 s).
-    #[arg(long, default_value_t = election::DEFAULT_DURATION_SECONDS)]
+    #[arg(long, default_value_t = election::DEFAULT_DURATION_SECONDS, value_parser = clap::value_parser!(u64).range(2..=3600))]
     leader_election_seconds: u64,
     /// This replica's name (events, leader election).
     #[arg(long, env = "POD_NAME")]
@@ -84,13 +84,19 @@ impl ControllerArgs {
         }
     }
 
+    /// This replica's name: `--identity` (the pod's name in the chart), else the host name. Never
+    /// empty: an empty holder would read as a free leader Lease to the other replicas. Two
+    /// processes must not share one (pod names are unique; elsewhere, set it).
     fn identity(&self) -> String {
-        self.identity.clone().unwrap_or_else(|| {
-            hostname::get()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-                .unwrap_or_else(|| format!("targetlease-{}", std::process::id()))
-        })
+        self.identity
+            .clone()
+            .filter(|i| !i.is_empty())
+            .unwrap_or_else(|| {
+                hostname::get()
+                    .ok()
+                    .and_then(|h| h.into_string().ok())
+                    .unwrap_or_else(|| format!("targetlease-{}", std::process::id()))
+            })
     }
 
     /// Runs until SIGTERM or SIGINT.

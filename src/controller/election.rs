@@ -50,9 +50,11 @@ impl Election {
     }
 
     /// How long before the others may take over a leader stops acting: a fifth of the
-    /// duration, at least one second.
+    /// duration, at least one second, at most half of it (so a leader acts at all).
     fn margin(&self) -> Duration {
-        (self.duration() / 5).max(Duration::from_secs(1))
+        (self.duration() / 5)
+            .max(Duration::from_secs(1))
+            .min(self.duration() / 2)
     }
 
     /// How often the leader renews and a follower looks: a quarter of the duration, so a
@@ -229,8 +231,18 @@ impl Elector {
         }
     }
 
-    /// Gives the Lease up (a clean shutdown), so a successor takes over at once.
+    /// Gives the Lease up (a clean shutdown), so a successor takes over at once. Bounded by the
+    /// retry period: a replica cut off from the API server must not hang its shutdown.
     async fn release(&self) {
+        if tokio::time::timeout(self.election.retry(), self.give_up())
+            .await
+            .is_err()
+        {
+            warn!("could not release the leader Lease in time; a successor waits for it to expire");
+        }
+    }
+
+    async fn give_up(&self) {
         let Ok(Some(mut lease)) = self.api.get_opt(&self.election.name).await else {
             return;
         };
@@ -288,10 +300,9 @@ where
                     Ok(Err(e)) => warn!(error = %e, "could not renew or read the leader Lease"),
                     Err(_) => warn!("the leader Lease call timed out"),
                 }
-                leading_tx.send_if_modified(|l| {
-                    let now_leading = leadership.check().is_ok();
-                    std::mem::replace(l, now_leading) != now_leading
-                });
+                // After every look, changed or not: a leader whose leadership lapsed and came back
+                // between two looks (a short API outage) must be woken to run its work again.
+                leading_tx.send_replace(leadership.check().is_ok());
                 tokio::select! {
                     _ = tokio::time::sleep(election.retry()) => {}
                     _ = stop.wait_for(|s| *s) => break,

@@ -21,6 +21,9 @@ pub enum Error {
     /// This replica may not act: its leadership lapsed.
     #[error(transparent)]
     NotLeading(#[from] super::election::NotLeading),
+    /// The reconcile did not finish in time (an API server that does not answer).
+    #[error("the reconcile did not finish within {0:?}")]
+    TimedOut(std::time::Duration),
 }
 
 impl From<kube::Error> for Error {
@@ -42,6 +45,7 @@ impl Error {
             },
             Error::MissingField(_) => "missing_field",
             Error::NotLeading(_) => "not_leading",
+            Error::TimedOut(_) => "timeout",
         }
     }
 

@@ -109,12 +109,6 @@ fn backoff(n: u32) -> Duration {
 }
 
 fn error_policy(lease: Arc<TargetLease>, error: &Error, ctx: Arc<Context>) -> Action {
-    if error.is_stale_read() {
-        // The status write was based on an object the cache had not caught up with (or a newer
-        // leader wrote since): the watch brings the newer object, which is reconciled anew.
-        debug!(lease = %lease.name_any(), "status write refused: the object changed since it was read");
-        return Action::requeue(Duration::from_millis(100));
-    }
     let key = ObjectRef::from_obj(lease.as_ref());
     let n = {
         let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
@@ -122,6 +116,15 @@ fn error_policy(lease: Arc<TargetLease>, error: &Error, ctx: Arc<Context>) -> Ac
         *n += 1;
         *n
     };
+    if error.is_stale_read() {
+        // The status write was based on an object the cache had not caught up with (or a newer
+        // leader wrote since): the watch brings the newer object, which is reconciled anew.
+        // Soon, but backing off while the cache stays behind (a watch that is relisting).
+        let exp = n.saturating_sub(1).min(6);
+        let wait = Duration::from_millis(100 * (1u64 << exp)).min(Duration::from_secs(5));
+        debug!(lease = %lease.name_any(), retry_in_ms = wait.as_millis() as u64, "status write refused: the object changed since it was read");
+        return Action::requeue(wait);
+    }
     // A held claim is looked at again by its published expiry at the latest: if the store is
     // still failing then, its status must stop saying Held (see `Observed::store_failed`).
     let until_expiry = lease

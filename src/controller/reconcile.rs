@@ -27,25 +27,38 @@ use crate::store::{
     ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError, Token,
 };
 
+/// The longest one reconcile may take. Its store calls are bounded by the Valkey call timeout,
+/// but the Kubernetes client has no deadline of its own: a request to an API server that cannot
+/// be reached (a partition) would otherwise hang the reconcile, and with it the shutdown of a
+/// leader whose leadership lapsed.
+const RECONCILE_LIMIT: Duration = Duration::from_secs(30);
+
 /// Entry point called by the kube-runtime Controller.
 pub async fn reconcile(lease: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let result = match tokio::time::timeout(RECONCILE_LIMIT, reconcile_once(lease, &ctx)).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::TimedOut(RECONCILE_LIMIT)),
+    };
+    ctx.metrics
+        .reconciled(result.as_ref().map_or_else(Error::metric_label, |_| "ok"));
+    result
+}
+
+async fn reconcile_once(lease: Arc<TargetLease>, ctx: &Context) -> Result<Action, Error> {
     // A replica whose leadership lapsed does nothing, the finalizer patch included.
     ctx.leadership.check()?;
     let ns = lease
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
-    let result = finalizer(&api, FINALIZER, lease, |event| async {
+    finalizer(&api, FINALIZER, lease, |event| async {
         match event {
-            Finalizer::Apply(lease) => apply(&lease, &ctx).await,
-            Finalizer::Cleanup(lease) => cleanup(&lease, &ctx).await,
+            Finalizer::Apply(lease) => apply(&lease, ctx).await,
+            Finalizer::Cleanup(lease) => cleanup(&lease, ctx).await,
         }
     })
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    ctx.metrics
-        .reconciled(result.as_ref().map_or_else(Error::metric_label, |_| "ok"));
-    result
+    .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
 /// A claim being reconciled: the decisions' view of it ([`decide::Claim`]) and the API to write

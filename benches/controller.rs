@@ -33,7 +33,7 @@ use tokio::sync::mpsc;
 
 use clap::Parser;
 use common::{CommonArgs, cpu_seconds, loadavg, machine, quantile, status_kib};
-use support::kube::{Cluster, ControllerProcess, http_get};
+use support::kube::{Cluster, ControllerProcess, http_get, metric};
 use support::server::{Server, ServerKind};
 
 /// Options after `cargo bench --bench controller --`.
@@ -357,17 +357,6 @@ fn api_table(delta: &ApiCounts, per: f64, per_name: &str) -> String {
         );
     }
     out
-}
-
-/// A counter or gauge from the controller's `/metrics`, summed over its label sets.
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
-        })
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
 }
 
 async fn controller_metrics(controller: &ControllerProcess) -> String {

@@ -273,6 +273,27 @@ async fn setup(w: Workload, sh: &Shared, task: usize) -> Result<TaskState, Strin
 }
 
 /// One cycle; `Err` names what went wrong (a refusal is an error here: nothing contends).
+/// The Redlock compare-and-delete that ends both baseline locks (b and f).
+async fn unlock(
+    sh: &Shared,
+    conn: &mut MultiplexedConnection,
+    key: &str,
+    value: &str,
+) -> Result<(), String> {
+    let deleted: i64 = sh
+        .unlock
+        .key(key)
+        .arg(value)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| format!("unlock: {e}"))?;
+    if deleted == 1 {
+        Ok(())
+    } else {
+        Err("unlock: not the holder".into())
+    }
+}
+
 async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
     match state {
         TaskState::Lease {
@@ -323,18 +344,7 @@ async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
             if ok.is_none() {
                 return Err("SET NX: taken".into());
             }
-            let deleted: i64 = sh
-                .unlock
-                .key(&*key)
-                .arg(&value)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(|e| format!("unlock: {e}"))?;
-            if deleted == 1 {
-                Ok(())
-            } else {
-                Err("unlock: not the holder".into())
-            }
+            unlock(sh, &mut conn, key, &value).await
         }
         TaskState::Fenced { key, fence } => {
             let value = uuid::Uuid::new_v4().simple().to_string();
@@ -351,18 +361,7 @@ async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
             if token <= 0 {
                 return Err("fenced obtain: taken".into());
             }
-            let deleted: i64 = sh
-                .unlock
-                .key(&*key)
-                .arg(&value)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(|e| format!("unlock: {e}"))?;
-            if deleted == 1 {
-                Ok(())
-            } else {
-                Err("unlock: not the holder".into())
-            }
+            unlock(sh, &mut conn, key, &value).await
         }
         TaskState::Noop => {
             let mut conn = sh.conn();

@@ -14,7 +14,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use targetlease::api::{Phase, TargetLease};
 use targetlease::store::{LeaseStore, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS};
 
-use support::kube::{ControllerProcess, condition, http_get, lease_yaml, phase_of, token_of};
+use support::admin::Admin;
+use support::kube::{
+    ControllerProcess, condition, http_get, lease_yaml, metric, phase_of, token_of,
+};
 use support::proxy::{Mode, Proxy};
 use support::scenario::{SEC, Scenario, run_suite};
 
@@ -374,17 +377,10 @@ async fn controller_restart_keeps_leases(mut s: Scenario) {
 
 // 5b. Two replicas with leader election: killing the leader, the other carries on.
 async fn leader_failover_keeps_leases(mut s: Scenario) {
-    let election = [
-        "--leader-election",
-        "--leader-election-namespace",
-        s.ns.as_str(),
-        "--leader-election-seconds",
-        "3",
-    ];
-    let mut a = s.start_controller(&[&election[..], &["--identity", "replica-a"]].concat());
+    let mut a = s.start_replica("replica-a", None);
     // Replace the scenario's plain controller by two electing replicas.
     s.controller.take();
-    let b = s.start_controller(&[&election[..], &["--identity", "replica-b"]].concat());
+    let b = s.start_replica("replica-b", None);
     s.apply("ha", "ha-target", "worker-1", "ttlSeconds: 9");
     let before = s.wait_phase("ha", Phase::Held, 30 * SEC).await;
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
@@ -444,18 +440,8 @@ async fn leader_failover_keeps_leases(mut s: Scenario) {
 async fn cut_off_leader_stops_first(mut s: Scenario) {
     s.controller.take();
     let proxy = Proxy::start(s.cluster.apiserver_port()).await;
-    let election = [
-        "--leader-election",
-        "--leader-election-namespace",
-        s.ns.as_str(),
-        "--leader-election-seconds",
-        "3",
-    ];
     let via_proxy = s.cluster.kubeconfig_via(proxy.port);
-    let a = s.start_controller_as(
-        &via_proxy,
-        &[&election[..], &["--identity", "replica-a"]].concat(),
-    );
+    let a = s.start_replica("replica-a", Some(&via_proxy));
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(s.client.clone(), &s.ns);
     let holder_of_lease = || async {
@@ -472,12 +458,12 @@ async fn cut_off_leader_stops_first(mut s: Scenario) {
         assert!(Instant::now() < deadline, "replica-a never led");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let b = s.start_controller(&[&election[..], &["--identity", "replica-b"]].concat());
+    let b = s.start_replica("replica-b", None);
     s.apply("holder", "cut-target", "worker-1", "ttlSeconds: 9");
     let held = s.wait_phase("holder", Phase::Held, 30 * SEC).await;
     s.apply("waiter", "cut-target", "worker-2", "ttlSeconds: 9");
     s.wait_phase("waiter", Phase::Waiting, 30 * SEC).await;
-    let leading = |c: &ControllerProcess| metric(&c.http, "targetlease_leading");
+    let leading = |c: &ControllerProcess| scraped(&c.http, "targetlease_leading");
     assert_eq!(leading(&a), 1.0);
     assert_eq!(leading(&b), 0.0);
 
@@ -503,7 +489,7 @@ async fn cut_off_leader_stops_first(mut s: Scenario) {
     );
     let calls = |c: &ControllerProcess| {
         ["renew", "acquire", "release", "inspect"].map(|op| {
-            metric(
+            scraped(
                 &c.http,
                 &format!("targetlease_store_call_seconds_count{{op=\"{op}\"}}"),
             )
@@ -574,19 +560,8 @@ async fn lapsed_leader_leads_again(mut s: Scenario) {
     s.controller.take();
     let proxy = Proxy::start(s.cluster.apiserver_port()).await;
     let via_proxy = s.cluster.kubeconfig_via(proxy.port);
-    let alone = s.start_controller_as(
-        &via_proxy,
-        &[
-            "--leader-election",
-            "--leader-election-namespace",
-            s.ns.as_str(),
-            "--leader-election-seconds",
-            "3",
-            "--identity",
-            "alone",
-        ],
-    );
-    let leading = |c: &ControllerProcess| metric(&c.http, "targetlease_leading");
+    let alone = s.start_replica("alone", Some(&via_proxy));
+    let leading = |c: &ControllerProcess| scraped(&c.http, "targetlease_leading");
     let wait_leading = |want: f64, limit: Duration| {
         let started = Instant::now();
         while leading(&alone) != want {
@@ -620,7 +595,7 @@ async fn expires_at_stays_true(s: Scenario) {
     s.apply("quiet", "quiet-target", "worker-1", "ttlSeconds: 3");
     let first = s.wait_phase("quiet", Phase::Held, 30 * SEC).await;
     let http = s.controller.as_ref().expect("controller").http.clone();
-    let renewals = || metric(&http, "targetlease_store_call_seconds_count{op=\"renew\"}");
+    let renewals = || scraped(&http, "targetlease_store_call_seconds_count{op=\"renew\"}");
     let renewed_before = renewals();
     let start = Instant::now();
     let mut versions = std::collections::HashSet::new();
@@ -646,28 +621,19 @@ async fn expires_at_stays_true(s: Scenario) {
     );
 }
 
-/// The value of the first sample of the controller's `/metrics` whose line starts with `series`.
-fn metric(http: &str, series: &str) -> f64 {
-    let (_, text) = http_get(http, "/metrics").expect("metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(series))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
+/// `series` on the `/metrics` page of the controller serving at `http`.
+fn scraped(http: &str, series: &str) -> f64 {
+    let (_, page) = http_get(http, "/metrics").expect("metrics");
+    metric(&page, series)
 }
 
 /// An administrator's connection to the scenario's Valkey, as a user of its own, so it keeps
 /// working while the controller's user (`default`) is refused.
-async fn valkey_admin(s: &Scenario) -> redis::aio::MultiplexedConnection {
-    let connect = |url: String| async move {
-        redis::Client::open(url)
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect to the scenario's Valkey")
-    };
-    let mut plain = connect(s.valkey.url()).await;
-    redis::cmd("ACL")
-        .arg(&[
+async fn valkey_admin(s: &Scenario) -> Admin {
+    let plain = Admin::single(&s.valkey.url(), None).await;
+    plain
+        .cmd(&[
+            "ACL",
             "SETUSER",
             "tl-admin",
             "on",
@@ -676,33 +642,24 @@ async fn valkey_admin(s: &Scenario) -> redis::aio::MultiplexedConnection {
             "&*",
             "+@all",
         ])
-        .query_async::<()>(&mut plain)
-        .await
-        .expect("ACL SETUSER");
-    connect(format!(
-        "redis://tl-admin:admin-pw@127.0.0.1:{}",
-        s.valkey.port
-    ))
-    .await
+        .await;
+    let url = format!("redis://tl-admin:admin-pw@127.0.0.1:{}", s.valkey.port);
+    Admin::single(&url, None).await
 }
 
 /// Changes the rights of the controller's user: `-@scripting` refuses every lease call.
-async fn controller_rights(admin: &mut redis::aio::MultiplexedConnection, rule: &str) {
-    redis::cmd("ACL")
-        .arg(&["SETUSER", "default", rule])
-        .query_async::<()>(admin)
-        .await
-        .expect("ACL SETUSER default");
+async fn controller_rights(admin: &Admin, rule: &str) {
+    admin.cmd(&["ACL", "SETUSER", "default", rule]).await;
 }
 
 // 6b. A short ACL refusal changes no phase (Held stays Held with the same token, Ready says
 //     why); a refusal that outlasts the published expiry makes the claim Lost with the Held
 //     condition Unknown, never before that expiry; with the store back it is Held again.
 async fn store_refusals_within_the_expiry_keep_held(s: Scenario) {
-    let mut admin = valkey_admin(&s).await;
+    let admin = valkey_admin(&s).await;
     s.apply("blip", "blip-target", "worker-1", "ttlSeconds: 6");
     let held = s.wait_phase("blip", Phase::Held, 30 * SEC).await;
-    controller_rights(&mut admin, "-@scripting").await;
+    controller_rights(&admin, "-@scripting").await;
     let refused_at = Instant::now();
     let mut refusal_seen = false;
     while !(refusal_seen && refused_at.elapsed() >= SEC) {
@@ -713,7 +670,7 @@ async fn store_refusals_within_the_expiry_keep_held(s: Scenario) {
         refusal_seen |= condition(&lease, "Ready").is_some_and(|c| c.reason == "BackendAuthFailed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    controller_rights(&mut admin, "+@all").await;
+    controller_rights(&admin, "+@all").await;
     let ready = s
         .wait("blip", "Ready again", 15 * SEC, |l| {
             condition(l, "Ready").is_some_and(|c| c.status == "True")
@@ -727,7 +684,7 @@ async fn store_refusals_within_the_expiry_keep_held(s: Scenario) {
         .as_ref()
         .and_then(|st| st.expires_at)
         .expect("expiresAt");
-    controller_rights(&mut admin, "-@scripting").await;
+    controller_rights(&admin, "-@scripting").await;
     let lost = s
         .wait("blip", "Lost", 20 * SEC, |l| {
             phase_of(l) == Some(Phase::Lost)
@@ -741,7 +698,7 @@ async fn store_refusals_within_the_expiry_keep_held(s: Scenario) {
         condition(&lost, "Held").map(|c| c.status.as_str()),
         Some("Unknown")
     );
-    controller_rights(&mut admin, "+@all").await;
+    controller_rights(&admin, "+@all").await;
     let back = s.wait_phase("blip", Phase::Held, 30 * SEC).await;
     assert!(token_of(&back) > token_of(&held));
 }

@@ -18,7 +18,7 @@ use targetlease::store::LeaseStore;
 use targetlease::store::valkey::keys::TargetKeys;
 use tokio::process::{Child, Command};
 
-use support::kube::{http_get, phase_of, token_of};
+use support::kube::{http_get, metric, phase_of, token_of};
 use support::proxy::{Mode, Proxy};
 use support::scenario::{SEC, Scenario, run_suite};
 
@@ -453,14 +453,6 @@ async fn lost_lease_exit_status_and_basics(s: Scenario) {
     s.wait_gone(&lease.name_any(), 30 * SEC).await;
 }
 
-/// The sum of every sample of `metric` in a Prometheus text page.
-fn metric_sum(page: &str, metric: &str) -> f64 {
-    page.lines()
-        .filter(|l| l.starts_with(metric) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 // The heartbeat's cost, measured from the controller's /metrics: one `run` holding a lease at
 // TTL 4 s for 6 s. Heartbeats come every TTL/4 (1 s) and each wakes one reconcile, which renews
 // the lease once in Valkey; renewals also come every TTL/3 on their own.
@@ -475,8 +467,7 @@ async fn heartbeat_cost(s: Scenario) {
     let window = 6.0;
     tokio::time::sleep(Duration::from_secs_f64(window)).await;
     let after = page();
-    let per_second =
-        |metric: &str| (metric_sum(&after, metric) - metric_sum(&before, metric)) / window;
+    let per_second = |series: &str| (metric(&after, series) - metric(&before, series)) / window;
     let reconciles = per_second("targetlease_reconciles_total");
     let renewals = per_second("targetlease_store_call_seconds_count{op=\"renew\"}");
     let writes = per_second("targetlease_status_writes_total");

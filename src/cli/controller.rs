@@ -212,6 +212,24 @@ mod tests {
     use crate::cli::Span;
     use crate::store::valkey::{DEFAULT_CALL_TIMEOUT, DEFAULT_PREFIX};
 
+    /// An empty identity (an empty POD_NAME) would read as a free leader Lease to the others.
+    #[test]
+    fn an_empty_identity_means_the_host_name() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ControllerArgs,
+        }
+        let named = Cli::parse_from(["t", "--identity", "replica-a"]).args;
+        assert_eq!(named.identity(), "replica-a");
+        let empty = Cli::parse_from(["t", "--identity", ""]).args;
+        assert!(!empty.identity().is_empty());
+        assert_eq!(empty.identity(), Cli::parse_from(["t"]).args.identity());
+        // A duration the election cannot work with is refused at the flag.
+        assert!(Cli::try_parse_from(["t", "--leader-election-seconds", "1"]).is_err());
+    }
+
     /// The chart's values.yaml repeats some defaults of the flags (so that `helm show values`
     /// tells the truth); they must be the code's, which are written once as constants.
     #[test]

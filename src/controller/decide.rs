@@ -229,6 +229,19 @@ pub fn next_look(claim: &Claim<'_>, next: Duration, silent: Option<Duration>) ->
     }
 }
 
+/// After a failed reconcile of a claim that shows Held: look again by its published expiry at the
+/// latest, since if the store is still failing then the status must stop saying Held (see
+/// `Observed::store_failed`). Never sooner than 200 ms: a status write that keeps failing must
+/// not spin. `None` for a claim that does not show Held.
+pub fn look_again_by_expiry(
+    status: Option<&TargetLeaseStatus>,
+    now: Timestamp,
+) -> Option<Duration> {
+    let expires = status.filter(|s| s.phase == Phase::Held)?.expires_at?;
+    let ms = expires.as_millisecond() - now.as_millisecond();
+    Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0) + 20).max(Duration::from_millis(200)))
+}
+
 /// What to write after the store answered, which Event goes with it, and when to look again.
 #[derive(Debug, PartialEq)]
 pub struct Step {
@@ -504,6 +517,26 @@ mod tests {
         lease.metadata.generation = Some(2);
         let claim = Claim::new(&lease).expect("claim");
         assert_eq!(plan(&claim, &facts(at(1000))), Plan::Acquire);
+    }
+
+    #[test]
+    fn a_failing_held_claim_is_looked_at_by_its_expiry() {
+        let held = held_since(0, 7); // expires at 30 s
+        assert_eq!(
+            look_again_by_expiry(Some(&held), at(25)),
+            Some(Duration::from_millis(5_020))
+        );
+        // Past it, soon but not in a spin.
+        assert_eq!(
+            look_again_by_expiry(Some(&held), at(40)),
+            Some(Duration::from_millis(200))
+        );
+        let waiting = TargetLeaseStatus {
+            phase: Phase::Waiting,
+            ..held
+        };
+        assert_eq!(look_again_by_expiry(Some(&waiting), at(25)), None);
+        assert_eq!(look_again_by_expiry(None, at(25)), None);
     }
 
     #[test]

@@ -359,3 +359,50 @@ where
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn election(seconds: u64) -> Election {
+        Election {
+            namespace: "ns".into(),
+            name: "lease".into(),
+            identity: "me".into(),
+            duration_seconds: seconds,
+        }
+    }
+
+    /// A leader stops acting before anyone may take over, for every duration the flag allows,
+    /// and renews at least twice before it must stop.
+    #[test]
+    fn a_leader_acts_and_stops_before_a_take_over() {
+        for seconds in [2, 3, 10, 60, 3600] {
+            let e = election(seconds);
+            let acting = e.duration() - e.margin();
+            assert!(acting > Duration::ZERO, "{seconds} s: a leader never acts");
+            assert!(e.margin() >= Duration::from_secs(1).min(e.duration() / 2));
+            assert!(
+                e.retry() * 2 <= acting,
+                "{seconds} s: fewer than two renewals"
+            );
+            assert!(e.takeover() > acting, "{seconds} s");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leadership_lapses_at_its_deadline_and_can_come_back() {
+        assert!(Leadership::unconditional().check().is_ok());
+        let l = Leadership::elected();
+        assert!(l.check().is_err(), "not leading before the first renewal");
+        l.set(Some(Instant::now() + Duration::from_secs(2)));
+        assert!(l.check().is_ok());
+        tokio::time::advance(Duration::from_millis(1999)).await;
+        assert!(l.check().is_ok());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(l.check().is_err(), "acted at its deadline");
+        l.lapsed().await;
+        l.set(Some(Instant::now() + Duration::from_secs(2)));
+        assert!(l.check().is_ok(), "a renewal after a lapse leads again");
+    }
+}

@@ -32,7 +32,7 @@ pub use error::Error;
 use self::holders::Holders;
 use self::index::TargetIndex;
 use self::metrics::Metrics;
-use crate::api::{FIELD_MANAGER, Phase, TargetLease};
+use crate::api::{FIELD_MANAGER, TargetLease};
 use crate::store::LeaseStore;
 
 /// What every reconcile gets.
@@ -125,19 +125,7 @@ fn error_policy(lease: Arc<TargetLease>, error: &Error, ctx: Arc<Context>) -> Ac
         debug!(lease = %lease.name_any(), retry_in_ms = wait.as_millis() as u64, "status write refused: the object changed since it was read");
         return Action::requeue(wait);
     }
-    // A held claim is looked at again by its published expiry at the latest: if the store is
-    // still failing then, its status must stop saying Held (see `Observed::store_failed`).
-    let until_expiry = lease
-        .status
-        .as_ref()
-        .filter(|s| s.phase == Phase::Held)
-        .and_then(|s| s.expires_at)
-        .map(|e| {
-            let ms = e.as_millisecond() - jiff::Timestamp::now().as_millisecond();
-            // Never sooner than 200 ms: a status write that keeps failing must not spin.
-            Duration::from_millis(u64::try_from(ms).unwrap_or(0) + 20)
-                .max(Duration::from_millis(200))
-        });
+    let until_expiry = decide::look_again_by_expiry(lease.status.as_ref(), jiff::Timestamp::now());
     let wait = until_expiry.map_or(backoff(n), |u| backoff(n).min(u));
     warn!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, retry_in_ms = wait.as_millis() as u64, "reconcile failed");
     Action::requeue(wait)

@@ -39,6 +39,17 @@ pub fn check_token(what: &str, value: u64, positive: bool) -> Result<(), StoreEr
     Ok(())
 }
 
+/// Whether `name` is 1 to `max_len` bytes of ASCII letters, digits and the bytes of
+/// `punctuation`: the one shape check every name the store puts in a key or a record goes
+/// through (targets, request ids, guarded keys, the installation id).
+pub(crate) fn is_name(name: &str, max_len: usize, punctuation: &[u8]) -> bool {
+    !name.is_empty()
+        && name.len() <= max_len
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || punctuation.contains(&b))
+}
+
 /// A fencing token given by a caller: an integer from 1 to [`MAX_TOKEN`]. Built once at the edge
 /// (a flag, a status, a reply), so no backend checks it again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -127,12 +138,7 @@ impl GuardedKey {
     /// Refuses anything but 1 to 128 characters of `[A-Za-z0-9._:/-]`.
     pub fn new(key: impl Into<String>) -> Result<Self, StoreError> {
         let key = key.into();
-        let ok = !key.is_empty()
-            && key.len() <= 128
-            && key
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
-        if !ok {
+        if !is_name(&key, 128, b"._:/-") {
             return Err(StoreError::InvalidRequest(format!(
                 "guarded key {key:?} must be 1 to 128 characters of A-Z, a-z, 0-9 and . _ : / -"
             )));
@@ -167,12 +173,7 @@ impl TargetRef {
                 "namespace {namespace:?} must be 1 to 63 characters of a-z, 0-9 and '-'"
             )));
         }
-        let target_ok = !target.is_empty()
-            && target.len() <= MAX_TARGET_LEN
-            && target
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b".:_/-".contains(&b));
-        if !target_ok {
+        if !is_name(target, MAX_TARGET_LEN, b"._:/-") {
             return Err(StoreError::InvalidRequest(format!(
                 "target {target:?} must be 1 to {MAX_TARGET_LEN} characters of A-Z, a-z, 0-9 and . _ : / -"
             )));
@@ -252,11 +253,7 @@ impl RequestId {
 
     /// A caller-chosen request id: 1 to 128 characters of `[A-Za-z0-9._:-]`.
     pub fn new(id: &str) -> Result<Self, StoreError> {
-        let ok = !id.is_empty()
-            && id.len() <= 128
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+        let ok = is_name(id, 128, b"._:-");
         if !ok {
             return Err(StoreError::InvalidRequest(format!(
                 "request id {id:?} must be 1 to 128 characters of A-Z, a-z, 0-9 and . _ : -"

@@ -452,6 +452,18 @@ pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
+/// The sum of the samples of `series` in a Prometheus text page: a metric name (every label set
+/// counts) or a name with its full label set (one sample). 0 when there is none.
+pub fn metric(page: &str, series: &str) -> f64 {
+    page.lines()
+        .filter(|l| {
+            l.strip_prefix(series)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
 /// A TargetLease manifest; `extra` lines go under `spec`.
 pub fn lease_yaml(ns: &str, name: &str, target: &str, holder: &str, extra: &str) -> String {
     let mut yaml = format!(

@@ -67,6 +67,23 @@ impl Scenario {
         ControllerProcess::start_as(&self.cluster, kubeconfig, &self.valkey.url(), &args)
     }
 
+    /// Starts one replica of an electing controller (leader election in this namespace, a 3 s
+    /// claim) as `identity`, reaching the API server as `kubeconfig` says (the admin's when
+    /// `None`).
+    pub fn start_replica(&self, identity: &str, kubeconfig: Option<&Path>) -> ControllerProcess {
+        let args = [
+            "--leader-election",
+            "--leader-election-namespace",
+            self.ns.as_str(),
+            "--leader-election-seconds",
+            "3",
+            "--identity",
+            identity,
+        ];
+        let admin = Path::new(self.cluster.kubeconfig());
+        self.start_controller_as(kubeconfig.unwrap_or(admin), &args)
+    }
+
     /// The running controller.
     pub fn controller(&mut self) -> &mut ControllerProcess {
         self.controller.as_mut().expect("controller running")

@@ -338,17 +338,12 @@ impl ValkeyConfig {
                 (self.call_timeout * REPLY_TTL_PER_CALL_TIMEOUT).as_millis()
             )));
         }
-        if let Some(id) = &self.installation {
-            let ok = !id.is_empty()
-                && id.len() <= 253
-                && id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
-            if !ok {
-                return invalid(
-                    "the installation id must be 1 to 253 characters of A-Z, a-z, 0-9 and . _ : / -",
-                );
-            }
+        if let Some(id) = &self.installation
+            && !crate::store::protocol::is_name(id, 253, b"._:/-")
+        {
+            return invalid(
+                "the installation id must be 1 to 253 characters of A-Z, a-z, 0-9 and . _ : / -",
+            );
         }
         let tls = self.effective_tls();
         if let (

@@ -1,11 +1,12 @@
-# The controller image: one binary on a distroless base, running as a non-root user.
-# Not built by the test suite (the development machines have no container runtime); see
-# docs/install.md, "The image".
+# The controller image: one static binary, CA certificates and a non-root user; no shell.
 #
 #   docker build -t ghcr.io/targetlease/targetlease:0.1.0 .
 #
-# The binary links glibc and libgcc only (rustls with ring, no OpenSSL), which the distroless
-# "cc" base provides, with CA certificates for rediss:// and the API server.
+# Without Docker, `scripts/image.sh` builds the same image (same binary build, user, paths,
+# entrypoint, command, port and labels: it reads them from this file's last stage) as an OCI
+# tarball, and the node suite runs it on a real kubelet (docs/install.md, "The image").
+# The binary links glibc statically (rustls with ring, no OpenSSL), so the "static" distroless
+# base is enough: CA certificates for rediss:// and the API server, /etc/passwd, /tmp.
 
 FROM docker.io/library/rust:1.95-bookworm AS build
 WORKDIR /src
@@ -15,14 +16,19 @@ COPY lua ./lua
 COPY crds ./crds
 # A workspace member (the tests' support crate): cargo reads its manifest, builds none of it.
 COPY test-support ./test-support
-RUN cargo build --release --locked \
- && install -D -m 0555 target/release/targetlease /out/targetlease
+RUN CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols" \
+    cargo build --release --locked --target x86_64-unknown-linux-gnu --bin targetlease \
+ && install -D -m 0555 target/x86_64-unknown-linux-gnu/release/targetlease /out/targetlease
 
-FROM gcr.io/distroless/cc-debian12:nonroot
+FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/targetlease /targetlease
 # 65532 is distroless's "nonroot"; the chart runs the pod as this user with a read-only root
 # file system and no capabilities.
 USER 65532:65532
+LABEL org.opencontainers.image.title="targetlease" \
+      org.opencontainers.image.description="Kubernetes operator: fenced leases on Valkey" \
+      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.source="https://github.com/targetlease/targetlease"
 EXPOSE 8080
 ENTRYPOINT ["/targetlease"]
 CMD ["controller"]

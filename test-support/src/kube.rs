@@ -13,9 +13,14 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::await_condition;
 use targetlease::api::{Condition, Phase, TargetLease};
 
-/// The repository root (this crate lives in its `test-support/` folder).
+/// The repository root. Cargo names it at run time (`CARGO_MANIFEST_DIR` of the package whose
+/// tests or benchmarks run): this crate's compile-time path can name another clone that shared
+/// the build cache, since Cargo does not rebuild a path dependency that merely moved.
 pub fn repo() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|dir| dir.join("Cargo.lock").is_file())
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")))
 }
 
 /// The `targetlease` binary of the build that runs the current test or benchmark: Cargo puts a

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds the controller image without a container daemon: the static binary (the Dockerfile's
+# build command), a root file system like distroless "static" (CA certificates, /etc/passwd with
+# the non-root user, /tmp), and an OCI image-layout tarball written by scripts/oci_image.py with
+# the Dockerfile's user, entrypoint, command, port and labels.
+#
+#   bash scripts/image.sh            build; prints the tarball's path on stdout
+#   bash scripts/image.sh --name     print the image reference only
+#
+# The tarball lands in $CARGO_TARGET_DIR/image/ (outside the work tree, next to the cargo cache)
+# with a file naming its reference and digest beside it. Same sources, toolchain and paths: same
+# binary; same binary: same image digest (entries sorted, owned by 0:0, dated SOURCE_DATE_EPOCH).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+# shellcheck source=scripts/env.sh
+source scripts/env.sh
+
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
+name="ghcr.io/targetlease/targetlease:$version"
+if [[ "${1:-}" == --name ]]; then echo "$name"; exit 0; fi
+
+triple=x86_64-unknown-linux-gnu
+out_dir="$CARGO_TARGET_DIR/image"
+mkdir -p "$out_dir"
+
+say() { echo "scripts/image.sh: $*" >&2; }
+say "building the static binary (cargo build --release --target $triple, glibc linked statically)"
+# The flags apply to the target only (build scripts stay dynamic); the remaps keep this
+# machine's paths out of the binary, so it does not depend on where the sources were.
+CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols --remap-path-prefix=$HOME/.cargo/registry/src=/cargo --remap-path-prefix=$root=/src" \
+  cargo build --locked --release --target "$triple" --bin targetlease >&2
+binary="$CARGO_TARGET_DIR/$triple/release/targetlease"
+if ! ldd "$binary" 2>&1 | grep -Eq 'statically linked|not a dynamic executable'; then
+  say "error: $binary is dynamically linked"
+  exit 1
+fi
+
+rootfs="$(mktemp -d "${TMPDIR:-/tmp}/targetlease-rootfs.XXXXXX")"
+trap 'rm -rf "$rootfs"' EXIT
+install -D -m 0555 "$binary" "$rootfs/targetlease"
+install -d -m 0755 "$rootfs/etc/ssl/certs"
+install -m 0444 /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
+printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$rootfs/etc/passwd"
+printf 'root:x:0:\nnonroot:x:65532:\n' >"$rootfs/etc/group"
+# glibc, even linked statically, reads this to resolve host names (the Valkey URL's host).
+printf 'hosts: files dns\n' >"$rootfs/etc/nsswitch.conf"
+chmod 0444 "$rootfs/etc/passwd" "$rootfs/etc/group" "$rootfs/etc/nsswitch.conf"
+install -d -m 1777 "$rootfs/tmp"
+chmod 0755 "$rootfs" "$rootfs/etc" "$rootfs/etc/ssl"
+
+tarball="$out_dir/targetlease-$version.oci.tar"
+digest="$(python3 scripts/oci_image.py --rootfs "$rootfs" --name "$name" --out "$tarball" --dockerfile Dockerfile)"
+printf '%s@%s\n' "$name" "$digest" >"$tarball.ref"
+say "$name@$digest ($(du -h "$tarball" | cut -f1))"
+echo "$tarball"

@@ -217,6 +217,55 @@ fn ci_values_render_what_they_ask_for(tools: &Tools) {
         "existingSecret: no chart Secret"
     );
 
+    // Holder pods narrowed to two namespaces: the ClusterRole reads no pod, a Role in each of
+    // them does, and the controller is told where to look.
+    let without_pods: Vec<Value> = controller_rules()
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter(|rule| rule["resources"][0] != "pods")
+        .cloned()
+        .collect();
+    let docs = tools.render_ok(&["-f", &file("holder-pods-values.yaml")]);
+    let narrowed = object(&docs, "ClusterRole", &cluster_role());
+    assert_eq!(narrowed["rules"], json!(without_pods));
+    let holder_roles: Vec<&Value> = of_kind(&docs, "Role")
+        .into_iter()
+        .filter(|r| r["metadata"]["name"] == format!("{FULLNAME}-holder-pods"))
+        .collect();
+    let namespaces: Vec<&str> = holder_roles
+        .iter()
+        .filter_map(|r| r["metadata"]["namespace"].as_str())
+        .collect();
+    assert_eq!(namespaces, ["batch", "shop"]);
+    for role in &holder_roles {
+        assert_eq!(
+            role["rules"],
+            json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}])
+        );
+    }
+    let bindings = of_kind(&docs, "RoleBinding")
+        .into_iter()
+        .filter(|b| b["metadata"]["name"] == format!("{FULLNAME}-holder-pods"))
+        .count();
+    assert_eq!(bindings, 2);
+    let c = &object(&docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]["containers"][0];
+    assert!(strings(&c["args"]).contains(&"--holder-pod-namespaces=batch,shop".to_owned()));
+
+    // Holder pods off: no pod rule anywhere.
+    let docs = tools.render_ok(&["--set", "controller.holderPods.enabled=false"]);
+    for kind in ["ClusterRole", "Role"] {
+        for role in of_kind(&docs, kind) {
+            assert!(
+                !role["rules"].to_string().contains("\"pods\""),
+                "{kind} {} still reads pods",
+                role["metadata"]["name"]
+            );
+        }
+    }
+    let c = &object(&docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]["containers"][0];
+    assert!(strings(&c["args"]).contains(&"--no-holder-pods".to_owned()));
+
     // Every Valkey value: ACL user, password, cluster seeds, TLS mount, durability.
     let docs = tools.render_ok(&["-f", &file("hardened-valkey-values.yaml")]);
     let pod = &object(&docs, "Deployment", FULLNAME)["spec"]["template"]["spec"];

@@ -350,6 +350,53 @@ async fn holder_pod_gone_releases(s: Scenario) {
     s.wait_phase("right-uid", Phase::Held, 30 * SEC).await;
 }
 
+// 4b. Holder pods off (--no-holder-pods): a controller whose ServiceAccount may read no pod
+// works, keeps a holderRef lease Held (its holder is not tracked), and never asks for a pod. The
+// same account with the default scope does ask and is refused: the control that shows the log
+// would tell. (--holder-pod-namespaces is the same switch per namespace: unit tests of
+// holders::PodScope, and the chart's Roles in tests/chart.rs.)
+async fn holder_pods_narrowed_need_no_pod_access(mut s: Scenario) {
+    let ns = s.ns.clone();
+    s.cluster.apply(&format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: no-pods, namespace: {ns}}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: no-pods, namespace: {ns}}}\n\
+         rules:\n\
+         - {{apiGroups: [targetlease.dev], resources: [targetleases], verbs: [list, watch, patch]}}\n\
+         - {{apiGroups: [targetlease.dev], resources: [targetleases/status], verbs: [patch]}}\n\
+         - {{apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: no-pods, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: no-pods}}\n\
+         subjects: [{{kind: ServiceAccount, name: no-pods, namespace: {ns}}}]\n"
+    ));
+    let kubeconfig = s.cluster.service_account_kubeconfig(&ns, "no-pods");
+    let forbidden = |logs: &str| logs.contains("pod watch failed") || logs.contains("forbidden");
+    s.controller().terminate();
+    s.controller = Some(s.start_controller_as(&kubeconfig, &["--no-holder-pods"]));
+    s.apply(
+        "untracked",
+        "untracked-target",
+        "ghost",
+        "holderRef: {kind: Pod, name: ghost}",
+    );
+    s.wait_phase("untracked", Phase::Held, 30 * SEC).await;
+    // A tracked ghost is released within a reconcile; an untracked one stays Held.
+    tokio::time::sleep(3 * SEC).await;
+    assert_eq!(phase_of(&s.get("untracked").await), Some(Phase::Held));
+    let logs = s.controller().logs();
+    assert!(!forbidden(&logs), "the controller asked for pods:\n{logs}");
+    s.controller().terminate();
+    s.controller = Some(s.start_controller_as(&kubeconfig, &[]));
+    let deadline = Instant::now() + 30 * SEC;
+    while !forbidden(&s.controller().logs()) {
+        assert!(
+            Instant::now() < deadline,
+            "the control never asked for pods:\n{}",
+            s.controller().logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 // 5a. SIGKILL and restart within the TTL: owner and token unchanged, renewals carry on.
 async fn controller_restart_keeps_leases(mut s: Scenario) {
     s.apply("kept", "restart-target", "worker-1", "ttlSeconds: 6");
@@ -960,6 +1007,7 @@ fn main() {
         handover_on_delete,
         invalid_resources_are_refused,
         holder_pod_gone_releases,
+        holder_pods_narrowed_need_no_pod_access,
         controller_restart_keeps_leases,
         leader_failover_keeps_leases,
         cut_off_leader_stops_first,

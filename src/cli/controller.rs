@@ -1,5 +1,6 @@
 //! `targetlease controller`: runs the TargetLease controller with its HTTP endpoints.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use tracing::{error, info, warn};
 
 use super::valkey_args::ValkeyArgs;
 use crate::controller::election::{self, Election, stopped};
+use crate::controller::holders::PodScope;
 use crate::controller::http::{self, Probe};
 use crate::controller::metrics::Metrics;
 use crate::controller::{self, Settings};
@@ -44,6 +46,20 @@ pub struct ControllerArgs {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "TARGETLEASE_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
+    /// Read holder pods (`spec.holderRef`) only in these namespaces, comma-separated (default:
+    /// every watched namespace). Holders elsewhere are released through the heartbeat of
+    /// `targetlease run` instead of the moment their pod is gone or finished.
+    #[arg(
+        long,
+        env = "TARGETLEASE_HOLDER_POD_NAMESPACES",
+        value_delimiter = ',',
+        conflicts_with = "no_holder_pods"
+    )]
+    holder_pod_namespaces: Vec<String>,
+    /// Read no pod at all: no holderRef is tracked (releases come from `targetlease run`'s own
+    /// release, its heartbeat, or the garbage collection of TargetLeases owned by deleted pods).
+    #[arg(long, env = "TARGETLEASE_NO_HOLDER_PODS")]
+    no_holder_pods: bool,
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, env = "TARGETLEASE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     http_addr: SocketAddr,
@@ -99,6 +115,31 @@ impl ControllerArgs {
             })
     }
 
+    /// Where holder pods are read: within the watched namespace, if there is one.
+    fn holder_pods(&self) -> Result<PodScope, String> {
+        if self.no_holder_pods {
+            return Ok(PodScope::Off);
+        }
+        let namespaces: BTreeSet<String> = self
+            .holder_pod_namespaces
+            .iter()
+            .map(|ns| ns.trim().to_owned())
+            .filter(|ns| !ns.is_empty())
+            .collect();
+        if namespaces.is_empty() {
+            return Ok(PodScope::Watched);
+        }
+        if let Some(watched) = &self.watch_namespace
+            && namespaces.iter().any(|ns| ns != watched)
+        {
+            return Err(format!(
+                "--holder-pod-namespaces names namespaces other than the watched one ({watched}): \
+                 TargetLeases elsewhere are not reconciled"
+            ));
+        }
+        Ok(PodScope::Namespaces(namespaces))
+    }
+
     /// Runs until SIGTERM or SIGINT.
     pub async fn run(self) -> ExitCode {
         match self.serve().await {
@@ -144,6 +185,7 @@ impl ControllerArgs {
         });
         let settings = Settings {
             namespace: self.watch_namespace.clone(),
+            holder_pods: self.holder_pods()?,
             identity: self.identity(),
             shortest_ttl: controller::shortest_ttl(self.valkey.valkey_timeout.0, election.as_ref()),
         };

@@ -4,8 +4,14 @@
 //! relist (after a 410 Gone or an API server restart) marks every referenced pod it did not
 //! list as gone: pods deleted while the watch was down are noticed. A holderRef with a `uid`
 //! matches only the pod with that uid: a pod recreated under the same name is not the holder.
+//!
+//! Reading pods is the widest right the controller has (RBAC cannot limit it to some fields or
+//! some pods: whoever may read a pod reads its env too), so [`PodScope`] narrows it to the
+//! namespaces where holder pods run, or turns it off: a holder that is not tracked is released
+//! when its `targetlease run` stops its heartbeat, or deletes its TargetLease, or when the
+//! garbage collector deletes a TargetLease owned by a deleted pod.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::TryStreamExt;
@@ -32,12 +38,45 @@ type PodKey = (String, String);
 /// What the watch (or a direct read) last saw of a pod: its fate and its uid.
 type Seen = (Fate, Option<String>);
 
+/// Where the controller reads holder pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodScope {
+    /// Every namespace the controller watches TargetLeases in (the default).
+    Watched,
+    /// Only these namespaces; holderRefs elsewhere are not tracked.
+    Namespaces(BTreeSet<String>),
+    /// No pod anywhere: no holderRef is tracked.
+    Off,
+}
+
+impl PodScope {
+    /// Whether holder pods in `namespace` are tracked.
+    pub fn covers(&self, namespace: &str) -> bool {
+        match self {
+            PodScope::Watched => true,
+            PodScope::Namespaces(namespaces) => namespaces.contains(namespace),
+            PodScope::Off => false,
+        }
+    }
+
+    /// The pod watches to run: one per namespace (`None`: every namespace), given the
+    /// TargetLease watch's namespace.
+    pub fn watches(&self, watched: Option<&str>) -> Vec<Option<String>> {
+        match self {
+            PodScope::Watched => vec![watched.map(str::to_owned)],
+            PodScope::Namespaces(namespaces) => namespaces.iter().cloned().map(Some).collect(),
+            PodScope::Off => Vec::new(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     seen: HashMap<PodKey, Seen>,
     referrers: HashMap<PodKey, HashSet<ObjectRef<TargetLease>>>,
-    /// Referenced pods listed so far by a relist in progress.
-    relisted: Option<HashSet<PodKey>>,
+    /// Referenced pods listed so far by the relists in progress, per watch (by its namespace,
+    /// `None` for every namespace): one watch's relist says nothing of another's pods.
+    relisted: HashMap<Option<String>, HashSet<PodKey>>,
 }
 
 /// The fate of the holder a TargetLease names, given what was seen of the pod of that name.
@@ -131,8 +170,10 @@ impl Holders {
                 return;
             };
             let referrers: Vec<_> = referrers.iter().cloned().collect();
-            if let Some(relisted) = state.relisted.as_mut() {
-                relisted.insert(key.clone());
+            for (scope, relisted) in state.relisted.iter_mut() {
+                if scope.as_ref().is_none_or(|ns| *ns == key.0) {
+                    relisted.insert(key.clone());
+                }
             }
             if state.seen.get(&key) == Some(&now) {
                 return;
@@ -146,17 +187,18 @@ impl Holders {
         }
     }
 
-    /// A relist ended: every referenced pod it did not list is gone (deleted while the watch
-    /// was down).
-    fn relist_done(&self) {
+    /// A relist of the watch of `scope` ended: every referenced pod in its scope that it did
+    /// not list is gone (deleted while the watch was down).
+    fn relist_done(&self, scope: &Option<String>) {
         let gone: Vec<PodKey> = {
             let mut state = self.lock();
-            let Some(listed) = state.relisted.take() else {
+            let Some(listed) = state.relisted.remove(scope) else {
                 return;
             };
             state
                 .referrers
                 .keys()
+                .filter(|key| scope.as_ref().is_none_or(|ns| *ns == key.0))
                 .filter(|key| !listed.contains(*key))
                 .cloned()
                 .collect()
@@ -178,22 +220,24 @@ impl Holders {
         futures::pin_mut!(stream);
         loop {
             match stream.try_next().await {
-                Ok(Some(event)) => self.apply(event),
+                Ok(Some(event)) => self.apply(&namespace, event),
                 Ok(None) => return,
                 Err(e) => warn!(error = %e, "pod watch failed; retrying"),
             }
         }
     }
 
-    fn apply(&self, event: watcher::Event<Pod>) {
+    fn apply(&self, scope: &Option<String>, event: watcher::Event<Pod>) {
         let key = |pod: &Pod| (pod.namespace().unwrap_or_default(), pod.name_any());
         match event {
             watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
                 self.observe(key(&pod), (fate_of(&pod), pod.metadata.uid.clone()));
             }
             watcher::Event::Delete(pod) => self.observe(key(&pod), (Fate::Done, None)),
-            watcher::Event::Init => self.lock().relisted = Some(HashSet::new()),
-            watcher::Event::InitDone => self.relist_done(),
+            watcher::Event::Init => {
+                self.lock().relisted.insert(scope.clone(), HashSet::new());
+            }
+            watcher::Event::InitDone => self.relist_done(scope),
         }
     }
 }
@@ -226,21 +270,63 @@ mod tests {
         let (tx, mut woken) = mpsc::unbounded_channel();
         let holders = Holders::new(tx);
         assert_eq!(holders.register(lease("l"), "ns", "p", None), None);
-        holders.apply(watcher::Event::Apply(pod("p", "u1")));
+        holders.apply(&None, watcher::Event::Apply(pod("p", "u1")));
         assert_eq!(woken.try_recv().ok(), Some(lease("l")));
         assert_eq!(
             holders.register(lease("l"), "ns", "p", None),
             Some(Fate::Alive)
         );
         // The pod is deleted while the watch is down; the relist does not list it.
-        holders.apply(watcher::Event::Init);
-        holders.apply(watcher::Event::InitApply(pod("other", "u9")));
-        holders.apply(watcher::Event::InitDone);
+        holders.apply(&None, watcher::Event::Init);
+        holders.apply(&None, watcher::Event::InitApply(pod("other", "u9")));
+        holders.apply(&None, watcher::Event::InitDone);
         assert_eq!(
             holders.register(lease("l"), "ns", "p", None),
             Some(Fate::Done)
         );
         assert_eq!(woken.try_recv().ok(), Some(lease("l")));
+    }
+
+    #[test]
+    fn a_relist_speaks_only_for_its_own_namespace() {
+        let (tx, _woken) = mpsc::unbounded_channel();
+        let holders = Holders::new(tx);
+        let mut other = pod("q", "u2");
+        other.metadata.namespace = Some("other".into());
+        assert_eq!(holders.register(lease("l"), "ns", "p", None), None);
+        assert_eq!(holders.register(lease("m"), "other", "q", None), None);
+        let (ns, elsewhere) = (Some("ns".to_owned()), Some("other".to_owned()));
+        holders.apply(&ns, watcher::Event::Apply(pod("p", "u1")));
+        holders.apply(&elsewhere, watcher::Event::Apply(other));
+        // The watch of "other" relists without "p": "p" is not its to judge.
+        holders.apply(&elsewhere, watcher::Event::Init);
+        holders.apply(&elsewhere, watcher::Event::InitDone);
+        assert_eq!(
+            holders.register(lease("l"), "ns", "p", None),
+            Some(Fate::Alive)
+        );
+        assert_eq!(
+            holders.register(lease("m"), "other", "q", None),
+            Some(Fate::Done)
+        );
+    }
+
+    #[test]
+    fn scopes_cover_and_watch_what_they_name() {
+        let some: PodScope = PodScope::Namespaces(["a".to_owned(), "b".to_owned()].into());
+        assert!(PodScope::Watched.covers("x"));
+        assert!(some.covers("a") && !some.covers("x"));
+        assert!(!PodScope::Off.covers("a"));
+        assert_eq!(PodScope::Watched.watches(None), vec![None]);
+        assert_eq!(
+            PodScope::Watched.watches(Some("w")),
+            vec![Some("w".to_owned())]
+        );
+        assert_eq!(
+            some.watches(None),
+            vec![Some("a".to_owned()), Some("b".to_owned())]
+        );
+        assert!(PodScope::Off.watches(Some("w")).is_empty());
     }
 
     #[test]
@@ -251,13 +337,13 @@ mod tests {
             holders.register(lease("l"), "ns", "web-0", Some("old")),
             None
         );
-        holders.apply(watcher::Event::Apply(pod("web-0", "old")));
+        holders.apply(&None, watcher::Event::Apply(pod("web-0", "old")));
         assert_eq!(
             holders.register(lease("l"), "ns", "web-0", Some("old")),
             Some(Fate::Alive)
         );
-        holders.apply(watcher::Event::Delete(pod("web-0", "old")));
-        holders.apply(watcher::Event::Apply(pod("web-0", "new")));
+        holders.apply(&None, watcher::Event::Delete(pod("web-0", "old")));
+        holders.apply(&None, watcher::Event::Apply(pod("web-0", "new")));
         assert_eq!(
             holders.register(lease("l"), "ns", "web-0", Some("old")),
             Some(Fate::Done)

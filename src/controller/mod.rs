@@ -29,7 +29,7 @@ use tracing::{debug, info, warn};
 
 pub use error::Error;
 
-use self::holders::Holders;
+use self::holders::{Holders, PodScope};
 use self::index::TargetIndex;
 use self::metrics::Metrics;
 use crate::api::{FIELD_MANAGER, TargetLease};
@@ -53,6 +53,8 @@ pub struct Context {
     pub wake: UnboundedSender<ObjectRef<TargetLease>>,
     /// The holder pods named by `spec.holderRef`.
     pub holders: Holders,
+    /// Where holder pods are read.
+    pub holder_pods: PodScope,
     /// The heartbeats of `targetlease run`.
     pub heartbeats: heartbeat::Heartbeats,
     /// Whether this replica may act; checked before every store call and status write.
@@ -68,6 +70,8 @@ pub struct Context {
 pub struct Settings {
     /// Watch one namespace, or every namespace.
     pub namespace: Option<String>,
+    /// Where holder pods are read (see [`PodScope`]).
+    pub holder_pods: PodScope,
     /// This replica's name, in events.
     pub identity: String,
     /// The shortest `ttlSeconds` this controller can keep (see [`shortest_ttl`]).
@@ -172,16 +176,22 @@ pub async fn run(
         targets,
         wake,
         holders: holders.clone(),
+        holder_pods: settings.holder_pods.clone(),
         heartbeats: heartbeat::Heartbeats::default(),
         leadership,
         shortest_ttl: settings.shortest_ttl,
         failures: Mutex::default(),
     });
-    let pods = tokio::spawn(holders.watch(client, settings.namespace.clone()));
+    let pods: Vec<_> = settings
+        .holder_pods
+        .watches(settings.namespace.as_deref())
+        .into_iter()
+        .map(|namespace| tokio::spawn(holders.clone().watch(client.clone(), namespace)))
+        .collect();
     let woken = futures::stream::unfold(woken, |mut rx| async move {
         rx.recv().await.map(|obj| (obj, rx))
     });
-    info!(namespace = ?settings.namespace, identity = %settings.identity, "controller started");
+    info!(namespace = ?settings.namespace, holder_pods = ?settings.holder_pods, identity = %settings.identity, "controller started");
     let failures_ctx = ctx.clone();
     controller
         .reconcile_on(woken)
@@ -201,7 +211,9 @@ pub async fn run(
             futures::future::ready(())
         })
         .await;
-    pods.abort();
+    for watch in pods {
+        watch.abort();
+    }
     // No longer leading: nothing to count.
     failures_ctx.metrics.count_leases_in(None);
     info!("controller stopped");

@@ -199,6 +199,11 @@ async fn holder_done(
     ctx: &Context,
 ) -> Result<bool, Error> {
     let ns = lease.namespace().unwrap_or_default();
+    if !ctx.holder_pods.covers(&ns) {
+        // Not tracked here (no right to read these pods): the heartbeat of `targetlease run`
+        // and the garbage collection of TargetLeases owned by deleted pods still apply.
+        return Ok(false);
+    }
     let uid = holder.uid.as_deref();
     if let Some(fate) = ctx
         .holders

@@ -96,6 +96,13 @@ app.kubernetes.io/component: controller
 {{- if ne (empty .Values.valkey.tls.certKey) (empty .Values.valkey.tls.keyKey) }}
 {{- fail "valkey.tls.certKey and valkey.tls.keyKey go together (mutual TLS needs both)" }}
 {{- end }}
+{{- with .Values.controller.watchNamespace }}
+{{- range $.Values.controller.holderPods.namespaces }}
+{{- if ne . $.Values.controller.watchNamespace }}
+{{- fail (printf "controller.holderPods.namespaces lists %s, but the controller watches only %s: holder pods elsewhere belong to TargetLeases it never reconciles" . $.Values.controller.watchNamespace) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and (eq .Values.controller.backend "valkey") (not .Values.valkey.existingSecret.name) (not .Values.valkey.url) }}
 {{- fail "controller.backend=valkey needs valkey.url or valkey.existingSecret.name" }}
 {{- end }}

@@ -1,0 +1,6 @@
+// The independent linearizability checker of tests/linearizability.rs (Porcupine).
+module targetlease.invalid/tests/porcupine
+
+go 1.26.0
+
+require github.com/anishathalye/porcupine v1.3.1

@@ -1,0 +1,279 @@
+// Command linearize checks a history of lease-store calls for linearizability against a
+// sequential model of the lease protocol, with Porcupine: the independent checker of
+// tests/linearizability.rs, which records the history on a real server with clients killed
+// mid-call. It shares no code with the store it checks.
+//
+//	linearize HISTORY.json [VISUALIZATION.html]
+//
+// Exit status 0: linearizable; 1: not linearizable (the visualization, when asked for, shows
+// where); 2: bad input or the check timed out.
+//
+// The model (docs/store.md, "The lease protocol"), per target:
+//   - acquire: "acquired" with a token above every token issued before (the fence), when no
+//     live lease is held; "held" with the holder's owner while one is;
+//   - renew: "renewed" only for the exact (lease id, owner, token) of the live lease; else "lost",
+//     "expired" when no lease is live, "not_holder" when another one is;
+//   - release: "released" only for the exact holder of the live lease (which then ends); else
+//     "not_holder";
+//   - check: "current" when the token is the newest issued, "stale" when a newer one exists,
+//     both with that newest token.
+//
+// Time: a lease expires ttl after the server ran the call that granted or renewed it, which lies
+// somewhere in that call's [call, return] window (one clock: the recorder and the server share
+// a machine). At another call's window the lease is certainly live, certainly expired, or
+// either; "either" makes the model nondeterministic. A call whose client was killed (or that
+// failed) may or may not have taken effect: its return is open-ended and every outcome is
+// allowed, so it is placed wherever the rest of the history needs it, including after
+// everything (never happened). A token it may have issued is unknown: the fence is then only
+// a lower bound until the next observed token.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// Call is one recorded call, as tests/linearizability.rs writes it. Times are nanoseconds on
+// the recorder's monotonic clock.
+type Call struct {
+	Client int    `json:"client"`
+	Target string `json:"target"`
+	Op     string `json:"op"`
+	Lease  string `json:"lease"`
+	Owner  string `json:"owner"`
+	Token  uint64 `json:"token"`
+	TTLMs  int64  `json:"ttl_ms"`
+	Call   int64  `json:"call"`
+	Return int64  `json:"return"`
+	// Killed: the client was killed before it printed a reply (Out is then absent).
+	Killed bool `json:"killed"`
+	// Settle: a bound after which a killed or failed call has certainly run or never will (the
+	// server runs what it received within milliseconds; the recorder allows seconds).
+	Settle int64 `json:"settle"`
+	// The reply the client printed (the CLI's JSON), if any.
+	Out *Reply `json:"out"`
+}
+
+// Reply is the part of the CLI's JSON reply the model checks.
+type Reply struct {
+	Outcome string `json:"outcome"`
+	Token   uint64 `json:"token"`
+	Owner   string `json:"owner"`
+	Reason  string `json:"reason"`
+	Newest  uint64 `json:"newest"`
+}
+
+// A call's input to the model: the call itself (its window included).
+type input = Call
+
+// A call's output: the reply, or nil when unknown (killed, or failed in a way that may or may
+// not have taken effect).
+type output = *Reply
+
+// The holder of a target. Token 0: issued to a killed client, value unknown. Expiry lies in
+// [expLo, expHi] on the recorder's clock.
+type holder struct {
+	lease, owner string
+	token        uint64
+	expLo, expHi int64
+}
+
+// State of one target. Values, not pointers: Porcupine compares and copies them.
+type state struct {
+	// The newest token observed; fenceOpen: a larger one may have been issued since, unseen.
+	fence     uint64
+	fenceOpen bool
+	held      bool
+	h         holder
+}
+
+const never = int64(math.MaxInt64)
+
+// liveness of the holder over a call's window: certainly live, certainly expired, or either.
+func (s state) maybeLive(c input) bool    { return s.held && c.Call <= s.h.expHi }
+func (s state) maybeExpired(c input) bool { return !s.held || c.Return >= s.h.expLo }
+
+func (s state) isHolder(c input) bool {
+	return s.held && s.h.lease == c.Lease && s.h.owner == c.Owner && s.h.token != 0 && s.h.token == c.Token
+}
+
+// grantedBy: the holder a grant or renewal by call c leaves behind.
+func grantedBy(c input, lease, owner string, token uint64) holder {
+	ttl := c.TTLMs * int64(time.Millisecond)
+	hi := c.Return + ttl
+	if c.Return == never {
+		hi = c.Settle + ttl
+	}
+	return holder{lease: lease, owner: owner, token: token, expLo: c.Call + ttl, expHi: hi}
+}
+
+func step(st interface{}, in interface{}, out interface{}) []interface{} {
+	s, c, r := st.(state), in.(input), out.(output)
+	var next []interface{}
+	possible := func(ok bool, n state) {
+		if ok {
+			next = append(next, n)
+		}
+	}
+	free := s
+	free.held = false
+	switch c.Op {
+	case "acquire":
+		// Re-entrant: the same lease id and owner get their token back.
+		if s.maybeLive(c) && s.h.lease == c.Lease && s.h.owner == c.Owner {
+			n := s
+			n.h = grantedBy(c, c.Lease, c.Owner, s.h.token)
+			possible(r == nil || (r.Outcome == "acquired" && r.Token == s.h.token), n)
+		}
+		if s.maybeLive(c) && !(s.h.lease == c.Lease && s.h.owner == c.Owner) {
+			possible(r == nil || (r.Outcome == "held" && r.Owner == s.h.owner), s)
+		}
+		if s.maybeExpired(c) {
+			if r == nil {
+				n := free
+				n.fenceOpen, n.held = true, true
+				n.h = grantedBy(c, c.Lease, c.Owner, 0)
+				next = append(next, n)
+			} else if r.Outcome == "acquired" && r.Token > s.fence {
+				n := free
+				n.fence, n.fenceOpen, n.held = r.Token, false, true
+				n.h = grantedBy(c, c.Lease, c.Owner, r.Token)
+				next = append(next, n)
+			}
+		}
+	case "renew":
+		if s.maybeLive(c) && s.isHolder(c) {
+			n := s
+			n.h = grantedBy(c, c.Lease, c.Owner, c.Token)
+			possible(r == nil || r.Outcome == "renewed", n)
+		}
+		if s.maybeExpired(c) {
+			possible(r == nil || (r.Outcome == "lost" && r.Reason == "expired"), free)
+		}
+		if s.maybeLive(c) && !s.isHolder(c) {
+			possible(r == nil || (r.Outcome == "lost" && r.Reason == "not_holder"), s)
+		}
+	case "release":
+		if s.maybeLive(c) && s.isHolder(c) {
+			possible(r == nil || r.Outcome == "released", free)
+		}
+		if s.maybeExpired(c) {
+			possible(r == nil || r.Outcome == "not_holder", free)
+		}
+		if s.maybeLive(c) && !s.isHolder(c) {
+			possible(r == nil || r.Outcome == "not_holder", s)
+		}
+	case "check":
+		switch {
+		case r == nil:
+			next = append(next, s)
+		case r.Outcome == "current":
+			possible(!s.fenceOpen && c.Token == s.fence && r.Newest == s.fence, s)
+		case r.Outcome == "stale":
+			if s.fenceOpen {
+				// The newest is the unseen token: above the fence; now it is seen.
+				n := s
+				n.fence, n.fenceOpen = r.Newest, false
+				possible(c.Token <= s.fence && r.Newest > s.fence, n)
+			} else {
+				possible(c.Token < s.fence && r.Newest == s.fence, s)
+			}
+		}
+	}
+	return next
+}
+
+func describe(in interface{}, out interface{}) string {
+	c, r := in.(input), out.(output)
+	what := fmt.Sprintf("%s(%s %s %s tok=%d)", c.Op, c.Target, c.Lease, c.Owner, c.Token)
+	if r == nil {
+		return what + " -> ?"
+	}
+	return fmt.Sprintf("%s -> %s %d %s%s", what, r.Outcome, r.Token+r.Newest, r.Owner, r.Reason)
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: linearize HISTORY.json [VISUALIZATION.html]")
+		os.Exit(2)
+	}
+	data, err := os.ReadFile(os.Args[1])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	var calls []Call
+	if err := json.Unmarshal(data, &calls); err != nil {
+		fmt.Fprintln(os.Stderr, "history:", err)
+		os.Exit(2)
+	}
+	var ops []porcupine.Operation
+	unknown := 0
+	for _, c := range calls {
+		var out output = c.Out
+		if c.Killed || c.Out == nil || c.Out.Outcome == "error" {
+			// May have taken effect at any time after its call, or never.
+			out, c.Return = nil, never
+			unknown++
+		}
+		ops = append(ops, porcupine.Operation{ClientId: c.Client, Input: c, Call: c.Call, Output: out, Return: c.Return})
+	}
+	spec := porcupine.NondeterministicModel{
+		Init: func() []interface{} { return []interface{}{state{}} },
+		Step: step,
+		Equal: func(a, b interface{}) bool {
+			return a.(state) == b.(state)
+		},
+		Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
+			byTarget := map[string][]porcupine.Operation{}
+			for _, op := range history {
+				t := op.Input.(input).Target
+				byTarget[t] = append(byTarget[t], op)
+			}
+			var keys []string
+			for t := range byTarget {
+				keys = append(keys, t)
+			}
+			sort.Strings(keys)
+			var parts [][]porcupine.Operation
+			for _, t := range keys {
+				parts = append(parts, byTarget[t])
+			}
+			return parts
+		},
+		DescribeOperation: describe,
+		DescribeState: func(st interface{}) string {
+			s := st.(state)
+			open := ""
+			if s.fenceOpen {
+				open = "+"
+			}
+			if !s.held {
+				return fmt.Sprintf("free fence=%d%s", s.fence, open)
+			}
+			return fmt.Sprintf("held by %s/%s tok=%d fence=%d%s", s.h.owner, s.h.lease, s.h.token, s.fence, open)
+		},
+	}
+	model := spec.ToModel()
+	result, info := porcupine.CheckOperationsVerbose(model, ops, 120*time.Second)
+	fmt.Printf("linearize: %d calls (%d with an unknown outcome), %s\n", len(ops), unknown, result)
+	if result != porcupine.Ok && len(os.Args) > 2 {
+		if err := porcupine.VisualizePath(model, info, os.Args[2]); err == nil {
+			fmt.Printf("linearize: visualization in %s\n", os.Args[2])
+		}
+	}
+	switch result {
+	case porcupine.Ok:
+		os.Exit(0)
+	case porcupine.Illegal:
+		os.Exit(1)
+	default:
+		os.Exit(2)
+	}
+}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the e2e control-plane binaries from pinned Go modules (see e2e/README.md).
+# Build the e2e control-plane and node binaries from pinned Go modules (see e2e/README.md).
 #
 #   e2e/build.sh                build what is missing for the current pins
 #   e2e/build.sh --bin-dir      print the binary folder of the current pins (no build)
@@ -36,16 +36,29 @@ export CGO_ENABLED=0 # static binaries, as upstream builds them; also faster
 go_version() { (cd "$TOOLS_DIR/kubernetes" && "$GO" env GOVERSION); }
 
 # --- what is built -------------------------------------------------------------
-# name|module dir|package|extra ldflags
+# name|module dir|package|build tags|extra ldflags
 kube_x="-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=$KUBE_MAJOR -X k8s.io/component-base/version.gitMinor=$KUBE_MINOR -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.gitCommit="
 kube_x+=" -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION -X k8s.io/client-go/pkg/version.gitMajor=$KUBE_MAJOR -X k8s.io/client-go/pkg/version.gitMinor=$KUBE_MINOR -X k8s.io/client-go/pkg/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitCommit="
+# containerd as its release binaries are built (static, no btrfs/devmapper/zfs snapshotters);
+# the shim also without gRPC (ttrpc only), as upstream's Makefile builds it.
+ctd_tags="urfave_cli_no_docs,osusergo,netgo,static_build,no_btrfs,no_devmapper,no_zfs"
+ctd_x="-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION -X github.com/containerd/containerd/v2/version.Revision= -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
 TARGETS=(
-  "etcd|etcd|go.etcd.io/etcd/server/v3|"
-  "kube-apiserver|kubernetes|k8s.io/kubernetes/cmd/kube-apiserver|$kube_x"
-  "kube-controller-manager|kubernetes|k8s.io/kubernetes/cmd/kube-controller-manager|$kube_x"
-  "kubectl|kubernetes|k8s.io/kubernetes/cmd/kubectl|$kube_x"
-  "kstatus|kubernetes|./cmd/kstatus|"
-  "helm|helm|helm.sh/helm/v4/cmd/helm|-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION -X helm.sh/helm/v4/internal/version.metadata= -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+  "etcd|etcd|go.etcd.io/etcd/server/v3||"
+  "kube-apiserver|kubernetes|k8s.io/kubernetes/cmd/kube-apiserver||$kube_x"
+  "kube-controller-manager|kubernetes|k8s.io/kubernetes/cmd/kube-controller-manager||$kube_x"
+  "kubectl|kubernetes|k8s.io/kubernetes/cmd/kubectl||$kube_x"
+  "kstatus|kubernetes|./cmd/kstatus||"
+  "helm|helm|helm.sh/helm/v4/cmd/helm||-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION -X helm.sh/helm/v4/internal/version.metadata= -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+  # the node (`e2e/cluster up --node`)
+  "kube-scheduler|kubernetes|k8s.io/kubernetes/cmd/kube-scheduler||$kube_x"
+  "kubelet|kubernetes|k8s.io/kubernetes/cmd/kubelet||$kube_x"
+  "kube-proxy|kubernetes|k8s.io/kubernetes/cmd/kube-proxy||$kube_x"
+  "pause|kubernetes|./cmd/pause||"
+  "incluster|kubernetes|./cmd/incluster||"
+  "containerd|containerd|github.com/containerd/containerd/v2/cmd/containerd|$ctd_tags|$ctd_x"
+  "containerd-shim-runc-v2|containerd|github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2|$ctd_tags,no_grpc|$ctd_x"
+  "ctr|containerd|github.com/containerd/containerd/v2/cmd/ctr|$ctd_tags|$ctd_x"
 )
 HASHED_FLAGS=(-trimpath -buildvcs=false)
 BUILD_FLAGS=("${HASHED_FLAGS[@]}" -p "$JOBS")
@@ -104,14 +117,16 @@ fi
 cat >&2 <<EOF
 e2e/build.sh: building the e2e control plane from Go modules into
   $BIN_DIR
-  pins: Kubernetes $KUBE_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION, cli-utils $CLI_UTILS_VERSION, $(go_version)
+  pins: Kubernetes $KUBE_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION, cli-utils $CLI_UTILS_VERSION,
+  containerd $CONTAINERD_VERSION, $(go_version)
 Why this can take long: kube-apiserver, kube-controller-manager and kubectl
-compile several thousand Go packages (all of Kubernetes). On a cold machine
-(empty Go module and build caches) expect ~1.5 GB of module downloads and
-about 10 minutes of compiling on 2 cores (measured: 8.5 min, kube-apiserver
-alone 4.5 min, peak 2.6 GB RAM), more if the machine is busy; binaries are
-built one at a time (go build -p $JOBS) to leave room for other work. With a
-warm Go build cache a rebuild only links (~25 s); this folder is
+compile several thousand Go packages (all of Kubernetes); the node adds the
+kubelet, kube-scheduler, kube-proxy and containerd. On a cold machine (empty Go
+module and build caches) expect ~1.7 GB of module downloads and about 10
+minutes of compiling on 2 cores (measured: 9.5 min, of which the node 1.5 min;
+kube-apiserver alone 4 min, peak 2.6 GB RAM), more if the machine is busy;
+binaries are built one at a time (go build -p $JOBS) to leave room for other
+work. With a warm Go build cache a rebuild only links (~45 s); this folder is
 reused, with no go command run, until a pin changes.
 EOF
 
@@ -121,16 +136,16 @@ if [[ -x /usr/bin/time ]]; then TIME_V=(/usr/bin/time -v -o "$BIN_DIR/.time.tmp"
 
 total_start=$SECONDS
 for t in "${TARGETS[@]}"; do
-  IFS='|' read -r name mod pkg xflags <<<"$t"
+  IFS='|' read -r name mod pkg tags xflags <<<"$t"
   if [[ $FORCE == 0 && -x "$BIN_DIR/$name" ]]; then
     say "$name: present, skipped"
     continue
   fi
-  say "$name: go build $pkg (module e2e/tools/$mod) ..."
+  say "$name: go build${tags:+ -tags $tags} $pkg (module e2e/tools/$mod) ..."
   start=$SECONDS
   tmp="$BIN_DIR/.$name.tmp"
   rm -f "$tmp"
-  if ! (cd "$TOOLS_DIR/$mod" && "${TIME_V[@]}" "$GO" build "${BUILD_FLAGS[@]}" \
+  if ! (cd "$TOOLS_DIR/$mod" && "${TIME_V[@]}" "$GO" build "${BUILD_FLAGS[@]}" ${tags:+-tags "$tags"} \
         -ldflags "$BASE_LDFLAGS $xflags" -o "$tmp" "$pkg"); then
     rm -f "$tmp"
     die "building $name failed (see the go output above)"

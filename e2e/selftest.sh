@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Self-test of the e2e control plane: brings a cluster (and Valkey) up with
-# e2e/cluster, runs named checks against it, brings it down, and prints
+# e2e/cluster, runs named checks against it, brings it down; then the same for a
+# cluster with a node (`up --node`, root only: real pods); and prints
 # `N passed, N failed` as its last line. Exits non-zero on any failure or if
 # no test ran. A missing binary or cluster is a failure, never a skip.
 #
@@ -28,6 +29,10 @@ FAILED_NAMES=()
 cleanup() {
   if [[ -f "$TARGETLEASE_E2E_STATE" ]]; then "$CLUSTER" down >/dev/null 2>&1 || true; fi
   if [[ -f "$WORK/watchdog-state" ]]; then TARGETLEASE_E2E_STATE="$WORK/watchdog-state" "$CLUSTER" down >/dev/null 2>&1 || true; fi
+  local f
+  for f in node-state crash-node-state second-node-state; do
+    if [[ -f "$WORK/$f" ]]; then TARGETLEASE_E2E_STATE="$WORK/$f" "$CLUSTER" down >/dev/null 2>&1 || true; fi
+  done
   rm -rf -- "$WORK"
 }
 trap cleanup EXIT
@@ -368,6 +373,216 @@ t_owner_watchdog() {
   [[ ! -e "$state" ]]
 }
 export -f t_cluster_up t_apply_and_version t_rbac t_garbage_collection t_pod_security t_helm t_kstatus t_valkey t_restart t_down t_owner_watchdog
+# ------------------------------------------------------------- node tests --
+# A second cluster with a real node (`up --node`: kube-scheduler, containerd, kubelet,
+# kube-proxy on this machine; root only), in its own state file.
+NODE_STATE="$WORK/node-state"
+NODE_RUN=/run/targetlease-e2e-node
+NODE_LOCK=/run/targetlease-e2e-node.lock
+# sysctls a node changes (kubelet, CNI bridge) or could change (kube-proxy): `down` restores them.
+NODE_SYSCTLS="vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops net.ipv4.ip_forward
+  net.ipv4.conf.all.forwarding net.ipv4.conf.all.accept_redirects net.ipv4.conf.all.route_localnet
+  net.netfilter.nf_conntrack_max net.netfilter.nf_conntrack_tcp_timeout_established"
+export NODE_STATE NODE_RUN NODE_LOCK NODE_SYSCTLS
+
+need_node() { # the node cluster's environment
+  local env
+  env="$(TARGETLEASE_E2E_STATE="$NODE_STATE" "$CLUSTER" env)" || { echo "no node cluster is running"; return 1; }
+  eval "$env"
+  [[ -n "${TARGETLEASE_E2E_NODE:-}" ]] || { echo "the cluster has no node (TARGETLEASE_E2E_NODE unset)"; return 1; }
+}
+sysctl_values() { local k; for k in $NODE_SYSCTLS; do echo "$k=$(sysctl -n "$k" 2>/dev/null || echo absent)"; done; }
+# The machine state a node leaves behind; empty output means none.
+node_leftovers() { # DIR
+  local d="$1" f
+  ip link show tle2e0 >/dev/null 2>&1 && echo "bridge tle2e0 still exists"
+  for f in iptables ip6tables; do
+    if "$f-save" 2>/dev/null | grep -E '^:(KUBE|CNI)-|-[jg] (KUBE|CNI)-' | head -3 | grep -q .; then
+      echo "$f still has KUBE-/CNI- chains:"; "$f-save" | grep -E '^:(KUBE|CNI)-' | head -5
+    fi
+  done
+  for f in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do [[ -e "$f" ]] && echo "cgroup $f still exists"; done
+  grep -qF " $d/" /proc/self/mountinfo 2>/dev/null && echo "mounts remain under $d"
+  [[ -e "$NODE_RUN" ]] && echo "$NODE_RUN still exists"
+  for f in /proc/[0-9]*/exe; do
+    case "$(readlink "$f" 2>/dev/null)" in
+      */kubelet | */kube-proxy | */kube-scheduler | */containerd | */containerd-shim-runc-v2)
+        if [[ "$(awk '{print $3}' "${f%/exe}/stat" 2>/dev/null)" != Z ]] && tr '\0' ' ' <"${f%/exe}/cmdline" 2>/dev/null | grep -qF "$d"; then
+          echo "process ${f%/exe} still runs: $(tr '\0' ' ' <"${f%/exe}/cmdline")"
+        fi ;;
+    esac
+  done
+  [[ -e "$d" ]] && echo "cluster folder $d still exists"
+  (exec 9>>"$NODE_LOCK"; flock -n 9) || echo "the node lock $NODE_LOCK is still held"
+  return 0
+}
+restricted_pod() { # NAME IMAGE [COMMAND-JSON]: a pod that satisfies PodSecurity "restricted"
+  cat <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 5
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65535
+    runAsGroup: 65535
+    seccompProfile:
+      type: RuntimeDefault
+  containers:
+  - name: c
+    image: $2
+    imagePullPolicy: Never
+    ${3:+command: $3}
+    securityContext:
+      allowPrivilegeEscalation: false
+      readOnlyRootFilesystem: true
+      capabilities:
+        drop: ["ALL"]
+YAML
+}
+export -f need_node sysctl_values node_leftovers restricted_pod
+
+t_node_up() {
+  # The sysctls before the node (a dead node's record holds the values from before it).
+  if [[ -f "$NODE_RUN/sysctls" ]]; then
+    local k v
+    for k in $NODE_SYSCTLS; do
+      v="$(sed -n "s/^$k=//p" "$NODE_RUN/sysctls")"
+      echo "$k=${v:-$(sysctl -n "$k" 2>/dev/null || echo absent)}"
+    done >"$WORK/node-sysctls.before"
+  else
+    sysctl_values >"$WORK/node-sysctls.before"
+  fi
+  local t0=$SECONDS
+  TARGETLEASE_E2E_STATE="$NODE_STATE" "$CLUSTER" up --node --owner-pid "$SELFTEST_PID" >"$WORK/node.env"
+  echo "cluster up --node took $((SECONDS - t0))s"
+  cat "$WORK/node.env"
+  grep -q '^export TARGETLEASE_E2E_NODE=' "$WORK/node.env"
+  TARGETLEASE_E2E_STATE="$NODE_STATE" "$CLUSTER" status
+  # One node per machine: a second one is refused with a clear message.
+  local out
+  if out="$(TARGETLEASE_E2E_STATE="$WORK/second-node-state" "$CLUSTER" up --node 2>&1)"; then
+    echo "a second node started"; TARGETLEASE_E2E_STATE="$WORK/second-node-state" "$CLUSTER" down; return 1
+  fi
+  echo "second node refused: $out"
+  expect_contains "$out" "a node is already running on this machine" "second up --node"
+}
+
+t_node_ready() {
+  need_node
+  local want ready name
+  want="$(sed -n 's/^KUBE_VERSION=\([^ ]*\).*/\1/p' "$E2E_DIR/versions.env")"
+  k get nodes -o wide
+  name="$(hostname | tr '[:upper:]' '[:lower:]')"
+  [[ "$TARGETLEASE_E2E_NODE" == "$name" ]] || { echo "node name $TARGETLEASE_E2E_NODE is not the host name $name"; return 1; }
+  ready="$(k get node "$name" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')"
+  [[ "$ready" == True ]] || { echo "node $name Ready=$ready"; return 1; }
+  [[ "$(k get node "$name" -o 'jsonpath={.status.nodeInfo.kubeletVersion}')" == "$want" ]]
+  expect_contains "$(k get node "$name" -o 'jsonpath={.status.nodeInfo.containerRuntimeVersion}')" "containerd://" "runtime"
+  echo "while the node runs: $(sysctl_values | tr '\n' ' ')"
+}
+
+t_node_pod_restricted() {
+  need_node
+  k create namespace node-psa
+  k label namespace node-psa pod-security.kubernetes.io/enforce=restricted
+  poll 60 k get serviceaccount default -n node-psa >/dev/null
+  restricted_pod sleeper "$TARGETLEASE_E2E_TOOLS_IMAGE" | k apply -n node-psa -f -
+  k wait -n node-psa --for=condition=Ready pod/sleeper --timeout=90s
+  [[ "$(k get pod sleeper -n node-psa -o 'jsonpath={.status.phase}')" == Running ]]
+  k get pod sleeper -n node-psa -o wide
+  local logs
+  logs() { kubectl --request-timeout=10s logs -n node-psa sleeper | grep -q "waiting for SIGTERM"; }
+  poll 30 logs
+  logs="$(k logs -n node-psa sleeper)"
+  echo "kubectl logs: $logs"
+  expect_contains "$logs" "uid 65535" "pod log"
+  expect_contains "$(k exec -n node-psa sleeper -- /pause -v)" "targetlease-e2e-pause" "kubectl exec"
+  k delete pod sleeper -n node-psa --timeout=60s
+}
+
+t_node_incluster_api() {
+  need_node
+  k create namespace node-api
+  k label namespace node-api pod-security.kubernetes.io/enforce=restricted
+  poll 60 k get serviceaccount default -n node-api >/dev/null
+  # The API server listens on the node bridge's address only; https://10.96.0.1:443 reaches it
+  # only through the kubernetes Service (kube-proxy's DNAT to the lease reconciler's endpoint).
+  k get endpointslices -n default -l kubernetes.io/service-name=kubernetes -o wide
+  iptables -t nat -S KUBE-SERVICES | grep -- "-d 10.96.0.1/32"
+  restricted_pod api-client "$TARGETLEASE_E2E_TOOLS_IMAGE" '["/incluster", "-server", "https://10.96.0.1:443"]' |
+    k apply -n node-api -f -
+  done_() { [[ "$(kubectl --request-timeout=10s get pod api-client -n node-api -o 'jsonpath={.status.phase}')" =~ ^(Succeeded|Failed)$ ]]; }
+  poll 90 done_
+  local out want
+  want="$(sed -n 's/^KUBE_VERSION=\([^ ]*\).*/\1/p' "$E2E_DIR/versions.env")"
+  out="$(k logs -n node-api api-client)"
+  echo "pod output: $out"
+  [[ "$(k get pod api-client -n node-api -o 'jsonpath={.status.phase}')" == Succeeded ]]
+  expect_contains "$out" "https://10.96.0.1:443 is $want; authenticated as system:serviceaccount:node-api:default" "in-cluster client"
+}
+
+t_node_import_image() {
+  need_node
+  # A test's own image: written with scripts/oci_image.py, loaded with `cluster import-image`.
+  local root="$WORK/imported-rootfs"
+  mkdir -p "$root"
+  cp "$TARGETLEASE_E2E_BIN/pause" "$root/hello"
+  python3 "$E2E_DIR/../scripts/oci_image.py" --rootfs "$root" --name localhost/selftest/imported:1 \
+    --out "$WORK/imported.tar" --entrypoint '["/hello"]' --user 65535:65535
+  TARGETLEASE_E2E_STATE="$NODE_STATE" "$CLUSTER" import-image "$WORK/imported.tar"
+  k create namespace node-import
+  poll 60 k get serviceaccount default -n node-import >/dev/null
+  restricted_pod imported localhost/selftest/imported:1 | k apply -n node-import -f -
+  k wait -n node-import --for=condition=Ready pod/imported --timeout=90s
+}
+
+t_node_down() {
+  need_node
+  local d="$TARGETLEASE_E2E_DIR" bad=0 left
+  TARGETLEASE_E2E_STATE="$NODE_STATE" "$CLUSTER" down
+  left="$(node_leftovers "$d")"
+  [[ -z "$left" ]] || { echo "$left"; bad=1; }
+  if ! diff "$WORK/node-sysctls.before" <(sysctl_values); then echo "sysctls not restored (< before, > now)"; bad=1; fi
+  echo "sysctls: $(sysctl_values | tr '\n' ' ')"
+  return $bad
+}
+
+t_node_crash_cleanup() {
+  # A node whose every process is killed (no down): the next `up --node` removes what it left.
+  TARGETLEASE_E2E_STATE="$NODE_STATE" "$CLUSTER" up --node --owner-pid "$SELFTEST_PID" >"$WORK/node.env"
+  need_node
+  local d="$TARGETLEASE_E2E_DIR" f pid _ left
+  restricted_pod victim "$TARGETLEASE_E2E_TOOLS_IMAGE" | k apply -n default -f -
+  k wait -n default --for=condition=Ready pod/victim --timeout=90s
+  for f in "$d"/pids/*.pid; do
+    read -r pid _ <"$f"
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  sleep 1
+  pgrep -f "containerd-shim-runc-v2 .*$d" >/dev/null || { echo "expected the shims to outlive the kill"; return 1; }
+  echo "killed every process of $d; shims and pods survive, as after a crash"
+  # Another state file and a new folder: only the machine-wide record leads it to the dead node.
+  # (From here on the state files name the clusters, not the dead one's environment.)
+  unset TARGETLEASE_E2E_DIR
+  TARGETLEASE_E2E_STATE="$WORK/crash-node-state" "$CLUSTER" up --node \
+    >"$WORK/crash-node.env" 2>"$WORK/crash-node.err" || { cat "$WORK/crash-node.err"; return 1; }
+  cat "$WORK/crash-node.err"
+  expect_contains "$(cat "$WORK/crash-node.err")" "a node that is gone left state on this machine (cluster $d)" "up --node"
+  pgrep -f "containerd-shim-runc-v2 .*$d" >/dev/null && { echo "the dead node's shims still run"; return 1; }
+  local d2
+  d2="$(sed -n 's/^export TARGETLEASE_E2E_DIR=//p' "$WORK/crash-node.env")"
+  [[ -n "$d2" && "$d2" != "$d" ]] || { echo "expected a new cluster folder, got '$d2'"; return 1; }
+  TARGETLEASE_E2E_STATE="$WORK/crash-node-state" "$CLUSTER" down
+  TARGETLEASE_E2E_STATE="$NODE_STATE" "$CLUSTER" down # the killed cluster's folder
+  left="$(node_leftovers "$d")$(node_leftovers "$d2")"
+  [[ -z "$left" ]] || { echo "$left"; return 1; }
+  diff "$WORK/node-sysctls.before" <(sysctl_values)
+}
+export -f t_node_up t_node_ready t_node_pod_restricted t_node_incluster_api t_node_import_image t_node_down t_node_crash_cleanup
 export SELFTEST_PID=$$
 
 echo "e2e selftest: work folder $WORK"
@@ -382,6 +597,13 @@ run_test valkey t_valkey
 run_test restart-component t_restart
 run_test down-leaves-nothing t_down
 run_test owner-watchdog t_owner_watchdog
+run_test node-up t_node_up
+run_test node-ready t_node_ready
+run_test node-pod-restricted t_node_pod_restricted
+run_test node-incluster-api t_node_incluster_api
+run_test node-import-image t_node_import_image
+run_test node-down-leaves-nothing t_node_down
+run_test node-crash-cleanup t_node_crash_cleanup
 
 if ((FAILED > 0)); then echo "failed: ${FAILED_NAMES[*]}"; fi
 echo "$PASSED passed, $FAILED failed"

@@ -17,13 +17,17 @@ command -v jq >/dev/null 2>&1 || need_apt+=(jq)
 command -v sqlite3 >/dev/null 2>&1 || need_apt+=(sqlite3)
 # The controller image (scripts/image.sh) carries the CA bundle; tests/image.rs runs it with runc.
 [[ -f /etc/ssl/certs/ca-certificates.crt ]] || need_apt+=(ca-certificates)
+# The shell of the node suite's application image (tests/node.rs): one static binary.
+dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
 # The e2e node (`e2e/cluster up --node`): the OCI runtime containerd's shim runs, the CNI plugins
 # (bridge, host-local, loopback, portmap in /usr/lib/cni), iptables for kube-proxy and the
-# kubelet, conntrack for kube-proxy's stale-entry cleanup.
+# kubelet, conntrack for kube-proxy's stale-entry cleanup, nfacct to remove the counters
+# kube-proxy leaves in the kernel.
 command -v runc >/dev/null 2>&1 || need_apt+=(runc)
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || need_apt+=(containernetworking-plugins)
 command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
 command -v conntrack >/dev/null 2>&1 || need_apt+=(conntrack)
+command -v nfacct >/dev/null 2>&1 || need_apt+=(nfacct)
 if ((${#need_apt[@]})); then
   say "installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

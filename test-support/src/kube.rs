@@ -100,11 +100,22 @@ pub struct Cluster {
 impl Cluster {
     /// Brings a cluster up; panics with `e2e/cluster`'s own message when it cannot.
     pub fn start() -> Cluster {
+        Self::start_with(&[])
+    }
+
+    /// Brings a cluster up with a node (`e2e/cluster up --node`: scheduler, containerd,
+    /// kubelet, kube-proxy): pods really run. One node per machine at a time.
+    pub fn start_with_node() -> Cluster {
+        Self::start_with(&["--node"])
+    }
+
+    fn start_with(options: &[&str]) -> Cluster {
         let base = tempfile::tempdir().expect("temp dir");
         let started = Instant::now();
         let output = Command::new("bash")
             .arg(repo().join("e2e/cluster"))
             .args(["up", "--owner-pid", &std::process::id().to_string()])
+            .args(options)
             .arg("--dir")
             .arg(base.path().join("cluster"))
             .env("TARGETLEASE_E2E_STATE", base.path().join("state"))
@@ -304,6 +315,38 @@ impl Cluster {
         }
         let status = command.status().expect("run e2e/cluster restart");
         assert!(status.success(), "e2e/cluster restart {component} failed");
+    }
+
+    /// Imports an OCI image tarball into the node's container runtime (`e2e/cluster
+    /// import-image`): pods then run it without pulling.
+    pub fn import_image(&self, tarball: &Path) {
+        let output = Command::new("bash")
+            .arg(repo().join("e2e/cluster"))
+            .arg("import-image")
+            .arg(tarball)
+            .env("TARGETLEASE_E2E_STATE", self.base.path().join("state"))
+            .env("TARGETLEASE_E2E_DIR", self.base.path().join("cluster"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("run e2e/cluster import-image");
+        assert!(
+            output.status.success(),
+            "e2e/cluster import-image {} failed: {}",
+            tarball.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// The node's InternalIP: where pods reach services of the host (Valkey in the tests).
+    pub fn node_ip(&self) -> String {
+        let ip = self.kubectl_ok(&[
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={.items[0].status.addresses[?(@.type==\"InternalIP\")].address}",
+        ]);
+        assert!(!ip.trim().is_empty(), "the node has no InternalIP");
+        ip.trim().to_owned()
     }
 
     /// A folder for files of this test run.

@@ -1,0 +1,776 @@
+//! Real pods on a real node (`e2e/cluster up --node`: scheduler, containerd, kubelet,
+//! kube-proxy): the controller image built by `scripts/image.sh` and run by the kubelet, the
+//! chart installed with `helm install` as users install it, and the examples applied unchanged
+//! but for the application image. Nothing runs on the host except the control plane, the node
+//! and Valkey. The tests share one cluster and run one at a time, in order. A node that cannot
+//! start fails the suite; it never skips.
+
+use targetlease_test_support as support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::Value;
+
+use support::kube::{Cluster, http_get, metric, repo};
+use support::server::{Server, ServerKind};
+
+const SYSTEM_NS: &str = "targetlease-system";
+const RELEASE: &str = "tl";
+const APP_NS: &str = "shop";
+const PASSWORD: &str = "node-suite-secret";
+/// The application image the examples' `registry.example.com/...` references are replaced by:
+/// busybox (a shell), the targetlease binary and the two programs the examples start.
+const APP_IMAGE: &str = "localhost/targetlease-examples-app:test";
+
+/// What every test shares. Fields drop in order: Valkey before the cluster.
+struct World {
+    valkey: Server,
+    /// The controller image: `name@sha256:manifest-digest`.
+    controller_image: String,
+    /// Its image id (the digest of its configuration), as the kubelet reports it.
+    controller_image_id: String,
+    cluster: Cluster,
+}
+
+/// The shared world, started by the first test that needs it. A start that failed fails every
+/// test with its message instead of starting another node.
+static WORLD: Mutex<Option<Result<Arc<World>, String>>> = Mutex::new(None);
+
+fn world() -> Arc<World> {
+    let mut slot = WORLD.lock().unwrap_or_else(|e| e.into_inner());
+    let started = slot.get_or_insert_with(|| {
+        std::panic::catch_unwind(World::start)
+            .map(Arc::new)
+            .map_err(|panic| support::suite::panic_message(&*panic))
+    });
+    match started {
+        Ok(world) => world.clone(),
+        Err(message) => panic!("the node suite's cluster did not start: {message}"),
+    }
+}
+
+fn sh(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl World {
+    fn start() -> World {
+        let started = Instant::now();
+        let cluster = Cluster::start_with_node();
+        let node_ip = cluster.node_ip();
+        // Pods reach Valkey on the node's address, with a password, as they would a Valkey
+        // service of the cluster.
+        let valkey = Server::start_with(
+            ServerKind::Valkey91,
+            &["--requirepass", PASSWORD, "--bind", "127.0.0.1", &node_ip],
+        );
+        let image = sh(
+            "bash",
+            &[&repo().join("scripts/image.sh").display().to_string()],
+        );
+        let tarball = PathBuf::from(image.trim());
+        let controller_image = std::fs::read_to_string(format!("{}.ref", tarball.display()))
+            .expect("scripts/image.sh writes TARBALL.ref")
+            .trim()
+            .to_owned();
+        cluster.import_image(&tarball);
+        let controller = unpack(&cluster, &tarball);
+        let controller_image_id = controller.config_digest.clone();
+        cluster.import_image(&app_image(&cluster, &controller));
+        for ns in [SYSTEM_NS, APP_NS] {
+            cluster.kubectl_ok(&["create", "namespace", ns]);
+            cluster.kubectl_ok(&[
+                "label",
+                "namespace",
+                ns,
+                "pod-security.kubernetes.io/enforce=restricted",
+                "pod-security.kubernetes.io/warn=restricted",
+            ]);
+        }
+        let port = valkey.port.to_string();
+        cluster.kubectl_ok(&[
+            "create",
+            "secret",
+            "generic",
+            "valkey",
+            "-n",
+            SYSTEM_NS,
+            &format!("--from-literal=url=redis://{node_ip}:{port}"),
+            &format!("--from-literal=password={PASSWORD}"),
+        ]);
+        let chart = repo().join("charts/targetlease").display().to_string();
+        let install = cluster.helm(&[
+            "install",
+            RELEASE,
+            &chart,
+            "-n",
+            SYSTEM_NS,
+            "--set",
+            "image.pullPolicy=Never",
+            "--set",
+            "valkey.existingSecret.name=valkey",
+            "--set",
+            "valkey.existingSecret.passwordKey=password",
+        ]);
+        assert!(
+            install.status.success(),
+            "helm install failed: {}",
+            String::from_utf8_lossy(&install.stderr)
+        );
+        support::suite::measured("node, images and chart install", started.elapsed());
+        World {
+            valkey,
+            controller_image,
+            controller_image_id,
+            cluster,
+        }
+    }
+
+    fn kubectl_json(&self, args: &[&str]) -> Value {
+        let mut full = args.to_vec();
+        full.extend(["-o", "json"]);
+        serde_json::from_str(&self.cluster.kubectl_ok(&full)).expect("kubectl json")
+    }
+
+    /// Polls `probe` every 200 ms until it returns Some, or panics after `limit` with `what`
+    /// and the events of `ns`.
+    fn until<T>(
+        &self,
+        what: &str,
+        ns: &str,
+        limit: Duration,
+        mut probe: impl FnMut() -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(value) = probe() {
+                return value;
+            }
+            if Instant::now() > deadline {
+                let events =
+                    self.cluster
+                        .kubectl(&["get", "events", "-n", ns, "--sort-by=.lastTimestamp"]);
+                let pods = self
+                    .cluster
+                    .kubectl(&["get", "pods", "-n", ns, "-o", "wide"]);
+                panic!(
+                    "{what}: not within {limit:?}\npods:\n{}\nevents:\n{}",
+                    String::from_utf8_lossy(&pods.stdout),
+                    String::from_utf8_lossy(&events.stdout)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn controller_pods(&self) -> Vec<Value> {
+        let pods = self.kubectl_json(&[
+            "get",
+            "pods",
+            "-n",
+            SYSTEM_NS,
+            "-l",
+            "app.kubernetes.io/name=targetlease",
+        ]);
+        pods["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    fn lease(&self, name: &str) -> Option<Value> {
+        let out = self
+            .cluster
+            .kubectl(&["get", "targetlease", name, "-n", APP_NS, "-o", "json"]);
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).expect("json"))
+    }
+
+    /// The TargetLease `targetlease run` made for `pod` (its holderRef names the pod).
+    fn lease_of_pod(&self, pod: &str) -> Option<Value> {
+        let leases = self.kubectl_json(&["get", "targetleases", "-n", APP_NS]);
+        leases["items"]
+            .as_array()?
+            .iter()
+            .find(|l| l["spec"]["holderRef"]["name"] == pod)
+            .cloned()
+    }
+
+    fn phase_of_pod(&self, pod: &str) -> Option<String> {
+        self.lease_of_pod(pod)
+            .and_then(|l| l["status"]["phase"].as_str().map(str::to_owned))
+    }
+
+    fn phase(&self, name: &str) -> Option<String> {
+        self.lease(name)
+            .and_then(|l| l["status"]["phase"].as_str().map(str::to_owned))
+    }
+
+    fn logs(&self, args: &[&str]) -> String {
+        let mut full = vec!["logs", "-n", APP_NS];
+        full.extend(args);
+        self.cluster.kubectl_ok(&full)
+    }
+
+    /// An example file with its application image replaced by [`APP_IMAGE`].
+    fn example(&self, file: &str) -> String {
+        let text = std::fs::read_to_string(repo().join("examples").join(file)).expect("example");
+        let mut replaced = 0;
+        let text: String = text
+            .lines()
+            .map(|line| {
+                if line
+                    .trim_start()
+                    .starts_with("image: registry.example.com/")
+                {
+                    replaced += 1;
+                    let indent = &line[..line.len() - line.trim_start().len()];
+                    format!("{indent}image: {APP_IMAGE}\n")
+                } else {
+                    format!("{line}\n")
+                }
+            })
+            .collect();
+        assert_eq!(replaced, 1, "{file} names one application image");
+        text
+    }
+}
+
+/// An image tarball unpacked: its configuration's digest and its (single) layer.
+struct Unpacked {
+    config_digest: String,
+    layer: PathBuf,
+}
+
+fn unpack(cluster: &Cluster, tarball: &Path) -> Unpacked {
+    let layout = cluster.scratch().join("controller-image");
+    std::fs::create_dir_all(&layout).expect("dir");
+    let dir = |p: &Path| p.display().to_string();
+    sh("tar", &["-xf", &dir(tarball), "-C", &dir(&layout)]);
+    let json = |path: PathBuf| -> Value {
+        serde_json::from_slice(&std::fs::read(path).expect("read")).expect("json")
+    };
+    let blob = |digest: &Value| {
+        let digest = digest.as_str().expect("digest");
+        layout
+            .join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:"))
+    };
+    let index = json(layout.join("index.json"));
+    let manifest = json(blob(&index["manifests"][0]["digest"]));
+    Unpacked {
+        config_digest: manifest["config"]["digest"]
+            .as_str()
+            .expect("digest")
+            .to_owned(),
+        layer: blob(&manifest["layers"][0]["digest"]),
+    }
+}
+
+/// Builds the application image for the examples: busybox (static), the targetlease binary at
+/// /usr/local/bin (as the examples' comment tells users to copy it), and /app/reports-writer and
+/// /app/migrate, which print the token they were given.
+fn app_image(cluster: &Cluster, controller: &Unpacked) -> PathBuf {
+    let rootfs = cluster.scratch().join("app-rootfs");
+    let dir = |p: &Path| p.display().to_string();
+    let layer = &controller.layer;
+    for sub in ["bin", "usr/local/bin", "app", "tmp", "etc"] {
+        std::fs::create_dir_all(rootfs.join(sub)).expect("dir");
+    }
+    sh(
+        "tar",
+        &[
+            "-xzf",
+            &dir(layer),
+            "-C",
+            &dir(&rootfs.join("usr/local/bin")),
+            "targetlease",
+        ],
+    );
+    std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).expect("busybox-static");
+    for applet in ["sh", "sleep", "echo", "cat", "date", "env"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).expect("symlink");
+    }
+    let programs = [
+        (
+            "app/reports-writer",
+            "#!/bin/sh\n# The Deployment example's application: shows the token it was started with.\necho \"reports-writer: token=$TARGETLEASE_TOKEN\"\nexec sleep 3600\n",
+        ),
+        (
+            "app/migrate",
+            "#!/bin/sh\n# The Job example's migration: shows its token and arguments, works a little, exits.\necho \"migrate: start token=$TARGETLEASE_TOKEN args=$*\"\nsleep \"${MIGRATE_SECONDS:-6}\"\necho \"migrate: done token=$TARGETLEASE_TOKEN\"\n",
+        ),
+    ];
+    for (path, text) in programs {
+        std::fs::write(rootfs.join(path), text).expect("write");
+        std::fs::set_permissions(
+            rootfs.join(path),
+            std::os::unix::fs::PermissionsExt::from_mode(0o555),
+        )
+        .expect("chmod");
+    }
+    std::fs::write(
+        rootfs.join("etc/passwd"),
+        "root:x:0:0:root:/root:/sbin/nologin\napp:x:10001:10001:app:/tmp:/sbin/nologin\n",
+    )
+    .expect("passwd");
+    std::fs::set_permissions(
+        rootfs.join("tmp"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .expect("chmod");
+    let out = cluster.scratch().join("app.oci.tar");
+    sh(
+        "python3",
+        &[
+            &repo().join("scripts/oci_image.py").display().to_string(),
+            "--rootfs",
+            &dir(&rootfs),
+            "--name",
+            APP_IMAGE,
+            "--out",
+            &dir(&out),
+            "--env",
+            "PATH=/usr/local/bin:/bin",
+            "--user",
+            "10001:10001",
+        ],
+    );
+    out
+}
+
+fn ready(pod: &Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// The chart's two controller pods run the image built here, under the restricted Pod Security
+/// level, and both become Ready (their probes pass) without a restart.
+fn chart_pods_run_and_are_ready() {
+    let w = &*world();
+    let started = Instant::now();
+    let pods = w.until(
+        "two Ready controller pods",
+        SYSTEM_NS,
+        Duration::from_secs(120),
+        || {
+            let pods = w.controller_pods();
+            (pods.len() == 2 && pods.iter().all(ready)).then_some(pods)
+        },
+    );
+    support::suite::measured("controller pods Ready after install", started.elapsed());
+    let name = w.controller_image.split('@').next().expect("name");
+    for pod in &pods {
+        let status = &pod["status"]["containerStatuses"][0];
+        assert_eq!(status["image"].as_str(), Some(name), "{status}");
+        assert_eq!(status["restartCount"], 0, "{status}");
+        // The kubelet reports the id (configuration digest) of the image it runs: built here.
+        assert_eq!(
+            status["imageID"].as_str(),
+            Some(w.controller_image_id.as_str())
+        );
+        assert_eq!(pod["status"]["phase"], "Running");
+        assert_eq!(
+            pod["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"],
+            true
+        );
+    }
+    // The restricted level is enforced: a privileged pod is refused in the same namespace.
+    let refused = w.cluster.kubectl_with_input(
+        &["apply", "-n", SYSTEM_NS, "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: privileged\nspec:\n  containers:\n  - name: c\n    image: {name}\n    securityContext:\n      privileged: true\n"
+        )),
+    );
+    assert!(!refused.status.success(), "a privileged pod was admitted");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("restricted"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}
+
+/// One pod leads (the election Lease names it, its `targetlease_leading` is 1, the other's 0),
+/// and both serve metrics on their pod address, reached from the host through the node's
+/// network.
+fn one_leader_and_metrics_served() {
+    let w = &*world();
+    let pods = w.controller_pods();
+    let names: Vec<&str> = pods
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    let holder = w.until(
+        "an elected leader",
+        SYSTEM_NS,
+        Duration::from_secs(60),
+        || {
+            let lease = w.kubectl_json(&[
+                "get",
+                "lease",
+                &format!("{RELEASE}-targetlease-controller"),
+                "-n",
+                SYSTEM_NS,
+            ]);
+            lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
+        },
+    );
+    assert!(
+        names.contains(&holder.as_str()),
+        "{holder} is not one of {names:?}"
+    );
+    let mut leading = Vec::new();
+    for pod in &pods {
+        let ip = pod["status"]["podIP"].as_str().expect("pod ip");
+        let (code, page) = w.until("metrics", SYSTEM_NS, Duration::from_secs(30), || {
+            http_get(&format!("{ip}:8080"), "/metrics")
+        });
+        assert_eq!(code, 200);
+        leading.push(metric(&page, "targetlease_leading"));
+    }
+    leading.sort_by(f64::total_cmp);
+    assert_eq!(leading, vec![0.0, 1.0], "exactly one replica leads");
+}
+
+/// A TargetLease applied by a user is Held through the controller in the pod: the pod reached
+/// the API server through the `kubernetes` Service and Valkey with the mounted password.
+fn lease_held_through_the_pod_controller() {
+    let w = &*world();
+    w.cluster.apply(&format!(
+        "apiVersion: targetlease.dev/v1alpha1\nkind: TargetLease\nmetadata:\n  name: first\n  namespace: {APP_NS}\nspec:\n  target: node/first\n  holder: node-suite\n"
+    ));
+    let started = Instant::now();
+    w.until(
+        "TargetLease first Held",
+        SYSTEM_NS,
+        Duration::from_secs(60),
+        || (w.phase("first").as_deref() == Some("Held")).then_some(()),
+    );
+    support::suite::measured("TargetLease Held", started.elapsed());
+    let token = w.lease("first").expect("lease")["status"]["fencingToken"]
+        .as_u64()
+        .expect("token");
+    let fence = w
+        .valkey
+        .raw(&["GET", &format!("tl:{{{APP_NS}/node/first}}:fence")]);
+    assert!(
+        fence.contains(&token.to_string()),
+        "Valkey's fence {fence:?} is not {token}"
+    );
+}
+
+/// examples/deployment-wait.yaml: the init container (the controller image, `targetlease wait`)
+/// holds the application back until the lease is Held, then the application starts and gets
+/// the token of the status.
+fn deployment_waits_for_its_lease() {
+    let w = &*world();
+    w.cluster.kubectl_ok(&[
+        "apply",
+        "-f",
+        &repo().join("examples/rbac.yaml").display().to_string(),
+    ]);
+    w.cluster.apply(&w.example("deployment-wait.yaml"));
+    let selector = "app=reports-writer";
+    // Without its TargetLease the pod stays in its init container.
+    w.until(
+        "the reports-writer pod waiting in its init container",
+        APP_NS,
+        Duration::from_secs(60),
+        || {
+            let pods = w.kubectl_json(&["get", "pods", "-n", APP_NS, "-l", selector]);
+            let pod = pods["items"].get(0)?.clone();
+            let init = &pod["status"]["initContainerStatuses"][0];
+            (init["state"]["running"].is_object()).then_some(())
+        },
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let pods = w.kubectl_json(&["get", "pods", "-n", APP_NS, "-l", selector]);
+    let pod = &pods["items"][0];
+    assert!(
+        pod["status"]["initContainerStatuses"][0]["state"]["running"].is_object(),
+        "the init container did not wait: {}",
+        pod["status"]
+    );
+    assert!(
+        pod["status"]["containerStatuses"][0]["state"]["waiting"].is_object(),
+        "the application started before its lease was Held: {}",
+        pod["status"]
+    );
+    let lease_file = repo().join("examples/gitops/leases/reports-writer.yaml");
+    w.cluster.kubectl_ok(&[
+        "apply",
+        "-n",
+        APP_NS,
+        "-f",
+        &lease_file.display().to_string(),
+    ]);
+    let started = Instant::now();
+    let line = w.until(
+        "the application's token line",
+        APP_NS,
+        Duration::from_secs(90),
+        || {
+            let out = w
+                .cluster
+                .kubectl(&["logs", "-n", APP_NS, "-l", selector, "-c", "writer"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.lines()
+                .find(|l| l.starts_with("reports-writer: token="))
+                .map(str::to_owned)
+        },
+    );
+    support::suite::measured("Held to application start", started.elapsed());
+    let token = w.lease("reports-writer").expect("lease")["status"]["fencingToken"]
+        .as_u64()
+        .expect("token");
+    assert_eq!(line, format!("reports-writer: token={token}"));
+}
+
+/// Runs the Job example under `name`, with the application image of the suite.
+fn apply_job(w: &World, name: &str) {
+    let yaml =
+        w.example("job-run.yaml")
+            .replacen("name: orders-migration", &format!("name: {name}"), 1);
+    w.cluster.apply(&yaml);
+}
+
+fn job_complete(w: &World, name: &str) -> Option<()> {
+    let job = w.kubectl_json(&["get", "job", name, "-n", APP_NS]);
+    job["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .any(|c| c["type"] == "Complete" && c["status"] == "True")
+        .then_some(())
+}
+
+fn job_pod_opt(w: &World, job: &str) -> Option<String> {
+    let pods = w.kubectl_json(&[
+        "get",
+        "pods",
+        "-n",
+        APP_NS,
+        "-l",
+        &format!("job-name={job}"),
+    ]);
+    pods["items"].get(0)?["metadata"]["name"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+fn job_pod(w: &World, job: &str) -> String {
+    let pods = w.kubectl_json(&[
+        "get",
+        "pods",
+        "-n",
+        APP_NS,
+        "-l",
+        &format!("job-name={job}"),
+    ]);
+    pods["items"][0]["metadata"]["name"]
+        .as_str()
+        .expect("job pod")
+        .to_owned()
+}
+
+/// examples/job-run.yaml: the Job runs its command under `targetlease run` (its TargetLease,
+/// whose holderRef names the pod, is Held while it runs), completes, and its TargetLease is gone.
+fn job_runs_under_its_lease() {
+    let w = &*world();
+    apply_job(w, "migration-a");
+    let running = w.until(
+        "migration-a's TargetLease Held",
+        APP_NS,
+        Duration::from_secs(60),
+        || {
+            let pod = job_pod_opt(w, "migration-a")?;
+            (w.phase_of_pod(&pod).as_deref() == Some("Held")).then_some(pod)
+        },
+    );
+    w.until(
+        "Job migration-a complete",
+        APP_NS,
+        Duration::from_secs(120),
+        || job_complete(w, "migration-a"),
+    );
+    let pod = job_pod(w, "migration-a");
+    assert_eq!(pod, running);
+    let log = w.logs(&[&pod]);
+    assert!(log.contains("migrate: start token="), "{log}");
+    assert!(log.contains("migrate: done token="), "{log}");
+    assert!(
+        log.contains("args=--fencing-token-from-env=TARGETLEASE_TOKEN"),
+        "{log}"
+    );
+    w.until(
+        "the Job's TargetLease deleted",
+        APP_NS,
+        Duration::from_secs(30),
+        || w.lease_of_pod(&pod).is_none().then_some(()),
+    );
+}
+
+fn token_in(log: &str, prefix: &str) -> u64 {
+    log.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no `{prefix}N` in:\n{log}"))
+}
+
+/// Two Jobs on one target: the second waits while the first's container runs, and gets the
+/// target (with a larger token) once that container has exited.
+fn holder_container_exit_hands_over() {
+    let w = &*world();
+    apply_job(w, "migration-b");
+    w.until(
+        "migration-b holding",
+        APP_NS,
+        Duration::from_secs(60),
+        || {
+            let pods = w.kubectl_json(&["get", "pods", "-n", APP_NS, "-l", "job-name=migration-b"]);
+            let pod = pods["items"].get(0)?["metadata"]["name"]
+                .as_str()?
+                .to_owned();
+            (w.phase_of_pod(&pod).as_deref() == Some("Held")).then_some(())
+        },
+    );
+    apply_job(w, "migration-c");
+    let pod_c = w.until(
+        "migration-c waiting",
+        APP_NS,
+        Duration::from_secs(60),
+        || {
+            let pods = w.kubectl_json(&["get", "pods", "-n", APP_NS, "-l", "job-name=migration-c"]);
+            let pod = pods["items"].get(0)?["metadata"]["name"]
+                .as_str()?
+                .to_owned();
+            (w.phase_of_pod(&pod).as_deref() == Some("Waiting")).then_some(pod)
+        },
+    );
+    for job in ["migration-b", "migration-c"] {
+        w.until(
+            &format!("Job {job} complete"),
+            APP_NS,
+            Duration::from_secs(120),
+            || job_complete(w, job),
+        );
+    }
+    let log_b = w.logs(&[&job_pod(w, "migration-b")]);
+    let log_c = w.logs(&[&pod_c]);
+    let (b, c) = (
+        token_in(&log_b, "migrate: done token="),
+        token_in(&log_c, "migrate: start token="),
+    );
+    assert!(
+        c > b,
+        "the second holder's token {c} is not above the first's {b}"
+    );
+}
+
+/// A holder pod deleted with its grace period: `targetlease run` passes the SIGTERM on, its
+/// command exits, the lease is released, and a waiting pod gets the target.
+fn deleted_holder_pod_hands_over() {
+    let w = &*world();
+    let job = |name: &str| {
+        format!(
+            "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: {name}\n  namespace: {APP_NS}\nspec:\n  backoffLimit: 0\n  template:\n    spec:\n      serviceAccountName: lease-user\n      restartPolicy: Never\n      terminationGracePeriodSeconds: 20\n      securityContext:\n        runAsNonRoot: true\n        runAsUser: 10001\n        seccompProfile:\n          type: RuntimeDefault\n      containers:\n        - name: hold\n          image: {APP_IMAGE}\n          command: [targetlease, run, --target=node/handover, --ttl=30s, --, sleep, \"3600\"]\n          env:\n            - name: POD_NAME\n              valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}\n            - name: POD_NAMESPACE\n              valueFrom: {{fieldRef: {{fieldPath: metadata.namespace}}}}\n            - name: POD_UID\n              valueFrom: {{fieldRef: {{fieldPath: metadata.uid}}}}\n          securityContext:\n            allowPrivilegeEscalation: false\n            readOnlyRootFilesystem: true\n            capabilities: {{drop: [ALL]}}\n"
+        )
+    };
+    let pod_of = |name: &str| -> Option<String> {
+        let pods = w.kubectl_json(&[
+            "get",
+            "pods",
+            "-n",
+            APP_NS,
+            "-l",
+            &format!("job-name={name}"),
+        ]);
+        pods["items"].get(0)?["metadata"]["name"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    w.cluster.apply(&job("holder-d"));
+    let pod_d = w.until("holder-d Held", APP_NS, Duration::from_secs(60), || {
+        let pod = pod_of("holder-d")?;
+        (w.phase_of_pod(&pod).as_deref() == Some("Held")).then_some(pod)
+    });
+    w.cluster.apply(&job("holder-e"));
+    let pod_e = w.until("holder-e Waiting", APP_NS, Duration::from_secs(60), || {
+        let pod = pod_of("holder-e")?;
+        (w.phase_of_pod(&pod).as_deref() == Some("Waiting")).then_some(pod)
+    });
+    let token_d = w.lease_of_pod(&pod_d).expect("lease")["status"]["fencingToken"]
+        .as_u64()
+        .expect("token");
+    let started = Instant::now();
+    w.cluster
+        .kubectl_ok(&["delete", "pod", &pod_d, "-n", APP_NS, "--wait=false"]);
+    w.until(
+        "holder-e Held after holder-d's pod was deleted",
+        APP_NS,
+        Duration::from_secs(30),
+        || (w.phase_of_pod(&pod_e).as_deref() == Some("Held")).then_some(()),
+    );
+    support::suite::measured(
+        "hand-over after a holder pod was deleted",
+        started.elapsed(),
+    );
+    let token_e = w.lease_of_pod(&pod_e).expect("lease")["status"]["fencingToken"]
+        .as_u64()
+        .expect("token");
+    assert!(token_e > token_d, "{token_e} is not above {token_d}");
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    // One cluster, one node: the tests build on each other, in this order.
+    args.test_threads = Some(1);
+    let test = |name: &'static str, body: fn()| {
+        Trial::test(name, move || {
+            std::panic::catch_unwind(body)
+                .map_err(|panic| Failed::from(support::suite::panic_message(&*panic)))
+        })
+    };
+    let trials = vec![
+        test("chart_pods_run_and_are_ready", chart_pods_run_and_are_ready),
+        test(
+            "one_leader_and_metrics_served",
+            one_leader_and_metrics_served,
+        ),
+        test(
+            "lease_held_through_the_pod_controller",
+            lease_held_through_the_pod_controller,
+        ),
+        test(
+            "deployment_waits_for_its_lease",
+            deployment_waits_for_its_lease,
+        ),
+        test("job_runs_under_its_lease", job_runs_under_its_lease),
+        test(
+            "holder_container_exit_hands_over",
+            holder_container_exit_hands_over,
+        ),
+        test(
+            "deleted_holder_pod_hands_over",
+            deleted_holder_pod_hands_over,
+        ),
+    ];
+    let conclusion = libtest_mimic::run(&args, trials);
+    // Valkey stops and the node is torn down before the closing line.
+    drop(WORLD.lock().unwrap_or_else(|e| e.into_inner()).take());
+    support::suite::finish("node", conclusion);
+}

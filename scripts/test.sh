@@ -35,9 +35,10 @@ if ((cargo_status != 0)); then
 fi
 
 step "benchmark smoke runs (release build; tiny sizes; checks that numbers come out, never speed)"
+# The static release build of scripts/env.sh: it shares compiled dependencies with the image.
 {
-  cargo bench --locked --bench store -- --smoke
-  cargo bench --locked --bench controller -- --smoke
+  static_cargo bench --locked --bench store -- --smoke
+  static_cargo bench --locked --bench controller -- --smoke
 } 2>&1 | tee "$log_dir/suite-bench.log"
 
 step "local Kubernetes control plane self-test"

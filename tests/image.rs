@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::Arguments;
 use serde_json::{Value, json};
 
 use support::kube::{Cluster, http_get, lease_yaml, repo};
@@ -527,12 +527,7 @@ fn runtime_spec(rootfs: &Path, secrets: &Path, args: &[&str], env: &[String]) ->
 
 fn main() {
     let args = Arguments::from_args();
-    let test = |name: &'static str, body: fn()| {
-        Trial::test(name, move || {
-            std::panic::catch_unwind(body)
-                .map_err(|panic| Failed::from(support::suite::panic_message(&*panic)))
-        })
-    };
+    let test = support::suite::blocking_trial;
     let trials = vec![
         test("image_follows_the_dockerfile", image_follows_the_dockerfile),
         test("blobs_match_their_digests", blobs_match_their_digests),

@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::Arguments;
 use serde_json::{Value, json};
 
 use support::kube::{repo, targetlease_bin};
@@ -385,12 +385,9 @@ fn history_of_killed_clients_is_linearizable() {
 
 fn main() {
     let args = Arguments::from_args();
-    let trials = vec![Trial::test(
+    let trials = vec![support::suite::blocking_trial(
         "history_of_killed_clients_is_linearizable",
-        || {
-            std::panic::catch_unwind(history_of_killed_clients_is_linearizable)
-                .map_err(|panic| Failed::from(support::suite::panic_message(&*panic)))
-        },
+        history_of_killed_clients_is_linearizable,
     )];
     support::suite::finish("linearizability", libtest_mimic::run(&args, trials));
 }

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::Arguments;
 use serde_json::Value;
 
 use support::kube::{Cluster, http_get, metric, repo};
@@ -557,6 +557,7 @@ fn job_complete(w: &World, name: &str) -> Option<()> {
         .then_some(())
 }
 
+/// The pod of Job `job`, once there is one.
 fn job_pod_opt(w: &World, job: &str) -> Option<String> {
     let pods = w.kubectl_json(&[
         "get",
@@ -572,18 +573,7 @@ fn job_pod_opt(w: &World, job: &str) -> Option<String> {
 }
 
 fn job_pod(w: &World, job: &str) -> String {
-    let pods = w.kubectl_json(&[
-        "get",
-        "pods",
-        "-n",
-        APP_NS,
-        "-l",
-        &format!("job-name={job}"),
-    ]);
-    pods["items"][0]["metadata"]["name"]
-        .as_str()
-        .expect("job pod")
-        .to_owned()
+    job_pod_opt(w, job).unwrap_or_else(|| panic!("no pod of Job {job}"))
 }
 
 /// examples/job-run.yaml: the Job runs its command under `targetlease run` (its TargetLease,
@@ -641,10 +631,7 @@ fn holder_container_exit_hands_over() {
         APP_NS,
         Duration::from_secs(60),
         || {
-            let pods = w.kubectl_json(&["get", "pods", "-n", APP_NS, "-l", "job-name=migration-b"]);
-            let pod = pods["items"].get(0)?["metadata"]["name"]
-                .as_str()?
-                .to_owned();
+            let pod = job_pod_opt(w, "migration-b")?;
             (w.phase_of_pod(&pod).as_deref() == Some("Held")).then_some(())
         },
     );
@@ -654,10 +641,7 @@ fn holder_container_exit_hands_over() {
         APP_NS,
         Duration::from_secs(60),
         || {
-            let pods = w.kubectl_json(&["get", "pods", "-n", APP_NS, "-l", "job-name=migration-c"]);
-            let pod = pods["items"].get(0)?["metadata"]["name"]
-                .as_str()?
-                .to_owned();
+            let pod = job_pod_opt(w, "migration-c")?;
             (w.phase_of_pod(&pod).as_deref() == Some("Waiting")).then_some(pod)
         },
     );
@@ -690,27 +674,14 @@ fn deleted_holder_pod_hands_over() {
             "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: {name}\n  namespace: {APP_NS}\nspec:\n  backoffLimit: 0\n  template:\n    spec:\n      serviceAccountName: lease-user\n      restartPolicy: Never\n      terminationGracePeriodSeconds: 20\n      securityContext:\n        runAsNonRoot: true\n        runAsUser: 10001\n        seccompProfile:\n          type: RuntimeDefault\n      containers:\n        - name: hold\n          image: {APP_IMAGE}\n          command: [targetlease, run, --target=node/handover, --ttl=30s, --, sleep, \"3600\"]\n          env:\n            - name: POD_NAME\n              valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}\n            - name: POD_NAMESPACE\n              valueFrom: {{fieldRef: {{fieldPath: metadata.namespace}}}}\n            - name: POD_UID\n              valueFrom: {{fieldRef: {{fieldPath: metadata.uid}}}}\n          securityContext:\n            allowPrivilegeEscalation: false\n            readOnlyRootFilesystem: true\n            capabilities: {{drop: [ALL]}}\n"
         )
     };
-    let pod_of = |name: &str| -> Option<String> {
-        let pods = w.kubectl_json(&[
-            "get",
-            "pods",
-            "-n",
-            APP_NS,
-            "-l",
-            &format!("job-name={name}"),
-        ]);
-        pods["items"].get(0)?["metadata"]["name"]
-            .as_str()
-            .map(str::to_owned)
-    };
     w.cluster.apply(&job("holder-d"));
     let pod_d = w.until("holder-d Held", APP_NS, Duration::from_secs(60), || {
-        let pod = pod_of("holder-d")?;
+        let pod = job_pod_opt(w, "holder-d")?;
         (w.phase_of_pod(&pod).as_deref() == Some("Held")).then_some(pod)
     });
     w.cluster.apply(&job("holder-e"));
     let pod_e = w.until("holder-e Waiting", APP_NS, Duration::from_secs(60), || {
-        let pod = pod_of("holder-e")?;
+        let pod = job_pod_opt(w, "holder-e")?;
         (w.phase_of_pod(&pod).as_deref() == Some("Waiting")).then_some(pod)
     });
     let token_d = w.lease_of_pod(&pod_d).expect("lease")["status"]["fencingToken"]
@@ -739,12 +710,7 @@ fn main() {
     let mut args = Arguments::from_args();
     // One cluster, one node: the tests build on each other, in this order.
     args.test_threads = Some(1);
-    let test = |name: &'static str, body: fn()| {
-        Trial::test(name, move || {
-            std::panic::catch_unwind(body)
-                .map_err(|panic| Failed::from(support::suite::panic_message(&*panic)))
-        })
-    };
+    let test = support::suite::blocking_trial;
     let trials = vec![
         test("chart_pods_run_and_are_ready", chart_pods_run_and_are_ready),
         test(

@@ -22,6 +22,14 @@ where
     trial_with_limit(name, TEST_LIMIT, body)
 }
 
+/// A trial of a plain (blocking) test body, for suites that drive processes and clusters
+/// rather than async clients: a panic is its failure, with the panic's message.
+pub fn blocking_trial(name: &'static str, body: fn()) -> Trial {
+    Trial::test(name, move || {
+        std::panic::catch_unwind(body).map_err(|panic| Failed::from(panic_message(&*panic)))
+    })
+}
+
 /// [`trial`] with its own time limit, for long runs.
 pub fn trial_with_limit<F, Fut>(name: impl Into<String>, limit: Duration, body: F) -> Trial
 where

@@ -29,7 +29,8 @@ const TTL_MS: u64 = 1200;
 /// The share of calls killed mid-call (per mille).
 const KILL_PER_MILLE: u64 = 120;
 
-/// A small xorshift generator: reproducible from the printed seed.
+/// A small xorshift generator: the workers' choices repeat with the printed seed
+/// (`TARGETLEASE_LINEARIZABILITY_SEED`); their timing does not.
 struct Rng(u64);
 
 impl Rng {
@@ -109,9 +110,11 @@ impl Recorder {
         record["call"] = json!(call);
         record["return"] = json!(ret);
         record["killed"] = json!(killed);
-        // A killed call ran, if at all, within moments of the kill: two seconds is generous.
-        record["settle"] = json!(if killed { kill_time } else { ret } + 2_000_000_000);
+        // A killed call ran, if at all, within moments of the kill (the server runs what it
+        // received in microseconds): half a second is generous.
+        record["settle"] = json!(if killed { kill_time } else { ret } + 500_000_000);
         record["out"] = reply.clone().unwrap_or(Value::Null);
+        record["exit"] = json!(output.status.code());
         self.calls
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -132,6 +135,28 @@ fn worker(rec: &Recorder, client: usize, seed: u64, until: Instant) {
         let pick = rng.below(100);
         let base = |op: &str, target: &str| json!({"op": op, "target": target, "lease": "", "owner": "", "token": 0, "ttl_ms": 0});
         match &held {
+            // A forged handle (a token one below the real one, never issued): renew and release
+            // must refuse it and leave the real holder alone. The worker keeps its handle.
+            Some(h) if pick < 8 => {
+                let op = if rng.below(2) == 0 {
+                    "renew"
+                } else {
+                    "release"
+                };
+                let forged = Held {
+                    target: h.target.clone(),
+                    lease: h.lease.clone(),
+                    token: h.token - 1,
+                };
+                let mut input = base(op, &h.target);
+                input["lease"] = json!(h.lease);
+                input["owner"] = json!(format!("w{client}"));
+                input["token"] = json!(forged.token);
+                let ttl = (op == "renew").then_some(TTL_MS);
+                input["ttl_ms"] = json!(ttl.unwrap_or(0));
+                let args = handle_args(&forged, client, ttl);
+                rec.call(client, input, &args, kill);
+            }
             Some(h) if pick < 45 => {
                 let mut input = base("renew", &h.target);
                 input["lease"] = json!(h.lease);
@@ -224,6 +249,35 @@ fn handle_args(h: &Held, client: usize, ttl_ms: Option<u64>) -> Vec<String> {
     args
 }
 
+/// The folder of the histories, the checker and its visualizations: removed after a pass, kept
+/// (and named in the failure) after a failure.
+struct Evidence(PathBuf);
+
+impl Evidence {
+    fn new() -> Evidence {
+        let dir = std::env::temp_dir().join(format!(
+            "targetlease-linearizability-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("evidence folder");
+        Evidence(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Evidence {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("linearizability: histories kept in {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 /// Builds the Porcupine checker (tests/porcupine, a Go module) into `dir`.
 fn build_checker(dir: &Path) -> PathBuf {
     let out = dir.join("linearize");
@@ -266,13 +320,18 @@ fn outcome(call: &Value) -> &str {
 }
 
 fn history_of_killed_clients_is_linearizable() {
-    let dir = tempfile::tempdir().expect("dir");
+    let dir = Evidence::new();
     let checker = build_checker(dir.path());
     let valkey = Server::start(ServerKind::Valkey91);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7);
+    let seed = std::env::var("TARGETLEASE_LINEARIZABILITY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(7)
+        });
     eprintln!("linearizability: seed {seed}");
     let rec = Arc::new(Recorder {
         valkey_url: valkey.url(),
@@ -294,6 +353,17 @@ fn history_of_killed_clients_is_linearizable() {
     }
     let mut history = rec.calls.lock().unwrap_or_else(|e| e.into_inner()).clone();
     history.sort_by_key(|c| c["call"].as_i64());
+    // Only a killed call may lack an answer: an error or no reply from a call that ran to its
+    // end is a failure of the store, not an unknown outcome.
+    let unanswered: Vec<&Value> = history
+        .iter()
+        .filter(|c| c["killed"] != true && !c["out"]["outcome"].is_string())
+        .chain(history.iter().filter(|c| c["out"]["outcome"] == "error"))
+        .collect();
+    assert!(
+        unanswered.is_empty(),
+        "calls that were not killed failed or printed no reply: {unanswered:#?}"
+    );
     let count = |pred: &dyn Fn(&Value) -> bool| history.iter().filter(|c| pred(c)).count();
     let killed = count(&|c| c["killed"] == true);
     let acquired = count(&|c| outcome(c) == "acquired");
@@ -301,8 +371,11 @@ fn history_of_killed_clients_is_linearizable() {
     let renewed = count(&|c| outcome(c) == "renewed");
     let released = count(&|c| outcome(c) == "released");
     let stale = count(&|c| outcome(c) == "stale");
+    let current = count(&|c| outcome(c) == "current");
+    let refused_forgery =
+        count(&|c| matches!(outcome(c), "not_holder" | "lost") && c["out"]["reason"] != "expired");
     eprintln!(
-        "linearizability: {} calls: {killed} killed, {acquired} acquired, {held} held, {renewed} renewed, {released} released, {stale} stale checks",
+        "linearizability: {} calls: {killed} killed, {acquired} acquired, {held} held, {renewed} renewed, {released} released, {stale} stale and {current} current checks, {refused_forgery} forged handles refused",
         history.len()
     );
     // Killed calls that had run: a refusal naming a worker as the holder when that worker's
@@ -332,6 +405,9 @@ fn history_of_killed_clients_is_linearizable() {
         ("renewals", renewed, 5),
         ("releases", released, 5),
         ("killed calls that had run", ghosts, 1),
+        ("stale checks", stale, 1),
+        ("current checks", current, 1),
+        ("forged handles refused", refused_forgery, 1),
     ] {
         assert!(
             n >= least,
@@ -357,30 +433,102 @@ fn history_of_killed_clients_is_linearizable() {
                 .map(|&j| (i, j))
         })
         .expect("two grants on one target");
+    let newest_token = history
+        .iter()
+        .filter_map(|c| c["out"]["token"].as_u64())
+        .max()
+        .unwrap_or(0);
     let mut repeated = history.clone();
     repeated[second]["out"]["token"] = history[first]["out"]["token"].clone();
     let (code, text) = check(&checker, &repeated, dir.path(), "repeated-token");
     assert_eq!(code, 1, "a repeated token passed the checker:\n{text}");
 
-    // A refusal turned into a grant: two holders at once.
-    // (One with a later grant on its target: the made-up token must be passed by nothing.)
-    let refusal = (0..history.len())
-        .find(|&i| {
-            outcome(&history[i]) == "held"
+    // A refusal turned into a grant while its holder certainly held the target (the refusal
+    // ran within the TTL of that holder's grant, and the refusal itself says it had not been
+    // released). The history is cut after that refusal, so the made-up token (above every
+    // token seen) contradicts nothing later: only exclusion can refuse it. The cut history
+    // without the flip must pass first.
+    let ttl_ns = TTL_MS as i64 * 1_000_000;
+    let candidates: Vec<usize> = (0..history.len())
+        .filter(|&i| {
+            let c = &history[i];
+            outcome(c) == "held"
                 && grants
                     .iter()
-                    .any(|&j| j > i && history[j]["target"] == history[i]["target"])
+                    .rev()
+                    .find(|&&g| {
+                        g < i
+                            && history[g]["target"] == c["target"]
+                            && history[g]["owner"] == c["out"]["owner"]
+                    })
+                    .is_some_and(|&g| {
+                        let at = |v: &Value, k: &str| v[k].as_i64().unwrap_or(0);
+                        // No release by the holder from its grant to the refusal's end: the
+                        // flipped call could otherwise come after it.
+                        let released = history.iter().any(|r| {
+                            r["op"] == "release"
+                                && r["target"] == c["target"]
+                                && r["owner"] == c["out"]["owner"]
+                                && at(r, "call") >= at(&history[g], "call")
+                                && at(r, "call") <= at(c, "return")
+                        });
+                        !released
+                            && at(&history[g], "return") < at(c, "call")
+                            && at(c, "return") < at(&history[g], "call") + ttl_ns
+                    })
         })
-        .expect("a refusal followed by a grant on its target");
-    let mut doubled = history.clone();
-    let newest = history
-        .iter()
-        .filter_map(|c| c["out"]["token"].as_u64())
-        .max()
-        .unwrap_or(0);
-    doubled[refusal]["out"] = json!({"outcome": "acquired", "token": newest + 1_000_000_000});
-    let (code, text) = check(&checker, &doubled, dir.path(), "two-holders");
-    assert_eq!(code, 1, "a second holder passed the checker:\n{text}");
+        .collect();
+    let mut shown = false;
+    for &i in candidates.iter().rev().take(5) {
+        let cut = history[i]["return"].as_i64().unwrap_or(0);
+        let truncated: Vec<Value> = history
+            .iter()
+            .filter(|c| c["call"].as_i64().unwrap_or(0) <= cut)
+            .cloned()
+            .collect();
+        if check(&checker, &truncated, dir.path(), "cut").0 != 0 {
+            continue;
+        }
+        let at = truncated
+            .iter()
+            .position(|c| c["call"] == history[i]["call"] && c["client"] == history[i]["client"])
+            .expect("the refusal is in the cut history");
+        let mut doubled = truncated;
+        doubled[at]["out"] = json!({"outcome": "acquired", "token": newest_token + 1});
+        let (code, text) = check(&checker, &doubled, dir.path(), "two-holders");
+        assert_eq!(code, 1, "a second holder passed the checker:\n{text}");
+        shown = true;
+        break;
+    }
+    assert!(
+        shown,
+        "no refusal within its holder's certain lifetime to flip"
+    );
+
+    // A stale token answered current.
+    let stale_at = (0..history.len())
+        .find(|&i| outcome(&history[i]) == "stale")
+        .expect("a stale check");
+    let mut current_again = history.clone();
+    let token = history[stale_at]["token"].clone();
+    current_again[stale_at]["out"] = json!({"outcome": "current", "newest": token});
+    let (code, text) = check(&checker, &current_again, dir.path(), "stale-as-current");
+    assert_eq!(
+        code, 1,
+        "a stale token answered current passed the checker:\n{text}"
+    );
+
+    // A forged handle obeyed: a release with a token never issued answered released.
+    let forged_at = (0..history.len())
+        .find(|&i| history[i]["op"] == "release" && outcome(&history[i]) == "not_holder")
+        .expect("a refused release");
+    let mut obeyed = history.clone();
+    obeyed[forged_at]["out"] = json!({"outcome": "released"});
+    let (code, text) = check(&checker, &obeyed, dir.path(), "forged-release");
+    assert_eq!(
+        code, 1,
+        "a release by a non-holder passed the checker:\n{text}"
+    );
 }
 
 fn main() {

@@ -19,19 +19,21 @@
 //     both with that newest token.
 //
 // Time: a lease expires ttl after the server ran the call that granted or renewed it, which lies
-// somewhere in that call's [call, return] window (one clock: the recorder and the server share
+// somewhere in that call's [call, return] window. Only calls change the state: an expiry is never
+// recorded as "free" (a call placed later in the order may have run earlier in time), only as a
+// tighter bound on when it happened (one clock: the recorder and the server share
 // a machine). At another call's window the lease is certainly live, certainly expired, or
-// either; "either" makes the model nondeterministic. A call whose client was killed (or that
-// failed) may or may not have taken effect: its return is open-ended and every outcome is
-// allowed, so it is placed wherever the rest of the history needs it, including after
-// everything (never happened). A token it may have issued is unknown: the fence is then only
-// a lower bound until the next observed token.
+// either; "either" makes the model nondeterministic. A call whose client was killed may or
+// may not have taken effect: it ends at its settle bound (the kill plus half a second, by which
+// the server has run it or never will), and every outcome is allowed, "no effect" included. A
+// token it may have issued is unknown: the fence is then only a lower bound until the next
+// observed token. Only killed calls are unknown: the recorder fails any other call that did
+// not answer.
 package main
 
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"os"
 	"sort"
 	"time"
@@ -54,7 +56,7 @@ type Call struct {
 	// Killed: the client was killed before it printed a reply (Out is then absent).
 	Killed bool `json:"killed"`
 	// Settle: a bound after which a killed or failed call has certainly run or never will (the
-	// server runs what it received within milliseconds; the recorder allows seconds).
+	// server runs what it received within milliseconds; the recorder allows half a second).
 	Settle int64 `json:"settle"`
 	// The reply the client printed (the CLI's JSON), if any.
 	Out *Reply `json:"out"`
@@ -91,30 +93,47 @@ type state struct {
 	fenceOpen bool
 	held      bool
 	h         holder
+	// clock: the latest call among the calls placed so far. Calls are placed in the order they
+	// took effect, so this one took effect no earlier than that (nor than its own call).
+	clock int64
 }
 
-const never = int64(math.MaxInt64)
+// start: the earliest moment call c can have taken effect, placed after the calls before it.
+func (s state) start(c input) int64 { return max(c.Call, s.clock) }
 
 // liveness of the holder over a call's window: certainly live, certainly expired, or either.
-func (s state) maybeLive(c input) bool    { return s.held && c.Call <= s.h.expHi }
+func (s state) maybeLive(c input) bool    { return s.held && s.start(c) <= s.h.expHi }
 func (s state) maybeExpired(c input) bool { return !s.held || c.Return >= s.h.expLo }
+
+// expiredBy: the state after call c found the lease expired. Expiry is time, not an event:
+// the holder stays (another call, concurrent but placed later, judges it by its own window),
+// but it had certainly expired by the end of c.
+func (s state) expiredBy(c input) state {
+	if s.held && c.Return < s.h.expHi {
+		s.h.expHi = c.Return
+	}
+	return s
+}
 
 func (s state) isHolder(c input) bool {
 	return s.held && s.h.lease == c.Lease && s.h.owner == c.Owner && s.h.token != 0 && s.h.token == c.Token
 }
 
-// grantedBy: the holder a grant or renewal by call c leaves behind.
-func grantedBy(c input, lease, owner string, token uint64) holder {
+// grantedBy: the holder a grant or renewal by call c, taking effect after start, leaves behind.
+func grantedBy(c input, start int64, lease, owner string, token uint64) holder {
 	ttl := c.TTLMs * int64(time.Millisecond)
-	hi := c.Return + ttl
-	if c.Return == never {
-		hi = c.Settle + ttl
-	}
-	return holder{lease: lease, owner: owner, token: token, expLo: c.Call + ttl, expHi: hi}
+	// The server keeps time in milliseconds: an expiry lands up to 1 ms after grant + ttl.
+	hi := c.Return + ttl + int64(time.Millisecond)
+	return holder{lease: lease, owner: owner, token: token, expLo: start + ttl, expHi: hi}
 }
 
 func step(st interface{}, in interface{}, out interface{}) []interface{} {
 	s, c, r := st.(state), in.(input), out.(output)
+	start := s.start(c)
+	if start > c.Return {
+		return nil
+	}
+	s.clock = start
 	var next []interface{}
 	possible := func(ok bool, n state) {
 		if ok {
@@ -123,12 +142,16 @@ func step(st interface{}, in interface{}, out interface{}) []interface{} {
 	}
 	free := s
 	free.held = false
+	if r == nil {
+		// A killed call may never have reached the server.
+		next = append(next, s)
+	}
 	switch c.Op {
 	case "acquire":
 		// Re-entrant: the same lease id and owner get their token back.
 		if s.maybeLive(c) && s.h.lease == c.Lease && s.h.owner == c.Owner {
 			n := s
-			n.h = grantedBy(c, c.Lease, c.Owner, s.h.token)
+			n.h = grantedBy(c, start, c.Lease, c.Owner, s.h.token)
 			possible(r == nil || (r.Outcome == "acquired" && r.Token == s.h.token), n)
 		}
 		if s.maybeLive(c) && !(s.h.lease == c.Lease && s.h.owner == c.Owner) {
@@ -138,41 +161,43 @@ func step(st interface{}, in interface{}, out interface{}) []interface{} {
 			if r == nil {
 				n := free
 				n.fenceOpen, n.held = true, true
-				n.h = grantedBy(c, c.Lease, c.Owner, 0)
+				n.h = grantedBy(c, start, c.Lease, c.Owner, 0)
 				next = append(next, n)
 			} else if r.Outcome == "acquired" && r.Token > s.fence {
 				n := free
 				n.fence, n.fenceOpen, n.held = r.Token, false, true
-				n.h = grantedBy(c, c.Lease, c.Owner, r.Token)
+				n.h = grantedBy(c, start, c.Lease, c.Owner, r.Token)
 				next = append(next, n)
 			}
 		}
 	case "renew":
 		if s.maybeLive(c) && s.isHolder(c) {
 			n := s
-			n.h = grantedBy(c, c.Lease, c.Owner, c.Token)
+			n.h = grantedBy(c, start, c.Lease, c.Owner, c.Token)
 			possible(r == nil || r.Outcome == "renewed", n)
 		}
 		if s.maybeExpired(c) {
-			possible(r == nil || (r.Outcome == "lost" && r.Reason == "expired"), free)
+			possible(r == nil || (r.Outcome == "lost" && r.Reason == "expired"), s.expiredBy(c))
 		}
 		if s.maybeLive(c) && !s.isHolder(c) {
 			possible(r == nil || (r.Outcome == "lost" && r.Reason == "not_holder"), s)
 		}
 	case "release":
-		if s.maybeLive(c) && s.isHolder(c) {
-			possible(r == nil || r.Outcome == "released", free)
-		}
-		if s.maybeExpired(c) {
-			possible(r == nil || r.Outcome == "not_holder", free)
-		}
-		if s.maybeLive(c) && !s.isHolder(c) {
+		if s.isHolder(c) {
+			if s.maybeLive(c) {
+				possible(r == nil || r.Outcome == "released", free)
+			}
+			// The holder itself refused: its lease had expired.
+			if s.maybeExpired(c) {
+				possible(r == nil || r.Outcome == "not_holder", s.expiredBy(c))
+			}
+		} else {
 			possible(r == nil || r.Outcome == "not_holder", s)
 		}
 	case "check":
 		switch {
 		case r == nil:
-			next = append(next, s)
+			// Read-only: the unknown outcome is the no-effect state already added.
 		case r.Outcome == "current":
 			possible(!s.fenceOpen && c.Token == s.fence && r.Newest == s.fence, s)
 		case r.Outcome == "stale":
@@ -217,10 +242,13 @@ func main() {
 	unknown := 0
 	for _, c := range calls {
 		var out output = c.Out
-		if c.Killed || c.Out == nil || c.Out.Outcome == "error" {
-			// May have taken effect at any time after its call, or never.
-			out, c.Return = nil, never
+		if c.Killed {
+			// May have taken effect at any time between its call and its settle bound, or never.
+			out, c.Return = nil, c.Settle
 			unknown++
+		} else if c.Out == nil || c.Out.Outcome == "" || c.Out.Outcome == "error" {
+			fmt.Fprintf(os.Stderr, "history: call %+v was not killed and has no answer\n", c)
+			os.Exit(2)
 		}
 		ops = append(ops, porcupine.Operation{ClientId: c.Client, Input: c, Call: c.Call, Output: out, Return: c.Return})
 	}

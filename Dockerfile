@@ -14,9 +14,13 @@ COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY lua ./lua
 COPY crds ./crds
-# A workspace member (the tests' support crate): cargo reads its manifest, builds none of it.
+# A workspace member (the tests' support crate) and the test and bench targets Cargo.toml
+# declares: cargo reads them, builds none of them.
 COPY test-support ./test-support
-RUN CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols" \
+COPY tests ./tests
+COPY benches ./benches
+# The flags of scripts/env.sh's static_cargo (the registry path remapped for this image's).
+RUN CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols --remap-path-prefix=/usr/local/cargo/registry/src=/cargo" \
     cargo build --release --locked --target x86_64-unknown-linux-gnu --bin targetlease \
  && install -D -m 0555 target/x86_64-unknown-linux-gnu/release/targetlease /out/targetlease
 
@@ -25,6 +29,8 @@ COPY --from=build /out/targetlease /targetlease
 # 65532 is distroless's "nonroot"; the chart runs the pod as this user with a read-only root
 # file system and no capabilities.
 USER 65532:65532
+WORKDIR /
+ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 LABEL org.opencontainers.image.title="targetlease" \
       org.opencontainers.image.description="Kubernetes operator: fenced leases on Valkey" \
       org.opencontainers.image.version="0.1.0" \

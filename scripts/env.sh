@@ -16,6 +16,9 @@ static_cargo() { # SUBCOMMAND [ARGS...]: cargo SUBCOMMAND --target TARGETLEASE_T
   local sub="$1" repo
   shift
   repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-  CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols --remap-path-prefix=$HOME/.cargo/registry/src=/cargo --remap-path-prefix=$repo=/src" \
+  # RUSTFLAGS or CARGO_ENCODED_RUSTFLAGS (a CI may set them) would silently replace the
+  # target's flags and give a dynamic binary: they are left out here.
+  env -u RUSTFLAGS -u CARGO_ENCODED_RUSTFLAGS \
+    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}/registry/src=/cargo --remap-path-prefix=$repo=/src" \
     cargo "$sub" --target "$TARGETLEASE_TARGET" "$@"
 }

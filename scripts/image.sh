@@ -38,7 +38,15 @@ rootfs="$(mktemp -d "${TMPDIR:-/tmp}/targetlease-rootfs.XXXXXX")"
 trap 'rm -rf "$rootfs"' EXIT
 install -D -m 0555 "$binary" "$rootfs/targetlease"
 install -d -m 0755 "$rootfs/etc/ssl/certs"
-install -m 0444 /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
+# The Mozilla set of Debian's ca-certificates package, in a fixed order: never this machine's
+# own additions (/usr/local/share/ca-certificates, a corporate root), so every build of the
+# image trusts the same roots.
+shopt -s nullglob
+cas=(/usr/share/ca-certificates/mozilla/*.crt)
+shopt -u nullglob
+((${#cas[@]} > 100)) || { say "error: Debian's ca-certificates (Mozilla set) is not installed"; exit 1; }
+printf '%s\0' "${cas[@]}" | LC_ALL=C sort -z | xargs -0 awk 1 >"$rootfs/etc/ssl/certs/ca-certificates.crt"
+chmod 0444 "$rootfs/etc/ssl/certs/ca-certificates.crt"
 printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$rootfs/etc/passwd"
 printf 'root:x:0:\nnonroot:x:65532:\n' >"$rootfs/etc/group"
 # glibc, even linked statically, reads this to resolve host names (the Valkey URL's host).

@@ -144,6 +144,15 @@ fn image_follows_the_dockerfile() {
         serde_json::from_str(instruction(&stage, word)).expect("JSON form in the Dockerfile")
     };
     assert_eq!(config["User"], json!(instruction(&stage, "USER")));
+    assert_eq!(config["WorkingDir"], json!(instruction(&stage, "WORKDIR")));
+    let env = instruction(&stage, "ENV");
+    assert!(
+        config["Env"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|v| v == env)),
+        "the image lacks ENV {env}: {}",
+        config["Env"]
+    );
     assert_eq!(config["Entrypoint"], json_form("ENTRYPOINT"));
     assert_eq!(config["Cmd"], json_form("CMD"));
     let port = format!("{}/tcp", instruction(&stage, "EXPOSE"));
@@ -174,6 +183,67 @@ fn image_follows_the_dockerfile() {
         )),
         "{}",
         image().reference
+    );
+}
+
+/// What `docker build` sends: the build stage's COPY sources, each let through by
+/// .dockerignore, make a tree cargo accepts (Cargo.toml declares test and bench targets; a
+/// context without their files fails before anything builds, as it did before tests/ and
+/// benches/ were let through).
+fn dockerfile_build_context_is_complete() {
+    let text = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    // [header comments, the build stage, the final stage]
+    let build_stage = text.split("\nFROM ").nth(1).expect("a build stage");
+    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).expect(".dockerignore");
+    let allowed: Vec<&str> = ignore
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix('!'))
+        .map(|l| l.trim_end_matches('/'))
+        .collect();
+    let context = tempfile::tempdir().expect("dir");
+    let mut copied = 0;
+    for line in build_stage.lines().filter(|l| l.starts_with("COPY ")) {
+        let words: Vec<&str> = line.split_whitespace().skip(1).collect();
+        let (sources, dest) = words.split_at(words.len() - 1);
+        for source in sources {
+            assert!(
+                allowed.contains(source),
+                ".dockerignore keeps {source} out of the build context"
+            );
+            let to = if dest[0].ends_with('/') {
+                context.path().join(source)
+            } else {
+                context.path().join(dest[0].trim_start_matches("./"))
+            };
+            sh(
+                "cp",
+                &[
+                    "-r",
+                    &repo().join(source).display().to_string(),
+                    &to.display().to_string(),
+                ],
+            );
+            copied += 1;
+        }
+    }
+    assert!(copied >= 5, "the build stage copies {copied} sources");
+    // `cargo fetch` loads the manifest as a build does (every declared target must exist;
+    // `cargo metadata` does not check that) and resolves the locked dependencies offline.
+    let out = Command::new("cargo")
+        .args([
+            "fetch",
+            "--locked",
+            "--offline",
+            "--target",
+            "x86_64-unknown-linux-gnu",
+        ])
+        .current_dir(context.path())
+        .output()
+        .expect("cargo fetch");
+    assert!(
+        out.status.success(),
+        "cargo refuses the Docker build context:\n{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -531,6 +601,10 @@ fn main() {
     let trials = vec![
         test("image_follows_the_dockerfile", image_follows_the_dockerfile),
         test("blobs_match_their_digests", blobs_match_their_digests),
+        test(
+            "dockerfile_build_context_is_complete",
+            dockerfile_build_context_is_complete,
+        ),
         test("binary_is_static_and_alone", binary_is_static_and_alone),
         test("same_binary_same_image", same_binary_same_image),
         test(

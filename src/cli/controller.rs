@@ -120,14 +120,27 @@ impl ControllerArgs {
         if self.no_holder_pods {
             return Ok(PodScope::Off);
         }
-        let namespaces: BTreeSet<String> = self
-            .holder_pod_namespaces
-            .iter()
-            .map(|ns| ns.trim().to_owned())
-            .filter(|ns| !ns.is_empty())
-            .collect();
-        if namespaces.is_empty() {
+        if self.holder_pod_namespaces.is_empty() {
             return Ok(PodScope::Watched);
+        }
+        let mut namespaces = BTreeSet::new();
+        for ns in &self.holder_pod_namespaces {
+            let ns = ns.trim();
+            // A namespace is a DNS label; anything else (an empty entry too) would watch
+            // nothing and fail open or warn forever.
+            let label = !ns.is_empty()
+                && ns.len() <= 63
+                && ns
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !ns.starts_with('-')
+                && !ns.ends_with('-');
+            if !label {
+                return Err(format!(
+                    "--holder-pod-namespaces: {ns:?} is not a namespace name (a DNS label)"
+                ));
+            }
+            namespaces.insert(ns.to_owned());
         }
         if let Some(watched) = &self.watch_namespace
             && namespaces.iter().any(|ns| ns != watched)
@@ -183,9 +196,23 @@ impl ControllerArgs {
             identity: self.identity(),
             duration_seconds: self.leader_election_seconds,
         });
+        let holder_pods = self.holder_pods()?;
+        match &holder_pods {
+            PodScope::Watched => {}
+            PodScope::Namespaces(namespaces) => warn!(
+                ?namespaces,
+                "holder pods are tracked in these namespaces only: elsewhere a holderRef lease is \
+                 released by targetlease run, its heartbeat or the garbage collector, not when \
+                 its pod goes"
+            ),
+            PodScope::Off => warn!(
+                "holder pods are not tracked (--no-holder-pods): a holderRef lease is released by \
+                 targetlease run, its heartbeat or the garbage collector, not when its pod goes"
+            ),
+        }
         let settings = Settings {
             namespace: self.watch_namespace.clone(),
-            holder_pods: self.holder_pods()?,
+            holder_pods,
             identity: self.identity(),
             shortest_ttl: controller::shortest_ttl(self.valkey.valkey_timeout.0, election.as_ref()),
         };
@@ -270,6 +297,45 @@ mod tests {
         assert_eq!(empty.identity(), Cli::parse_from(["t"]).args.identity());
         // A duration the election cannot work with is refused at the flag.
         assert!(Cli::try_parse_from(["t", "--leader-election-seconds", "1"]).is_err());
+    }
+
+    /// Holder pod scopes from the flags: names checked, an empty entry refused (it must not
+    /// fail open to every namespace), the watched namespace respected.
+    #[test]
+    fn holder_pod_flags_make_a_scope() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ControllerArgs,
+        }
+        let scope = |args: &[&str]| {
+            let mut all = vec!["t"];
+            all.extend_from_slice(args);
+            Cli::try_parse_from(all)
+                .map_err(|e| e.to_string())?
+                .args
+                .holder_pods()
+        };
+        assert_eq!(scope(&[]), Ok(PodScope::Watched));
+        assert_eq!(scope(&["--no-holder-pods"]), Ok(PodScope::Off));
+        assert_eq!(
+            scope(&["--holder-pod-namespaces", "b,a"]),
+            Ok(PodScope::Namespaces(
+                ["a".to_owned(), "b".to_owned()].into()
+            ))
+        );
+        for bad in ["", "a,,b", "Team_A", "-a", &"x".repeat(64)] {
+            assert!(
+                scope(&[&format!("--holder-pod-namespaces={bad}")]).is_err(),
+                "{bad:?} was accepted"
+            );
+        }
+        assert!(scope(&["--watch-namespace", "a", "--holder-pod-namespaces", "b"]).is_err());
+        assert!(scope(&["--watch-namespace", "a", "--holder-pod-namespaces", "a"]).is_ok());
+        assert!(
+            Cli::try_parse_from(["t", "--no-holder-pods", "--holder-pod-namespaces", "a"]).is_err()
+        );
     }
 
     /// The chart's values.yaml repeats some defaults of the flags (so that `helm show values`

@@ -108,6 +108,10 @@ impl World {
             &repo().join("examples/rbac.yaml").display().to_string(),
         ]);
         let port = valkey.port.to_string();
+        // The password from a file, not the command line (argv is readable by every process,
+        // and kubectl_ok would print it in a failure).
+        let password_file = cluster.scratch().join("valkey-password");
+        std::fs::write(&password_file, PASSWORD).expect("password file");
         cluster.kubectl_ok(&[
             "create",
             "secret",
@@ -116,7 +120,7 @@ impl World {
             "-n",
             SYSTEM_NS,
             &format!("--from-literal=url=redis://{node_ip}:{port}"),
-            &format!("--from-literal=password={PASSWORD}"),
+            &format!("--from-file=password={}", password_file.display()),
         ]);
         let chart = repo().join("charts/targetlease").display().to_string();
         let install = cluster.helm(&[

@@ -75,7 +75,8 @@ pub struct TargetLeaseSpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("holder is immutable"))]
     pub holder: String,
 
-    /// Release the lease as soon as this object is gone or has finished.
+    /// Release the lease as soon as this object is gone or has finished (when the controller
+    /// tracks holder pods in this namespace: see the chart value controller.holderPods).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder_ref: Option<HolderRef>,
 

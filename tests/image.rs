@@ -17,6 +17,7 @@ use libtest_mimic::Arguments;
 use serde_json::{Value, json};
 
 use support::kube::{Cluster, http_get, lease_yaml, repo};
+use support::oci::{Layout, build_controller_image, sh, unpack};
 use support::server::{Server, ServerKind, free_port};
 
 /// The image the suite checks, built once.
@@ -26,60 +27,18 @@ struct Image {
     /// `name@digest`, as scripts/image.sh wrote it beside the tarball.
     reference: String,
     /// The tarball unpacked.
-    layout: tempfile::TempDir,
-    manifest: Value,
-    config: Value,
-    /// The layer's blob path inside `layout`.
-    layer: PathBuf,
-}
-
-fn sh(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(out.status.success(), "{program} {args:?}: {}", out.status);
-    String::from_utf8(out.stdout).expect("utf-8 output")
-}
-
-fn build() -> (PathBuf, String) {
-    let script = repo().join("scripts/image.sh");
-    let tarball = PathBuf::from(sh("bash", &[&script.display().to_string()]).trim());
-    let reference = std::fs::read_to_string(format!("{}.ref", tarball.display()))
-        .expect("scripts/image.sh writes TARBALL.ref");
-    (tarball, reference.trim().to_owned())
+    layout: Layout,
 }
 
 fn image() -> &'static Image {
     static IMAGE: OnceLock<Image> = OnceLock::new();
     IMAGE.get_or_init(|| {
-        let (tarball, reference) = build();
-        let layout = tempfile::tempdir().expect("temp dir");
-        let dir = layout.path().display().to_string();
-        sh("tar", &["-xf", &tarball.display().to_string(), "-C", &dir]);
-        let blob = |digest: &str| -> PathBuf {
-            let hex = digest.strip_prefix("sha256:").expect("sha256 digest");
-            layout.path().join("blobs/sha256").join(hex)
-        };
-        let json_of = |path: &Path| -> Value {
-            serde_json::from_slice(&std::fs::read(path).expect("read blob")).expect("json blob")
-        };
-        let index = json_of(&layout.path().join("index.json"));
-        let manifest = json_of(&blob(
-            index["manifests"][0]["digest"].as_str().expect("digest"),
-        ));
-        let config = json_of(&blob(
-            manifest["config"]["digest"].as_str().expect("digest"),
-        ));
-        let layer = blob(manifest["layers"][0]["digest"].as_str().expect("digest"));
+        let (tarball, reference) = build_controller_image();
+        let layout = unpack(&tarball);
         Image {
             tarball,
             reference,
             layout,
-            manifest,
-            config,
-            layer,
         }
     })
 }
@@ -131,15 +90,18 @@ fn sha256_of(path: &Path) -> String {
 }
 
 fn layer_entries() -> Vec<String> {
-    sh("tar", &["-tvzf", &image().layer.display().to_string()])
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    sh(
+        "tar",
+        &["-tvzf", &image().layout.layer.display().to_string()],
+    )
+    .lines()
+    .map(str::to_owned)
+    .collect()
 }
 
 fn image_follows_the_dockerfile() {
     let stage = dockerfile_last_stage();
-    let config = &image().config["config"];
+    let config = &image().layout.config["config"];
     let json_form = |word: &str| -> Value {
         serde_json::from_str(instruction(&stage, word)).expect("JSON form in the Dockerfile")
     };
@@ -249,7 +211,7 @@ fn dockerfile_build_context_is_complete() {
 
 fn blobs_match_their_digests() {
     let img = image();
-    let dir = img.layout.path().join("blobs/sha256");
+    let dir = img.layout.dir.path().join("blobs/sha256");
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).expect("blobs") {
         let path = entry.expect("blob").path();
@@ -263,28 +225,28 @@ fn blobs_match_their_digests() {
     }
     assert_eq!(checked, 3, "one manifest, one config, one layer");
     // The config names the uncompressed layer (diff id), the manifest the compressed one.
-    let plain = img.layout.path().join("layer.tar");
+    let plain = img.layout.dir.path().join("layer.tar");
     let out = Command::new("gzip")
         .args(["-dc"])
-        .arg(&img.layer)
+        .arg(&img.layout.layer)
         .output()
         .expect("gzip");
     std::fs::write(&plain, out.stdout).expect("write");
     assert_eq!(
-        img.config["rootfs"]["diff_ids"][0],
+        img.layout.config["rootfs"]["diff_ids"][0],
         json!(sha256_of(&plain))
     );
     let digest = img.reference.split('@').nth(1).expect("digest");
-    let index: Value = serde_json::from_slice(
-        &std::fs::read(img.layout.path().join("index.json")).expect("index"),
-    )
-    .expect("json");
+    let index = &img.layout.index;
     assert_eq!(index["manifests"][0]["digest"], json!(digest));
     assert_eq!(
         index["manifests"][0]["annotations"]["io.containerd.image.name"],
         json!(img.reference.split('@').next().expect("name"))
     );
-    assert_eq!(img.manifest["layers"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        img.layout.manifest["layers"].as_array().map(Vec::len),
+        Some(1)
+    );
 }
 
 fn binary_is_static_and_alone() {
@@ -315,7 +277,7 @@ fn binary_is_static_and_alone() {
         "tar",
         &[
             "-xzf",
-            &image().layer.display().to_string(),
+            &image().layout.layer.display().to_string(),
             "-C",
             &unpacked.path().display().to_string(),
             "targetlease",
@@ -348,7 +310,7 @@ fn binary_is_static_and_alone() {
 
 fn same_binary_same_image() {
     let first = image();
-    let (tarball, reference) = build();
+    let (tarball, reference) = build_controller_image();
     assert_eq!(tarball, first.tarball);
     assert_eq!(
         reference, first.reference,
@@ -373,7 +335,7 @@ fn runc_runs_the_controller_as_the_chart_would() {
         "tar",
         &[
             "-xzf",
-            &image().layer.display().to_string(),
+            &image().layout.layer.display().to_string(),
             "-C",
             &rootfs.display().to_string(),
         ],

@@ -8,7 +8,6 @@
 use targetlease_test_support as support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,6 +15,7 @@ use libtest_mimic::Arguments;
 use serde_json::Value;
 
 use support::kube::{Cluster, http_get, metric, repo};
+use support::oci::{Layout, build_controller_image, sh, unpack};
 use support::server::{Server, ServerKind};
 
 const SYSTEM_NS: &str = "targetlease-system";
@@ -53,20 +53,6 @@ fn world() -> Arc<World> {
     }
 }
 
-fn sh(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 impl World {
     fn start() -> World {
         let started = Instant::now();
@@ -78,17 +64,9 @@ impl World {
             ServerKind::Valkey91,
             &["--requirepass", PASSWORD, "--bind", "127.0.0.1", &node_ip],
         );
-        let image = sh(
-            "bash",
-            &[&repo().join("scripts/image.sh").display().to_string()],
-        );
-        let tarball = PathBuf::from(image.trim());
-        let controller_image = std::fs::read_to_string(format!("{}.ref", tarball.display()))
-            .expect("scripts/image.sh writes TARBALL.ref")
-            .trim()
-            .to_owned();
+        let (tarball, controller_image) = build_controller_image();
         cluster.import_image(&tarball);
-        let controller = unpack(&cluster, &tarball);
+        let controller = unpack(&tarball);
         let controller_image_id = controller.config_digest.clone();
         cluster.import_image(&app_image(&cluster, &controller));
         for ns in [SYSTEM_NS, APP_NS] {
@@ -258,41 +236,10 @@ impl World {
     }
 }
 
-/// An image tarball unpacked: its configuration's digest and its (single) layer.
-struct Unpacked {
-    config_digest: String,
-    layer: PathBuf,
-}
-
-fn unpack(cluster: &Cluster, tarball: &Path) -> Unpacked {
-    let layout = cluster.scratch().join("controller-image");
-    std::fs::create_dir_all(&layout).expect("dir");
-    let dir = |p: &Path| p.display().to_string();
-    sh("tar", &["-xf", &dir(tarball), "-C", &dir(&layout)]);
-    let json = |path: PathBuf| -> Value {
-        serde_json::from_slice(&std::fs::read(path).expect("read")).expect("json")
-    };
-    let blob = |digest: &Value| {
-        let digest = digest.as_str().expect("digest");
-        layout
-            .join("blobs/sha256")
-            .join(digest.trim_start_matches("sha256:"))
-    };
-    let index = json(layout.join("index.json"));
-    let manifest = json(blob(&index["manifests"][0]["digest"]));
-    Unpacked {
-        config_digest: manifest["config"]["digest"]
-            .as_str()
-            .expect("digest")
-            .to_owned(),
-        layer: blob(&manifest["layers"][0]["digest"]),
-    }
-}
-
 /// Builds the application image for the examples: busybox (static), the targetlease binary at
 /// /usr/local/bin (as the examples' comment tells users to copy it), and /app/reports-writer and
 /// /app/migrate, which print the token they were given.
-fn app_image(cluster: &Cluster, controller: &Unpacked) -> PathBuf {
+fn app_image(cluster: &Cluster, controller: &Layout) -> PathBuf {
     let rootfs = cluster.scratch().join("app-rootfs");
     let dir = |p: &Path| p.display().to_string();
     let layer = &controller.layer;
@@ -577,6 +524,19 @@ fn job_pod_opt(w: &World, job: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Waits until the TargetLease of Job `job`'s pod is in `phase`; returns the pod's name.
+fn await_job_lease(w: &World, job: &str, phase: &str) -> String {
+    w.until(
+        &format!("{job}'s TargetLease {phase}"),
+        APP_NS,
+        Duration::from_secs(60),
+        || {
+            let pod = job_pod_opt(w, job)?;
+            (w.phase_of_pod(&pod).as_deref() == Some(phase)).then_some(pod)
+        },
+    )
+}
+
 fn job_pod(w: &World, job: &str) -> String {
     job_pod_opt(w, job).unwrap_or_else(|| panic!("no pod of Job {job}"))
 }
@@ -586,15 +546,7 @@ fn job_pod(w: &World, job: &str) -> String {
 fn job_runs_under_its_lease() {
     let w = &*world();
     apply_job(w, "migration-a");
-    let running = w.until(
-        "migration-a's TargetLease Held",
-        APP_NS,
-        Duration::from_secs(60),
-        || {
-            let pod = job_pod_opt(w, "migration-a")?;
-            (w.phase_of_pod(&pod).as_deref() == Some("Held")).then_some(pod)
-        },
-    );
+    let running = await_job_lease(w, "migration-a", "Held");
     w.until(
         "Job migration-a complete",
         APP_NS,
@@ -631,25 +583,9 @@ fn token_in(log: &str, prefix: &str) -> u64 {
 fn holder_container_exit_hands_over() {
     let w = &*world();
     apply_job(w, "migration-b");
-    w.until(
-        "migration-b holding",
-        APP_NS,
-        Duration::from_secs(60),
-        || {
-            let pod = job_pod_opt(w, "migration-b")?;
-            (w.phase_of_pod(&pod).as_deref() == Some("Held")).then_some(())
-        },
-    );
+    await_job_lease(w, "migration-b", "Held");
     apply_job(w, "migration-c");
-    let pod_c = w.until(
-        "migration-c waiting",
-        APP_NS,
-        Duration::from_secs(60),
-        || {
-            let pod = job_pod_opt(w, "migration-c")?;
-            (w.phase_of_pod(&pod).as_deref() == Some("Waiting")).then_some(pod)
-        },
-    );
+    let pod_c = await_job_lease(w, "migration-c", "Waiting");
     for job in ["migration-b", "migration-c"] {
         w.until(
             &format!("Job {job} complete"),
@@ -680,15 +616,9 @@ fn deleted_holder_pod_hands_over() {
         )
     };
     w.cluster.apply(&job("holder-d"));
-    let pod_d = w.until("holder-d Held", APP_NS, Duration::from_secs(60), || {
-        let pod = job_pod_opt(w, "holder-d")?;
-        (w.phase_of_pod(&pod).as_deref() == Some("Held")).then_some(pod)
-    });
+    let pod_d = await_job_lease(w, "holder-d", "Held");
     w.cluster.apply(&job("holder-e"));
-    let pod_e = w.until("holder-e Waiting", APP_NS, Duration::from_secs(60), || {
-        let pod = job_pod_opt(w, "holder-e")?;
-        (w.phase_of_pod(&pod).as_deref() == Some("Waiting")).then_some(pod)
-    });
+    let pod_e = await_job_lease(w, "holder-e", "Waiting");
     let token_d = w.lease_of_pod(&pod_d).expect("lease")["status"]["fencingToken"]
         .as_u64()
         .expect("token");

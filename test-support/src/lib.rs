@@ -8,6 +8,7 @@ pub mod chart;
 pub mod cluster;
 pub mod contract_cases;
 pub mod kube;
+pub mod oci;
 pub mod proxy;
 pub mod scenario;
 pub mod server;

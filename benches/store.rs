@@ -891,12 +891,21 @@ fn evalsha(script: &Script, keys: &[String], args: &[String]) -> redis::Cmd {
     cmd
 }
 
+/// The reply of a script call as text (every script answers one string).
+fn reply_text(v: &redis::Value) -> String {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
 /// Server CPU per call of each script and of the baseline's commands, on an otherwise idle
 /// server: what a call costs the single Valkey thread, independent of the client and of the
-/// machine's load. Calls are built exactly as `ValkeyStore` builds them.
+/// machine's load. Calls are built by `wire`, exactly as `ValkeyStore` builds them.
 async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) -> Vec<Cost> {
     use targetlease::store::valkey::keys::TargetKeys;
     use targetlease::store::valkey::scripts::SCRIPTS;
+    use targetlease::store::valkey::wire;
 
     let _: Result<(), _> = redis::cmd("FLUSHALL").arg("SYNC").query_async(conn).await;
     // Load every script (SCRIPT LOAD is idempotent).
@@ -914,28 +923,56 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             .query_async(conn)
             .await;
     }
-    let keys: Vec<TargetKeys> = (0..n)
-        .map(|i| {
-            let target = TargetRef::new("costs", &format!("t{i}")).expect("target");
-            TargetKeys::new("tl", &target)
-        })
+    let targets: Vec<TargetRef> = (0..n)
+        .map(|i| TargetRef::new("costs", &format!("t{i}")).expect("target"))
         .collect();
+    let keys: Vec<TargetKeys> = targets.iter().map(|t| TargetKeys::new("tl", t)).collect();
     let ttl = LEASE_TTL.as_millis().to_string();
-    let reply_ttl = "60000".to_owned();
-    let acquire = |i: usize, k: &TargetKeys, owner: &str| {
-        let request = RequestId::random();
-        evalsha(
-            &SCRIPTS.acquire.script,
-            &[k.lease(), k.fence(), k.reply(&request), k.grant()],
-            &[
-                format!("lease-{owner}-{i}"),
-                format!("{owner}-{i}"),
-                ttl.clone(),
-                "0".into(),
-                reply_ttl.clone(),
-                request.as_str().to_owned(),
-            ],
+    let reply_ttl = "60000";
+    let claim = |i: usize, who: &str| {
+        (
+            LeaseId::new(format!("lease-{who}-{i}")).expect("lease id"),
+            Owner::new(format!("{who}-{i}")).expect("owner"),
         )
+    };
+    let acquire_request = |i: usize, who: &str| {
+        let (lease_id, owner) = claim(i, who);
+        AcquireRequest {
+            target: targets[i].clone(),
+            lease_id,
+            owner,
+            ttl: lease_ttl(),
+            min_token: 0,
+            request_id: RequestId::random(),
+        }
+    };
+    let acquire = |i: usize, who: &str| {
+        wire::acquire_call(&keys[i], &acquire_request(i, who), &ttl, reply_ttl).command(false)
+    };
+    let handle = |i: usize, who: &str, token: &str| {
+        let (lease_id, owner) = claim(i, who);
+        LeaseHandle {
+            target: targets[i].clone(),
+            lease_id,
+            owner,
+            token: Token::new(token.parse().unwrap_or(1)).expect("token"),
+        }
+    };
+    let release = |i: usize, who: &str, token: &str| {
+        let req = ReleaseRequest {
+            lease: handle(i, who, token),
+            request_id: RequestId::random(),
+        };
+        wire::release_call(&keys[i], &req, reply_ttl).command(false)
+    };
+    let tokens_of = |replies: &[redis::Value]| -> Vec<String> {
+        replies
+            .iter()
+            .map(|v| {
+                let text = reply_text(v);
+                text.split(' ').nth(1).unwrap_or("1").to_owned()
+            })
+            .collect()
     };
     let mut costs = Vec::new();
     let noop = Script::new(NOOP);
@@ -995,53 +1032,52 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
     )
     .await;
     costs.push(c);
-    let (c, replies) = pipelined(
+    let obtain = Script::new(FENCED_OBTAIN);
+    let _: Result<String, _> = obtain.prepare_invoke().load_async(conn).await;
+    let (c, _) = pipelined(
         conn,
-        "acquire.lua, free target (never used)",
-        keys.iter()
-            .enumerate()
-            .map(|(i, k)| acquire(i, k, "a"))
+        "fenced obtain (SET NX PX + INCR, free key)",
+        (0..n)
+            .map(|i| {
+                evalsha(
+                    &obtain,
+                    &[
+                        format!("fl:{{costs/t{i}}}:lock"),
+                        format!("fl:{{costs/t{i}}}:fence"),
+                    ],
+                    &[format!("v{i}"), ttl.clone()],
+                )
+            })
             .collect(),
     )
     .await;
     costs.push(c);
-    let tokens: Vec<String> = replies
-        .iter()
-        .map(|v| match v {
-            redis::Value::Array(items) => match items.get(1) {
-                Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-                _ => "0".into(),
-            },
-            _ => "0".into(),
-        })
-        .collect();
+    let (c, replies) = pipelined(
+        conn,
+        "acquire.lua, target never used (creates the record)",
+        (0..n).map(|i| acquire(i, "a")).collect(),
+    )
+    .await;
+    costs.push(c);
+    let tokens = tokens_of(&replies);
     let (c, _) = pipelined(
         conn,
         "acquire.lua, held by another (answers held)",
-        keys.iter()
-            .enumerate()
-            .map(|(i, k)| acquire(i, k, "b"))
-            .collect(),
+        (0..n).map(|i| acquire(i, "b")).collect(),
     )
     .await;
     costs.push(c);
     let (c, _) = pipelined(
         conn,
         "renew.lua, holder",
-        keys.iter()
-            .enumerate()
-            .map(|(i, k)| {
-                evalsha(
-                    &SCRIPTS.renew.script,
-                    &[k.lease(), k.fence(), k.reply(&RequestId::random())],
-                    &[
-                        format!("lease-a-{i}"),
-                        format!("a-{i}"),
-                        tokens[i].clone(),
-                        ttl.clone(),
-                        reply_ttl.clone(),
-                    ],
-                )
+        (0..n)
+            .map(|i| {
+                let req = RenewRequest {
+                    lease: handle(i, "a", &tokens[i]),
+                    ttl: lease_ttl(),
+                    request_id: RequestId::random(),
+                };
+                wire::renew_call(&keys[i], &req, &ttl, reply_ttl).command(false)
             })
             .collect(),
     )
@@ -1050,37 +1086,28 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
     let (c, _) = pipelined(
         conn,
         "release.lua, holder",
-        keys.iter()
-            .enumerate()
-            .map(|(i, k)| {
-                evalsha(
-                    &SCRIPTS.release.script,
-                    &[k.lease(), k.reply(&RequestId::random())],
-                    &[
-                        format!("lease-a-{i}"),
-                        format!("a-{i}"),
-                        tokens[i].clone(),
-                        reply_ttl.clone(),
-                    ],
-                )
-            })
-            .collect(),
+        (0..n).map(|i| release(i, "a", &tokens[i])).collect(),
     )
     .await;
     costs.push(c);
+    let (c, replies) = pipelined(
+        conn,
+        "acquire.lua, free target (released before: the steady state)",
+        (0..n).map(|i| acquire(i, "c")).collect(),
+    )
+    .await;
+    costs.push(c);
+    let tokens = tokens_of(&replies);
     let (c, _) = pipelined(
         conn,
-        "acquire.lua, free target (released before, fence kept)",
-        keys.iter()
-            .enumerate()
-            .map(|(i, k)| acquire(i, k, "c"))
-            .collect(),
+        "release.lua, holder (second tenure)",
+        (0..n).map(|i| release(i, "c", &tokens[i])).collect(),
     )
     .await;
     costs.push(c);
 
-    // Ablation: acquire.lua with one step taken out at a time, each on an empty database and
-    // fresh targets, against the unmodified script measured the same way. These variants are
+    // Ablation: acquire.lua with one step taken out at a time, on targets released before (the
+    // steady state), against the unmodified script measured the same way. These variants are
     // not valid scripts (each drops a guarantee); they only attribute the cost.
     let ablations: [(&'static str, &[(&str, &str)]); 7] = [
         (
@@ -1093,29 +1120,16 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
         (
             "acquire.lua without the reply-cache write (SET PX)",
             &[(
-                "return remember(KEYS[3], bound, 'acquire', {'acquired', token, int(ttl), now, now}, reply_ttl)",
-                "return {'acquired', token, int(ttl), now, now}",
+                "return remember(KEYS[3], bound, 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. now,\n  reply_ttl)",
+                "return 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. now",
             )],
         ),
         (
             "acquire.lua without the request-id binding (SHA-1 of the call)",
             &[(
-                "local bound = binding('acquire', ARGV[1], ARGV[2], int(min_token))",
-                "local bound = ''",
+                "local bound = binding('acquire', ARGV[1], ARGV[2], ARGV[4])",
+                "local bound = string.rep('0', 40)",
             )],
-        ),
-        (
-            "acquire.lua without the spent-grant record (GET and SET)",
-            &[
-                (
-                    "local last_request = redis.pcall('GET', KEYS[4])",
-                    "local last_request = nil",
-                ),
-                (
-                    "redis.call('SET', KEYS[2], token)\nredis.call('SET', KEYS[4], ARGV[6])\nreturn remember",
-                    "redis.call('SET', KEYS[2], token)\nreturn remember",
-                ),
-            ],
         ),
         (
             "acquire.lua without TIME (fixed clock)",
@@ -1128,38 +1142,30 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             "acquire.lua without the fence (GET and SET)",
             &[
                 (
-                    "local fence, fence_err = read_fence(KEYS[2])\nif not fence then return fence_err end\n-- TIME",
-                    "local fence, fence_err = 0, nil\n-- TIME",
+                    "local fence, fence_err = read_fence(KEYS[2])\nif not fence then return fence_err end\nlocal now, expires",
+                    "local fence, fence_err = 0, nil\nlocal now, expires",
                 ),
                 (
-                    "redis.call('SET', KEYS[2], token)\nredis.call('SET', KEYS[4], ARGV[6])\nreturn remember",
-                    "redis.call('SET', KEYS[4], ARGV[6])\nreturn remember",
+                    "'grant', ARGV[6]})\nredis.call('SET', KEYS[2], token)\nreturn remember",
+                    "'grant', ARGV[6]})\nreturn remember",
                 ),
             ],
         ),
         (
-            "acquire.lua without the lease record (HSET and PEXPIRE)",
+            "acquire.lua without the record read (HMGET)",
             &[(
-                "redis.call('HSET', KEYS[1], 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner', ARGV[2],\n  'token', token, 'acquired_ms', now)\nredis.call('PEXPIRE', KEYS[1], ttl)\n",
+                "local rec, rec_err = read_record(keys, now_ms)",
+                "local rec, rec_err = {exists = true}, nil",
+            )],
+        ),
+        (
+            "acquire.lua without the record write (HSET)",
+            &[(
+                "write_record(keys, rec, now_ms, {'lease_id', ARGV[1], 'owner', ARGV[2], 'token', token,\n  'acquired_ms', now, 'expires_ms', expires, 'grant', ARGV[6]})\n",
                 "",
             )],
         ),
     ];
-    let fresh = |script: &Script, k: &TargetKeys, i: usize| {
-        let request = RequestId::random();
-        evalsha(
-            script,
-            &[k.lease(), k.fence(), k.reply(&request), k.grant()],
-            &[
-                format!("lease-{i}"),
-                format!("w-{i}"),
-                ttl.clone(),
-                "0".into(),
-                reply_ttl.clone(),
-                request.as_str().to_owned(),
-            ],
-        )
-    };
     let mut variants: Vec<(&'static str, Option<Script>)> = vec![(
         "acquire.lua, unmodified (reference for the rows below)",
         Some(SCRIPTS.acquire.script.clone()),
@@ -1184,14 +1190,27 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             });
             continue;
         };
+        // Every target has a record and no lease: one tenure acquired and released, not timed.
         let _: Result<(), _> = redis::cmd("FLUSHALL").arg("SYNC").query_async(conn).await;
+        let (_, replies) =
+            pipelined(conn, "setup", (0..n).map(|i| acquire(i, "a")).collect()).await;
+        let tokens = tokens_of(&replies);
+        let _ = pipelined(
+            conn,
+            "setup",
+            (0..n).map(|i| release(i, "a", &tokens[i])).collect(),
+        )
+        .await;
         let _: Result<String, _> = script.prepare_invoke().load_async(conn).await;
         let (c, _) = pipelined(
             conn,
             what,
-            keys.iter()
-                .enumerate()
-                .map(|(i, k)| fresh(&script, k, i))
+            (0..n)
+                .map(|i| {
+                    let call =
+                        wire::acquire_call(&keys[i], &acquire_request(i, "w"), &ttl, reply_ttl);
+                    evalsha(&script, &call.keys, &call.args)
+                })
                 .collect(),
         )
         .await;

@@ -9,7 +9,7 @@
 --   of this request id (under :commit-req:, writable by the workload ACL user)
 -- ARGV: token, value, reply_ttl_ms, sequence, key
 --   key: the guarded record's name (bound into the request id)
--- Reply: {'committed', token} | {'stale', newest_token}
+-- Reply: 'committed <token>' | 'stale <newest_token>'
 local token, reply_ttl, sequence = arg_int(ARGV[1]), arg_int(ARGV[3]), arg_int(ARGV[4])
 if not token or token == 0 then return invalid('token must be an integer from 1 to 2^53-1') end
 if not reply_ttl or reply_ttl < 1 then return invalid('reply_ttl_ms must be a positive integer') end
@@ -21,7 +21,7 @@ if cached then return cached elseif err then return err end
 
 local fence, fence_err = read_fence(KEYS[1])
 if not fence then return fence_err end
-if token < fence then return {'stale', int(fence)} end
+if token < fence then return 'stale ' .. int(fence) end
 if token > fence then
   return invalid('token ' .. ARGV[1] .. ' was never issued for this target (the newest is ' ..
     int(fence) .. '; 0 means none, or the store lost its data)')
@@ -35,13 +35,13 @@ if last[1] then
     return corrupt('guarded record at ' .. KEYS[2] .. ' has a non-numeric token or sequence')
   end
   if token < last_token or (token == last_token and sequence < last_sequence) then
-    return {'stale', int(last_token)}
+    return 'stale ' .. int(last_token)
   end
   if token == last_token and sequence == last_sequence then
-    if last[3] ~= ARGV[2] then return {'stale', int(last_token)} end
+    if last[3] ~= ARGV[2] then return 'stale ' .. int(last_token) end
     -- This very write is already there: answer as the first call did, write nothing.
-    return remember(KEYS[3], bound, 'commit', {'committed', int(token)}, reply_ttl)
+    return remember(KEYS[3], bound, 'committed ' .. ARGV[1], reply_ttl)
   end
 end
 redis.call('HSET', KEYS[2], 'token', int(token), 'sequence', int(sequence), 'value', ARGV[2])
-return remember(KEYS[3], bound, 'commit', {'committed', int(token)}, reply_ttl)
+return remember(KEYS[3], bound, 'committed ' .. ARGV[1], reply_ttl)

@@ -3,8 +3,16 @@
 --
 -- Records are validated on every read and anything unexpected fails closed with a `TLCORRUPT`
 -- error: a record we cannot read is never mistaken for a free target.
+--
+-- Every script answers one string: its outcome, then its fields, separated by single spaces. At
+-- most one field is free text (an owner, a value, a repair note) and it comes last; the one
+-- reply with two (inspect's) gives the first one's length. A string costs the server a fraction
+-- of a Lua table (docs/performance.md), and a cached reply is stored as it is answered.
 
-local RECORD_VERSION = '1'
+-- The layout of the target record (the `record` key): a hash that never expires, holding the
+-- lease while one is held and the request id of the newest grant. Version 1 kept the lease in
+-- its own expiring hash (the `lease` key, now `v1_lease`) and the grant in its own string.
+local RECORD_VERSION = '2'
 
 -- The largest token: 2^53-1, the largest integer a Lua number (a double) holds exactly. Every
 -- token, floor and stored fence is checked against it; nothing above it is ever issued.
@@ -84,44 +92,131 @@ local function binding(...)
   return redis.sha1hex(table.concat(parts, ','))
 end
 
--- Reads the lease hash at `key`. Returns nil when there is no lease, the record table when it is
--- well formed, or (false, error_reply) when the key holds anything else. A lease without a TTL
--- (a restore or migration that dropped it, a PERSIST) is corrupt: it would never expire.
-local function read_lease(key)
-  -- EXISTS first: the free target (the hot path of acquire) costs one command, and a key that
-  -- exists but holds none of our fields is corrupt, not free.
-  if redis.call('EXISTS', key) == 0 then
-    return nil
-  end
+-- What version 2 leaves at a version 1 lease key: a lease that version 1 reads as held by this
+-- owner for ten years, under a lease id longer than version 1 accepts from a caller. A version 1
+-- client still running after the upgrade is refused (`held`, `not_holder`) and names the cause,
+-- instead of finding the key empty and granting a second tenure beside the record's.
+local MOVED_OWNER = 'targetlease-record-v2 (this target is kept in the version 2 record; ' ..
+  'upgrade this client)'
+local MOVED_LEASE_ID = 'moved-to-record-v2:' .. string.rep('0', 240)
+local MOVED_TTL_MS = 315360000000
+
+-- Reads a version 1 lease hash: nil when absent or moved, the lease otherwise, or
+-- (false, error_reply) for anything version 1 itself would have refused.
+local function read_v1_lease(key, now_ms)
+  if redis.call('EXISTS', key) == 0 then return nil end
   local r = redis.pcall('HMGET', key, 'record_version', 'lease_id', 'owner', 'token', 'acquired_ms')
   if type(r) == 'table' and r.err then
-    return false, read_error(r, 'lease record at ' .. key .. ' is not a hash')
+    return false, read_error(r, 'version 1 lease record at ' .. key .. ' is not a hash')
   end
-  if not r[1] then
-    return false, corrupt('lease record at ' .. key .. ' lacks field record_version')
+  if r[1] ~= '1' then
+    return false, corrupt('version 1 lease record at ' .. key .. ' has record_version ' ..
+      tostring(r[1]) .. ' (expected 1)')
   end
-  if r[1] ~= RECORD_VERSION then
-    return false, corrupt('lease record at ' .. key .. ' has unknown record_version ' .. tostring(r[1]))
-  end
-  for i = 2, 5 do
-    if not r[i] or r[i] == '' then
-      local names = {'record_version', 'lease_id', 'owner', 'token', 'acquired_ms'}
-      return false, corrupt('lease record at ' .. key .. ' lacks field ' .. names[i])
-    end
-  end
+  if r[2] == MOVED_LEASE_ID then return nil end
   local token = arg_int(r[4])
-  if not token or token == 0 then
-    return false, corrupt('lease record at ' .. key .. ' has a non-numeric token or one above 2^53-1')
-  end
-  if not arg_int(r[5]) then
-    return false, corrupt('lease record at ' .. key .. ' has a non-numeric acquired_ms')
+  if not r[2] or r[2] == '' or not r[3] or r[3] == '' or not token or token == 0 or not arg_int(r[5]) then
+    return false, corrupt('version 1 lease record at ' .. key .. ' lacks a field or has a ' ..
+      'non-numeric token or acquired_ms')
   end
   local pttl = redis.call('PTTL', key)
   if pttl < 0 then
-    return false, corrupt('lease record at ' .. key .. ' has no expiry (a lease must expire)')
+    return false, corrupt('version 1 lease record at ' .. key .. ' has no expiry (a lease must expire)')
   end
   return {lease_id = r[2], owner = r[3], token = token, token_text = r[4], acquired_ms = r[5],
-    pttl = pttl}
+    expires_ms = now_ms + pttl}
+end
+
+-- The lease fields of the record, in the order read_record reads them; removed when a lease
+-- ends by release.
+local LEASE_FIELDS = {'lease_id', 'owner', 'token', 'acquired_ms', 'expires_ms'}
+
+-- Reads the target record at `keys.record` as of `now_ms`. Returns
+--   {exists = bool, lease = nil | {lease_id, owner, token, token_text, acquired_ms, expires_ms},
+--    grant = nil | request id}
+-- where `lease` is set only while the lease is held (expires_ms > now_ms), or
+-- (false, error_reply). A target without a record is read from the version 1 keys
+-- (`keys.v1_lease`, `keys.v1_grant`) when given, so leases held before the upgrade stay held;
+-- the first write moves them (see write_record).
+local function read_record(keys, now_ms)
+  local key = keys.record
+  local r = redis.pcall('HMGET', key, 'record_version', 'lease_id', 'owner', 'token',
+    'acquired_ms', 'expires_ms', 'grant')
+  if type(r) == 'table' and r.err then
+    return false, read_error(r, 'record at ' .. key .. ' is not a hash')
+  end
+  if not r[1] then
+    -- A hash holding none of our fields (or some of them without a version) is not ours to
+    -- overwrite: corrupt, never free.
+    if r[2] or r[3] or r[4] or r[5] or r[6] or r[7] or redis.call('EXISTS', key) == 1 then
+      return false, corrupt('record at ' .. key .. ' lacks field record_version')
+    end
+    local rec = {exists = false}
+    if keys.v1_lease then
+      local lease, err = read_v1_lease(keys.v1_lease, now_ms)
+      if err then return false, err end
+      if lease and lease.expires_ms > now_ms then rec.lease = lease end
+      local grant = redis.pcall('GET', keys.v1_grant)
+      if type(grant) == 'table' and grant.err then
+        return false, read_error(grant, 'version 1 grant record at ' .. keys.v1_grant .. ' is not a string')
+      end
+      rec.grant = grant or nil
+    end
+    return rec
+  end
+  if r[1] ~= RECORD_VERSION then
+    return false, corrupt('record at ' .. key .. ' has unknown record_version ' .. r[1])
+  end
+  local rec = {exists = true, grant = r[7] or nil}
+  if r[2] or r[3] or r[4] or r[5] or r[6] then
+    -- A lease is all five fields or none.
+    for i = 2, 6 do
+      if not r[i] or r[i] == '' then
+        return false, corrupt('record at ' .. key .. ' holds a lease that lacks field ' ..
+          LEASE_FIELDS[i - 1])
+      end
+    end
+    local token, expires = arg_int(r[4]), arg_int(r[6])
+    if not token or token == 0 then
+      return false, corrupt('record at ' .. key .. ' has a non-numeric token or one above 2^53-1')
+    end
+    if not arg_int(r[5]) or not expires then
+      return false, corrupt('record at ' .. key .. ' has a non-numeric acquired_ms or expires_ms')
+    end
+    if expires > now_ms then
+      rec.lease = {lease_id = r[2], owner = r[3], token = token, token_text = r[4],
+        acquired_ms = r[5], expires_ms = expires}
+    end
+  end
+  return rec
+end
+
+-- Writes `fields` (a flat list of names and values) to the record. The first write to a target
+-- creates the record: what the version 1 keys held (the lease, the grant) moves into it, the
+-- version 1 grant is dropped and the moved marker is left at the version 1 lease key, all in the
+-- same script; from then on the record alone says who holds the target.
+local function write_record(keys, rec, now_ms, fields)
+  if not rec.exists then
+    local moved = {'record_version', RECORD_VERSION}
+    if rec.grant then
+      moved[#moved + 1] = 'grant'
+      moved[#moved + 1] = rec.grant
+    end
+    local l = rec.lease
+    if l then
+      for _, v in ipairs({'lease_id', l.lease_id, 'owner', l.owner, 'token', l.token_text,
+          'acquired_ms', l.acquired_ms, 'expires_ms', int(l.expires_ms)}) do
+        moved[#moved + 1] = v
+      end
+    end
+    redis.call('HSET', keys.record, unpack(moved))
+    redis.call('DEL', keys.v1_lease, keys.v1_grant)
+    redis.call('HSET', keys.v1_lease, 'record_version', '1', 'lease_id', MOVED_LEASE_ID,
+      'owner', MOVED_OWNER, 'token', '1', 'acquired_ms', int(now_ms))
+    redis.call('PEXPIRE', keys.v1_lease, MOVED_TTL_MS)
+    rec.exists = true
+  end
+  if #fields > 0 then redis.call('HSET', keys.record, unpack(fields)) end
 end
 
 -- Reads the fence: the newest token issued for the target (0 when absent). Returns the number,
@@ -140,31 +235,44 @@ local function read_fence(key)
   return n
 end
 
+-- The operation whose reply starts with `kind`, for the message of a reused request id.
+local OPERATION_OF = {acquired = 'acquire', renewed = 'renew', released = 'release',
+  committed = 'commit'}
+
 -- The reply cache makes a retried call with the same request id return the first reply without
 -- acting again. Only replies of calls that changed state are cached; a refusal changed nothing,
--- so a retry of it simply asks again. An entry holds the binding of the call that made it: the
--- same request id with other arguments (another caller, another operation) is refused, never
--- answered with someone else's reply.
+-- so a retry of it simply asks again. An entry is `<binding> <reply>`, the binding being the
+-- call's 40 hex digits: the same request id with other arguments (another caller, another
+-- operation) is refused, never answered with someone else's reply. An entry version 1 wrote
+-- (JSON, read with cjson) is still answered, so a retry across the upgrade gets its reply.
 local function cached_reply(key, bound, op)
   local v = redis.pcall('GET', key)
   if type(v) == 'table' and v.err then
     return false, read_error(v, 'reply cache at ' .. key .. ' is not a string')
   end
   if not v then return nil end
-  local ok, entry = pcall(cjson.decode, v)
-  if not ok or type(entry) ~= 'table' or type(entry.r) ~= 'table' or type(entry.r[1]) ~= 'string' then
+  local entry_binding, reply
+  if string.sub(v, 1, 1) == '{' then
+    local ok, entry = pcall(cjson.decode, v)
+    if ok and type(entry) == 'table' and type(entry.r) == 'table' and type(entry.r[1]) == 'string' then
+      entry_binding, reply = entry.b, table.concat(entry.r, ' ')
+    end
+  elseif string.sub(v, 41, 41) == ' ' and #v > 41 then
+    entry_binding, reply = string.sub(v, 1, 40), string.sub(v, 42)
+  end
+  if not reply then
     return false, corrupt('reply cache at ' .. key .. ' is not a cached reply')
   end
-  if entry.b ~= bound then
-    return false, invalid('request id already used for another call (' .. tostring(entry.o) ..
+  if entry_binding ~= bound then
+    local first = OPERATION_OF[string.match(reply, '^%S+')] or 'another operation'
+    return false, invalid('request id already used for another call (' .. first ..
       ' with other arguments) on this target; a request id names one call and its retries: ' ..
       'use a new one for ' .. op)
   end
-  return entry.r
+  return reply
 end
 
--- Every element of a reply is a string, so the cjson round trip cannot round numbers.
-local function remember(key, bound, op, reply, reply_ttl_ms)
-  redis.call('SET', key, cjson.encode({b = bound, o = op, r = reply}), 'PX', reply_ttl_ms)
+local function remember(key, bound, reply, reply_ttl_ms)
+  redis.call('SET', key, bound .. ' ' .. reply, 'PX', reply_ttl_ms)
   return reply
 end

@@ -13,6 +13,8 @@ use targetlease_test_support::cases;
 use std::path::Path;
 use std::time::Duration;
 
+use redis::Value;
+
 use targetlease::redact::Secret;
 use targetlease::store::valkey::scripts::SCRIPTS;
 use targetlease::store::valkey::{PasswordSource, ValkeyStore};
@@ -193,7 +195,16 @@ async fn script_arguments_are_checked_again(h: Harness) {
     let reply = k.reply(&RequestId::new("raw-1").expect("id"));
     let commit_reply = k.commit_reply(&RequestId::new("raw-2").expect("id"));
     let guarded = k.guarded("data");
-    let (lease, fence) = (k.lease(), k.fence());
+    let fence = k.fence();
+    // The KEYS of renew and acquire (record, fence, reply, v1_lease, v1_grant) and of release.
+    let lease_keys = vec![
+        k.record(),
+        fence.clone(),
+        reply.clone(),
+        k.v1_lease(),
+        k.v1_grant(),
+    ];
+    let release_keys = vec![k.record(), reply.clone(), k.v1_lease(), k.v1_grant()];
     let eval = |script: &'static str, keys: Vec<String>, args: Vec<String>| {
         let admin = h.admin().clone();
         async move {
@@ -222,7 +233,7 @@ async fn script_arguments_are_checked_again(h: Harness) {
                 "renew",
                 eval(
                     SCRIPTS.renew.source,
-                    vec![lease.clone(), fence.clone(), reply.clone()],
+                    lease_keys.clone(),
                     vec![s("lease-a"), s("alice"), s(bad), s("30000"), s("60000")],
                 ),
             ),
@@ -230,7 +241,7 @@ async fn script_arguments_are_checked_again(h: Harness) {
                 "release",
                 eval(
                     SCRIPTS.release.source,
-                    vec![lease.clone(), reply.clone()],
+                    release_keys.clone(),
                     vec![s("lease-a"), s("alice"), s(bad), s("60000")],
                 ),
             ),
@@ -257,7 +268,7 @@ async fn script_arguments_are_checked_again(h: Harness) {
     for (what, owner, ttl) in [("empty owner", "", "30000"), ("zero ttl", "bob", "0")] {
         let refused = eval(
             SCRIPTS.acquire.source,
-            vec![lease.clone(), fence.clone(), reply.clone(), k.grant()],
+            lease_keys.clone(),
             vec![
                 s("lease-b"),
                 s(owner),
@@ -275,7 +286,7 @@ async fn script_arguments_are_checked_again(h: Harness) {
     }
     let renewed = eval(
         SCRIPTS.renew.source,
-        vec![lease.clone(), fence.clone(), reply.clone()],
+        lease_keys,
         vec![s("lease-a"), s("alice"), token, s("0"), s("60000")],
     )
     .await;
@@ -334,12 +345,12 @@ async fn unparseable_fence_fails_closed_and_repairs(h: Harness) {
         h.store.repair(&t, 0).await.expect("repair"),
         RepairOutcome::Intact { .. }
     ));
-    // An unreadable lease record is deleted; the readable fence stays.
-    h.admin().cmd(&["SET", &keys.lease(), "junk"]).await;
+    // An unreadable target record is deleted; the readable fence stays.
+    h.admin().cmd(&["SET", &keys.record(), "junk"]).await;
     match h.store.repair(&t, 0).await.expect("repair") {
         RepairOutcome::Repaired { fence, what } => {
             assert_eq!(fence, g.token);
-            assert!(what.contains("lease"), "{what}");
+            assert!(what.contains("target record"), "{what}");
         }
         other => panic!("expected a repair, got {other:?}"),
     }
@@ -519,12 +530,45 @@ async fn reply_ttl_shorter_than_retries_is_refused(h: Harness) {
     assert!(e.to_string().contains("reply TTL"), "{e}");
 }
 
-// 6. A lease record without a TTL fails closed instead of being held forever at "0 ms left".
+// 6. No lease is held forever by a lost or added TTL. The record keeps the lease's end as a
+//    field in server milliseconds, compared with TIME, so a restore or migration that drops
+//    or changes key TTLs cannot stretch a lease; a version 1 lease hash without a TTL (a target
+//    not moved yet) still fails closed instead of being held at "0 ms left".
 async fn lease_without_ttl_fails_closed(h: Harness) {
     let t = target("persisted");
     let keys = h.keys(&t);
-    acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
-    h.admin().cmd(&["PERSIST", &keys.lease()]).await;
+    let g = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    assert_eq!(
+        h.admin().cmd(&["PTTL", &keys.record()]).await,
+        Value::Int(-1),
+        "the record never expires"
+    );
+    // The lease's end, as a tool restoring an old record would leave it: long past.
+    h.admin()
+        .cmd(&["HSET", &keys.record(), "expires_ms", "1"])
+        .await;
+    assert!(h.store.inspect(&t).await.expect("inspect").lease.is_none());
+    let next = acquired(&*h.store, &acquire_req(&t, "lease-b", "bob", TTL)).await;
+    assert!(next.token > g.token);
+
+    let t = target("persisted-v1");
+    let keys = h.keys(&t);
+    h.admin()
+        .cmd(&[
+            "HSET",
+            &keys.v1_lease(),
+            "record_version",
+            "1",
+            "lease_id",
+            "lease-a",
+            "owner",
+            "alice",
+            "token",
+            "5",
+            "acquired_ms",
+            "1",
+        ])
+        .await;
     let e = h
         .store
         .acquire(&acquire_req(&t, "lease-b", "bob", TTL))
@@ -687,7 +731,12 @@ async fn workload_user_cannot_touch_leases(h: Harness) {
     denied(workload.inspect(&t).await.map(drop), "inspect");
     // A script of the workload's own that writes the fence or the lease is refused too.
     let keys = h.keys(&t);
-    for key in [keys.fence(), keys.lease(), keys.grant()] {
+    for key in [
+        keys.fence(),
+        keys.record(),
+        keys.v1_lease(),
+        keys.v1_grant(),
+    ] {
         let auth = ["AUTH", "targetlease-workload", password];
         let write = [
             "EVAL",

@@ -52,14 +52,17 @@ fn reply_decoders_never_panic() {
     });
     runner
         .run(&proptest::collection::vec(element(), 0..10), |parts| {
-            let _ = wire::acquire(&parts);
-            let _ = wire::renew(&parts);
-            let _ = wire::release(&parts);
-            let _ = wire::commit(&parts);
-            let _ = wire::check(&parts);
-            let _ = wire::read(&parts);
-            let _ = wire::inspect(&parts);
-            let _ = wire::repair(&parts);
+            // Fields joined as the scripts join them, and once more with the spaces doubled.
+            for reply in [parts.join(" "), parts.join("  ")] {
+                let _ = wire::acquire(&reply);
+                let _ = wire::renew(&reply);
+                let _ = wire::release(&reply);
+                let _ = wire::commit(&reply);
+                let _ = wire::check(&reply);
+                let _ = wire::read(&reply);
+                let _ = wire::inspect(&reply);
+                let _ = wire::repair(&reply);
+            }
             Ok(())
         })
         .expect("decoders");
@@ -131,45 +134,127 @@ fn valkey_store() -> (Server, tokio::runtime::Runtime, Arc<ValkeyStore>) {
     (server, runtime, store)
 }
 
-/// Random contents of a lease hash: valid-looking fields, missing fields, junk.
+/// Random contents of a target record or a version 1 lease hash: a valid record of either
+/// version (holding a lease or not) with fields dropped at random and random fields written
+/// over it (valid-looking values, junk), so that valid, free and corrupt records all come up.
 fn record() -> impl Strategy<Value = Vec<(String, String)>> {
     let value = prop_oneof![
         Just("1".to_owned()),
+        Just("2".to_owned()),
         Just("0".to_owned()),
         Just("".to_owned()),
+        // An expiry far in the future, so that valid records hold their lease.
+        Just("99999999999999".to_owned()),
         any::<u64>().prop_map(|n| n.to_string()),
         "[a-z0-9.{}-]{0,12}",
     ];
-    proptest::collection::vec(
-        (
-            prop_oneof![
-                Just("record_version".to_owned()),
-                Just("lease_id".to_owned()),
-                Just("owner".to_owned()),
-                Just("token".to_owned()),
-                Just("acquired_ms".to_owned()),
-                "[a-z_]{1,8}",
-            ],
-            value,
-        ),
-        1..7,
+    let name = prop_oneof![
+        Just("record_version".to_owned()),
+        Just("lease_id".to_owned()),
+        Just("owner".to_owned()),
+        Just("token".to_owned()),
+        Just("acquired_ms".to_owned()),
+        Just("expires_ms".to_owned()),
+        Just("grant".to_owned()),
+        "[a-z_]{1,8}",
+    ];
+    let held_v2: &[(&str, &str)] = &[
+        ("record_version", "2"),
+        ("lease_id", "l"),
+        ("owner", "o"),
+        ("token", "5"),
+        ("acquired_ms", "1"),
+        ("expires_ms", "99999999999999"),
+        ("grant", "g"),
+    ];
+    let free_v2: &[(&str, &str)] = &[("record_version", "2"), ("grant", "g")];
+    let held_v1: &[(&str, &str)] = &[
+        ("record_version", "1"),
+        ("lease_id", "l"),
+        ("owner", "o"),
+        ("token", "5"),
+        ("acquired_ms", "1"),
+    ];
+    let base = prop_oneof![Just(held_v2), Just(free_v2), Just(held_v1)];
+    (
+        base,
+        proptest::collection::vec(proptest::bool::weighted(0.85), 7),
+        proptest::collection::vec((name, value), 0..3),
     )
+        .prop_map(|(base, keep, over)| {
+            let mut fields: Vec<(String, String)> = base
+                .iter()
+                .zip(keep)
+                .filter(|(_, keep)| *keep)
+                .map(|((k, v), _)| ((*k).to_owned(), (*v).to_owned()))
+                .chain(over)
+                .collect();
+            if fields.is_empty() {
+                fields.push(("junk".into(), "x".into()));
+            }
+            fields
+        })
+}
+
+/// What the record rules of docs/store.md make of a target record holding `fields` (the last
+/// value of a field wins, as with HSET): `None` when it must fail closed, `Some(true)` when it
+/// holds a lease (never FUZZ-OWNER's), `Some(false)` when the target is free. Written from the
+/// documented rules, not from the script.
+fn record_holds(fields: &[(String, String)], now_ms: u64) -> Option<bool> {
+    let map: std::collections::HashMap<&str, &str> = fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    if map.get("record_version") != Some(&"2") {
+        return None;
+    }
+    let lease = ["lease_id", "owner", "token", "acquired_ms", "expires_ms"];
+    let present: Vec<&str> = lease.iter().filter_map(|f| map.get(f).copied()).collect();
+    if present.is_empty() {
+        return Some(false);
+    }
+    if present.len() < lease.len() || present.iter().any(|v| v.is_empty()) {
+        return None;
+    }
+    let canonical = |v: &str| -> Option<u64> {
+        let ok = v == "0" || (v.len() <= 16 && !v.starts_with('0'));
+        v.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| v.parse::<u64>().ok())
+            .flatten()
+            .filter(|n| ok && *n <= MAX_TOKEN)
+    };
+    let token = canonical(map["token"]).filter(|t| *t > 0);
+    let expires = canonical(map["expires_ms"]);
+    canonical(map["acquired_ms"])?;
+    token?;
+    Some(expires? > now_ms)
 }
 
 #[test]
 fn arbitrary_lease_records_fail_closed() {
     let (server, runtime, store) = valkey_store();
     let mut runner = TestRunner::new(Config {
-        cases: cases(400),
+        cases: cases(600),
         ..Config::default()
     });
     let case = std::cell::Cell::new(0u32);
+    let (free, held, refused) = (
+        std::cell::Cell::new(0u32),
+        std::cell::Cell::new(0u32),
+        std::cell::Cell::new(0u32),
+    );
+    let count = |c: &std::cell::Cell<u32>| c.set(c.get() + 1);
     runner
         .run(&record(), |fields| {
             case.set(case.get() + 1);
             let case = case.get();
             let target = TargetRef::new("fuzz", &format!("t{case}")).expect("target");
-            let key = TargetKeys::new("tl", &target).lease();
+            let keys = TargetKeys::new("tl", &target);
+            // Every other case fuzzes the version 1 lease hash of a target without a record
+            // (read until the first write moves it).
+            let v1 = case.is_multiple_of(2);
+            let key = if v1 { keys.v1_lease() } else { keys.record() };
             let mut args = vec!["HSET".to_owned(), key.clone()];
             for (k, v) in &fields {
                 args.push(k.clone());
@@ -177,10 +262,15 @@ fn arbitrary_lease_records_fail_closed() {
             }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             server.raw(&args);
-            // Most records expire like a lease; the rest have no TTL (a restore that dropped it).
-            if !case.is_multiple_of(4) {
+            // Most version 1 records expire like a lease; the rest have no TTL (a restore that
+            // dropped it).
+            if v1 && !case.is_multiple_of(4) {
                 server.raw(&["PEXPIRE", &key, "60000"]);
             }
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_millis() as u64;
             let request = AcquireRequest {
                 target,
                 lease_id: LeaseId::new("FUZZ-LEASE").expect("id"),
@@ -190,19 +280,37 @@ fn arbitrary_lease_records_fail_closed() {
                 request_id: RequestId::random(),
             };
             let outcome = runtime.block_on(store.acquire(&request));
-            match outcome {
-                // A record that reads as a valid lease of someone else.
-                Ok(AcquireOutcome::Held { .. }) => {}
-                Ok(AcquireOutcome::Acquired(_)) => {
+            // A version 1 hash is either a valid lease of someone else or corrupt; a record
+            // follows the documented rules exactly.
+            let expected = if v1 {
+                None
+            } else {
+                record_holds(&fields, now_ms)
+            };
+            match (outcome, expected) {
+                (Ok(AcquireOutcome::Held { .. }), Some(true)) => count(&held),
+                (Ok(AcquireOutcome::Held { .. }), None) if v1 => count(&held),
+                (Ok(AcquireOutcome::Acquired(_)), Some(false)) => count(&free),
+                (Err(e), None) => {
+                    prop_assert_eq!(e.kind(), ErrorKind::Corrupt, "{}", e);
+                    count(&refused);
+                }
+                (outcome, expected) => {
                     return Err(TestCaseError::fail(format!(
-                        "a target with record {fields:?} was treated as free"
+                        "record {fields:?} (version 1 key: {v1}) answered {outcome:?}, the \
+                         rules say {expected:?} (None: corrupt, Some(held))"
                     )));
                 }
-                Err(e) => prop_assert_eq!(e.kind(), ErrorKind::Corrupt, "{}", e),
             }
             Ok(())
         })
         .expect("records");
+    // The generator reaches every outcome, or the property says little.
+    let (free, held, refused) = (free.get(), held.get(), refused.get());
+    assert!(
+        free > 0 && held > 0 && refused > 0,
+        "free {free}, held {held}, refused {refused}"
+    );
 }
 
 /// A token-like value chosen to hurt: around 0, around 2^53, around 2^64, or anything.

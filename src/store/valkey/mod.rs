@@ -60,11 +60,16 @@ impl std::fmt::Debug for ValkeyStore {
     }
 }
 
-/// What one script call sends: the script, its keys and arguments.
-struct ScriptCall<'a> {
-    script: &'a LuaScript,
-    keys: Vec<String>,
-    args: Vec<String>,
+/// What one script call sends: the script, its keys and arguments, as built by [`wire`] (the
+/// only place that names them). Public so that benchmarks and tests that send a call
+/// themselves (raw, unread, pipelined) send exactly what the store sends.
+pub struct ScriptCall<'a> {
+    /// The script.
+    pub script: &'a LuaScript,
+    /// KEYS, in the order its contract names them.
+    pub keys: Vec<String>,
+    /// ARGV, in the order its contract names them.
+    pub args: Vec<String>,
 }
 
 impl<'a> ScriptCall<'a> {
@@ -79,7 +84,7 @@ impl<'a> ScriptCall<'a> {
     /// `EVALSHA` first; `EVAL` with the source when the server answers NOSCRIPT (after a
     /// restart, a failover or SCRIPT FLUSH). EVAL goes to the node that owns the keys, which a
     /// cluster-wide SCRIPT LOAD would not do during a failover.
-    fn command(&self, by_source: bool) -> Cmd {
+    pub fn command(&self, by_source: bool) -> Cmd {
         let mut cmd = if by_source {
             let mut c = redis::cmd("EVAL");
             c.arg(self.script.source);
@@ -191,21 +196,21 @@ impl ValkeyStore {
         }
     }
 
-    /// Runs one script and returns its reply as strings.
-    async fn run(&self, call: ScriptCall<'_>) -> Result<Vec<String>, StoreError> {
-        strings(self.call(Request::Script(&call)).await?)
+    /// Runs one script and returns its reply.
+    async fn run(&self, call: ScriptCall<'_>) -> Result<String, StoreError> {
+        text(self.call(Request::Script(&call)).await?)
     }
 
     /// Runs the acquire script followed by `WAITAOF` (see [`Request::DurableScript`]) and
     /// refuses to report a grant the server did not confirm durable.
-    async fn run_durable(&self, call: ScriptCall<'_>) -> Result<Vec<String>, StoreError> {
+    async fn run_durable(&self, call: ScriptCall<'_>) -> Result<String, StoreError> {
         let durability = self.config().durability;
         let both = self.call(Request::DurableScript(&call, durability)).await?;
         let (value, acks): (Value, Value) = redis::from_redis_value(both).map_err(|_| {
             StoreError::UnexpectedReply("durable acquire: no pair of replies".into())
         })?;
-        let reply = strings(value)?;
-        if reply.first().map(String::as_str) == Some("acquired") {
+        let reply = text(value)?;
+        if reply.starts_with("acquired ") {
             self.confirm(durability, acks)?;
         }
         Ok(reply)
@@ -289,25 +294,16 @@ fn waitaof(durability: Durability, deadline: Instant) -> Cmd {
     cmd
 }
 
-/// Flattens a script reply into strings; scripts only ever answer arrays of strings.
-fn strings(value: Value) -> Result<Vec<String>, StoreError> {
-    let Value::Array(items) = value else {
-        return Err(StoreError::UnexpectedReply(
-            "script did not answer an array".into(),
-        ));
-    };
-    items
-        .into_iter()
-        .map(|item| match item {
-            Value::BulkString(bytes) => String::from_utf8(bytes)
-                .map_err(|_| StoreError::UnexpectedReply("reply is not UTF-8".into())),
-            Value::SimpleString(s) => Ok(s),
-            Value::Int(n) => Ok(n.to_string()),
-            _ => Err(StoreError::UnexpectedReply(
-                "reply element is not a string".into(),
-            )),
-        })
-        .collect()
+/// A script reply as text; scripts only ever answer one string (see `wire`).
+fn text(value: Value) -> Result<String, StoreError> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes)
+            .map_err(|_| StoreError::UnexpectedReply("reply is not UTF-8".into())),
+        Value::SimpleString(s) => Ok(s),
+        _ => Err(StoreError::UnexpectedReply(
+            "script did not answer a string".into(),
+        )),
+    }
 }
 
 /// Logs a failed call once, with the target but without any secret.

@@ -81,4 +81,57 @@ mod tests {
         }
         assert!(SCRIPTS.acquire.source.contains("next_token("));
     }
+
+    /// docs/operations.md grants the ACL user exactly the commands the scripts run: one
+    /// missing fails the calls that reach it, one extra is a right nobody needs.
+    #[test]
+    fn acl_rule_grants_what_the_scripts_run() {
+        let all = [
+            &SCRIPTS.acquire,
+            &SCRIPTS.renew,
+            &SCRIPTS.release,
+            &SCRIPTS.commit,
+            &SCRIPTS.check,
+            &SCRIPTS.read,
+            &SCRIPTS.inspect,
+            &SCRIPTS.repair,
+        ];
+        let mut run: Vec<String> = Vec::new();
+        for script in all {
+            for call in ["redis.call('", "redis.pcall('"] {
+                for (at, _) in script.source.match_indices(call) {
+                    let rest = &script.source[at + call.len()..];
+                    let name = &rest[..rest.find('\'').expect("quoted command")];
+                    run.push(format!("+{}", name.to_lowercase()));
+                }
+            }
+        }
+        run.sort();
+        run.dedup();
+        let docs = include_str!("../../../docs/operations.md");
+        let row = docs
+            .lines()
+            .find(|l| l.ends_with("| what the scripts run (`lua/`) |"))
+            .expect("the row of script commands in docs/operations.md");
+        let mut granted: Vec<String> = row
+            .trim_start_matches("| `")
+            .split('`')
+            .next()
+            .expect("commands")
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        granted.sort();
+        assert_eq!(granted, run, "docs/operations.md row: {row}");
+        let rule = docs
+            .lines()
+            .find(|l| l.starts_with("ACL SETUSER targetlease on"))
+            .expect("the ACL rule");
+        for command in &run {
+            assert!(
+                rule.split_whitespace().any(|w| w == command),
+                "the ACL rule lacks {command}"
+            );
+        }
+    }
 }

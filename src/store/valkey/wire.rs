@@ -1,9 +1,10 @@
 //! Each operation's wire contract, in one place: the script it runs, its KEYS and ARGV by name
 //! (the script's header lists the same names, which a test checks), how the call is built from a
-//! request, and how the reply decodes. Every script answers a flat array of strings whose first
-//! element names the outcome; anything else is an error, never a guess.
+//! request, and how the reply decodes. Every script answers one string: the outcome, then its
+//! fields separated by single spaces, the last of which may be free text (see `lua/lib.lua`);
+//! anything else is an error, never a guess.
 
-use super::ScriptCall;
+pub use super::ScriptCall;
 use super::keys::TargetKeys;
 use super::scripts::{LuaScript, SCRIPTS};
 use crate::store::{
@@ -31,8 +32,36 @@ impl Contract {
     }
 }
 
-fn bad(what: &str, reply: &[String]) -> StoreError {
-    StoreError::UnexpectedReply(format!("{what}: {} element(s)", reply.len()))
+/// A reply this version's scripts do not send. Only its length is named: free-text fields may
+/// hold a lease id.
+fn bad(what: &str, reply: &str) -> StoreError {
+    StoreError::UnexpectedReply(format!("{what}: {} byte(s)", reply.len()))
+}
+
+/// The outcome of a reply and the rest after it (None when the reply is the outcome alone).
+fn outcome(reply: &str) -> (&str, Option<&str>) {
+    match reply.split_once(' ') {
+        Some((kind, rest)) => (kind, Some(rest)),
+        None => (reply, None),
+    }
+}
+
+/// The `N` fields after an outcome, the last taking the rest of the reply (it may be free text
+/// with spaces); None when there are fewer.
+fn fields<const N: usize>(rest: Option<&str>) -> Option<[&str; N]> {
+    let mut parts = rest?.splitn(N, ' ');
+    let mut out = [""; N];
+    for slot in &mut out {
+        *slot = parts.next()?;
+    }
+    Some(out)
+}
+
+/// A remaining-time field: PTTL-style values below zero are reported as 0 rather than wrapping.
+fn remaining(field: &str, s: &str) -> Result<u64, StoreError> {
+    s.parse::<i64>()
+        .map(|v| v.max(0).unsigned_abs())
+        .map_err(|_| StoreError::UnexpectedReply(format!("{field} is not a number")))
 }
 
 fn number(field: &str, s: &str) -> Result<u64, StoreError> {
@@ -55,7 +84,7 @@ fn token(field: &str, s: &str) -> Result<u64, StoreError> {
 /// `lua/acquire.lua`.
 pub const ACQUIRE: Contract = Contract {
     script: || &SCRIPTS.acquire,
-    keys: &["lease", "fence", "reply", "grant"],
+    keys: &["record", "fence", "reply", "v1_lease", "v1_grant"],
     argv: &[
         "lease_id",
         "owner",
@@ -67,14 +96,20 @@ pub const ACQUIRE: Contract = Contract {
 };
 
 /// The acquire call for `req`.
-pub(super) fn acquire_call(
+pub fn acquire_call(
     k: &TargetKeys,
     req: &AcquireRequest,
     ttl_ms: &str,
     reply_ttl_ms: &str,
 ) -> ScriptCall<'static> {
     ACQUIRE.call(
-        vec![k.lease(), k.fence(), k.reply(&req.request_id), k.grant()],
+        vec![
+            k.record(),
+            k.fence(),
+            k.reply(&req.request_id),
+            k.v1_lease(),
+            k.v1_grant(),
+        ],
         &[
             req.lease_id.expose(),
             req.owner.as_str(),
@@ -87,9 +122,11 @@ pub(super) fn acquire_call(
 }
 
 /// Decodes the reply of `acquire.lua`.
-pub fn acquire(reply: &[String]) -> Result<AcquireOutcome, StoreError> {
-    match reply {
-        [kind, granted, pttl, now, acquired] if kind == "acquired" => {
+pub fn acquire(reply: &str) -> Result<AcquireOutcome, StoreError> {
+    match outcome(reply) {
+        ("acquired", rest) => {
+            let [granted, pttl, now, acquired] =
+                fields(rest).ok_or_else(|| bad("acquire reply", reply))?;
             Ok(AcquireOutcome::Acquired(Grant {
                 token: token("token", granted)?,
                 expires_in_ms: number("pttl", pttl)?,
@@ -97,11 +134,13 @@ pub fn acquire(reply: &[String]) -> Result<AcquireOutcome, StoreError> {
                 acquired_at_ms: number("acquired_ms", acquired)?,
             }))
         }
-        [kind, owner, pttl] if kind == "held" => Ok(AcquireOutcome::Held {
-            owner: owner.clone(),
-            // PTTL answers -1 for a key without expiry: report it as 0 rather than wrap around.
-            expires_in_ms: pttl.parse::<i64>().map_or(0, |v| v.max(0) as u64),
-        }),
+        ("held", rest) => {
+            let [pttl, owner] = fields(rest).ok_or_else(|| bad("acquire reply", reply))?;
+            Ok(AcquireOutcome::Held {
+                owner: owner.to_owned(),
+                expires_in_ms: remaining("pttl", pttl)?,
+            })
+        }
         _ => Err(bad("acquire reply", reply)),
     }
 }
@@ -109,12 +148,12 @@ pub fn acquire(reply: &[String]) -> Result<AcquireOutcome, StoreError> {
 /// `lua/renew.lua`.
 pub const RENEW: Contract = Contract {
     script: || &SCRIPTS.renew,
-    keys: &["lease", "fence", "reply"],
+    keys: &["record", "fence", "reply", "v1_lease", "v1_grant"],
     argv: &["lease_id", "owner", "token", "ttl_ms", "reply_ttl_ms"],
 };
 
 /// The renew call for `req`.
-pub(super) fn renew_call(
+pub fn renew_call(
     k: &TargetKeys,
     req: &RenewRequest,
     ttl_ms: &str,
@@ -122,7 +161,13 @@ pub(super) fn renew_call(
 ) -> ScriptCall<'static> {
     let lease = &req.lease;
     RENEW.call(
-        vec![k.lease(), k.fence(), k.reply(&req.request_id)],
+        vec![
+            k.record(),
+            k.fence(),
+            k.reply(&req.request_id),
+            k.v1_lease(),
+            k.v1_grant(),
+        ],
         &[
             lease.lease_id.expose(),
             lease.owner.as_str(),
@@ -134,18 +179,20 @@ pub(super) fn renew_call(
 }
 
 /// Decodes the reply of `renew.lua`.
-pub fn renew(reply: &[String]) -> Result<RenewOutcome, StoreError> {
-    match reply {
-        [kind, pttl, now] if kind == "renewed" => Ok(RenewOutcome::Renewed {
-            expires_in_ms: number("pttl", pttl)?,
-            server_time_ms: number("server time", now)?,
+pub fn renew(reply: &str) -> Result<RenewOutcome, StoreError> {
+    match outcome(reply) {
+        ("renewed", rest) => {
+            let [pttl, now] = fields(rest).ok_or_else(|| bad("renew reply", reply))?;
+            Ok(RenewOutcome::Renewed {
+                expires_in_ms: number("pttl", pttl)?,
+                server_time_ms: number("server time", now)?,
+            })
+        }
+        ("lost", Some("expired")) => Ok(RenewOutcome::Lost {
+            reason: LossReason::Expired,
         }),
-        [kind, reason] if kind == "lost" => Ok(RenewOutcome::Lost {
-            reason: match reason.as_str() {
-                "expired" => LossReason::Expired,
-                "not_holder" => LossReason::NotHolder,
-                _ => return Err(bad("renew loss reason", reply)),
-            },
+        ("lost", Some("not_holder")) => Ok(RenewOutcome::Lost {
+            reason: LossReason::NotHolder,
         }),
         _ => Err(bad("renew reply", reply)),
     }
@@ -154,19 +201,24 @@ pub fn renew(reply: &[String]) -> Result<RenewOutcome, StoreError> {
 /// `lua/release.lua`.
 pub const RELEASE: Contract = Contract {
     script: || &SCRIPTS.release,
-    keys: &["lease", "reply"],
+    keys: &["record", "reply", "v1_lease", "v1_grant"],
     argv: &["lease_id", "owner", "token", "reply_ttl_ms"],
 };
 
 /// The release call for `req`.
-pub(super) fn release_call(
+pub fn release_call(
     k: &TargetKeys,
     req: &ReleaseRequest,
     reply_ttl_ms: &str,
 ) -> ScriptCall<'static> {
     let lease = &req.lease;
     RELEASE.call(
-        vec![k.lease(), k.reply(&req.request_id)],
+        vec![
+            k.record(),
+            k.reply(&req.request_id),
+            k.v1_lease(),
+            k.v1_grant(),
+        ],
         &[
             lease.lease_id.expose(),
             lease.owner.as_str(),
@@ -177,10 +229,10 @@ pub(super) fn release_call(
 }
 
 /// Decodes the reply of `release.lua`.
-pub fn release(reply: &[String]) -> Result<ReleaseOutcome, StoreError> {
+pub fn release(reply: &str) -> Result<ReleaseOutcome, StoreError> {
     match reply {
-        [kind] if kind == "released" => Ok(ReleaseOutcome::Released),
-        [kind] if kind == "not_holder" => Ok(ReleaseOutcome::NotHolder),
+        "released" => Ok(ReleaseOutcome::Released),
+        "not_holder" => Ok(ReleaseOutcome::NotHolder),
         _ => Err(bad("release reply", reply)),
     }
 }
@@ -193,11 +245,7 @@ pub const COMMIT: Contract = Contract {
 };
 
 /// The commit call for `req`.
-pub(super) fn commit_call(
-    k: &TargetKeys,
-    req: &CommitRequest,
-    reply_ttl_ms: &str,
-) -> ScriptCall<'static> {
+pub fn commit_call(k: &TargetKeys, req: &CommitRequest, reply_ttl_ms: &str) -> ScriptCall<'static> {
     COMMIT.call(
         vec![
             k.fence(),
@@ -215,12 +263,12 @@ pub(super) fn commit_call(
 }
 
 /// Decodes the reply of `commit.lua`.
-pub fn commit(reply: &[String]) -> Result<CommitOutcome, StoreError> {
-    match reply {
-        [kind, committed] if kind == "committed" => Ok(CommitOutcome::Committed {
+pub fn commit(reply: &str) -> Result<CommitOutcome, StoreError> {
+    match outcome(reply) {
+        ("committed", Some(committed)) => Ok(CommitOutcome::Committed {
             token: token("token", committed)?,
         }),
-        [kind, newest] if kind == "stale" => Ok(CommitOutcome::Stale {
+        ("stale", Some(newest)) => Ok(CommitOutcome::Stale {
             newest: token("newest token", newest)?,
         }),
         _ => Err(bad("commit reply", reply)),
@@ -235,18 +283,21 @@ pub const READ: Contract = Contract {
 };
 
 /// The read call of the guarded record `key`.
-pub(super) fn read_call(k: &TargetKeys, key: &GuardedKey) -> ScriptCall<'static> {
+pub fn read_call(k: &TargetKeys, key: &GuardedKey) -> ScriptCall<'static> {
     READ.call(vec![k.guarded(key.as_str())], &[])
 }
 
 /// Decodes the reply of `read.lua`.
-pub fn read(reply: &[String]) -> Result<Option<GuardedValue>, StoreError> {
-    match reply {
-        [kind] if kind == "absent" => Ok(None),
-        [kind, written, value] if kind == "present" => Ok(Some(GuardedValue {
-            token: token("token", written)?,
-            value: value.clone(),
-        })),
+pub fn read(reply: &str) -> Result<Option<GuardedValue>, StoreError> {
+    match outcome(reply) {
+        ("absent", None) => Ok(None),
+        ("present", rest) => {
+            let [written, value] = fields(rest).ok_or_else(|| bad("read reply", reply))?;
+            Ok(Some(GuardedValue {
+                token: token("token", written)?,
+                value: value.to_owned(),
+            }))
+        }
         _ => Err(bad("read reply", reply)),
     }
 }
@@ -259,17 +310,17 @@ pub const CHECK: Contract = Contract {
 };
 
 /// The check call of `token`.
-pub(super) fn check_call(k: &TargetKeys, token: Token) -> ScriptCall<'static> {
+pub fn check_call(k: &TargetKeys, token: Token) -> ScriptCall<'static> {
     CHECK.call(vec![k.fence()], &[&token.to_string()])
 }
 
 /// Decodes the reply of `check.lua`.
-pub fn check(reply: &[String]) -> Result<CheckOutcome, StoreError> {
-    match reply {
-        [kind, newest] if kind == "current" => Ok(CheckOutcome::Current {
+pub fn check(reply: &str) -> Result<CheckOutcome, StoreError> {
+    match outcome(reply) {
+        ("current", Some(newest)) => Ok(CheckOutcome::Current {
             newest: token("newest token", newest)?,
         }),
-        [kind, newest] if kind == "stale" => Ok(CheckOutcome::Stale {
+        ("stale", Some(newest)) => Ok(CheckOutcome::Stale {
             newest: token("newest token", newest)?,
         }),
         _ => Err(bad("check reply", reply)),
@@ -279,33 +330,45 @@ pub fn check(reply: &[String]) -> Result<CheckOutcome, StoreError> {
 /// `lua/inspect.lua`.
 pub const INSPECT: Contract = Contract {
     script: || &SCRIPTS.inspect,
-    keys: &["lease", "fence"],
+    keys: &["record", "fence", "v1_lease", "v1_grant"],
     argv: &[],
 };
 
 /// The inspect call.
-pub(super) fn inspect_call(k: &TargetKeys) -> ScriptCall<'static> {
-    INSPECT.call(vec![k.lease(), k.fence()], &[])
+pub fn inspect_call(k: &TargetKeys) -> ScriptCall<'static> {
+    INSPECT.call(vec![k.record(), k.fence(), k.v1_lease(), k.v1_grant()], &[])
 }
 
 /// Decodes the reply of `inspect.lua`.
-pub fn inspect(reply: &[String]) -> Result<Inspection, StoreError> {
-    match reply {
-        [kind, fence, now] if kind == "free" => Ok(Inspection {
-            fence: token("fence", fence)?,
-            server_time_ms: number("server time", now)?,
-            lease: None,
-        }),
-        [kind, fence, now, owner, held, acquired, pttl, lease_id] if kind == "held" => {
+pub fn inspect(reply: &str) -> Result<Inspection, StoreError> {
+    match outcome(reply) {
+        ("free", rest) => {
+            let [fence, now] = fields(rest).ok_or_else(|| bad("inspect reply", reply))?;
+            Ok(Inspection {
+                fence: token("fence", fence)?,
+                server_time_ms: number("server time", now)?,
+                lease: None,
+            })
+        }
+        ("held", rest) => {
+            let [fence, now, held, acquired, pttl, owner_bytes, both] =
+                fields(rest).ok_or_else(|| bad("inspect reply", reply))?;
+            // `<owner> <lease_id>`: the owner is `owner_bytes` long and may hold spaces.
+            let at = usize::try_from(number("owner length", owner_bytes)?)
+                .map_err(|_| bad("inspect reply", reply))?;
+            let (owner, lease_id) = both
+                .get(..at)
+                .zip(both.get(at..).and_then(|r| r.strip_prefix(' ')))
+                .ok_or_else(|| bad("inspect reply", reply))?;
             Ok(Inspection {
                 fence: token("fence", fence)?,
                 server_time_ms: number("server time", now)?,
                 lease: Some(LeaseView {
-                    owner: owner.clone(),
+                    owner: owner.to_owned(),
                     token: token("token", held)?,
                     acquired_at_ms: number("acquired_ms", acquired)?,
-                    expires_in_ms: pttl.parse::<i64>().map_or(0, |v| v.max(0) as u64),
-                    lease_id: LeaseId::new(lease_id.clone())?,
+                    expires_in_ms: remaining("pttl", pttl)?,
+                    lease_id: LeaseId::new(lease_id)?,
                 }),
             })
         }
@@ -316,25 +379,31 @@ pub fn inspect(reply: &[String]) -> Result<Inspection, StoreError> {
 /// `lua/repair.lua`.
 pub const REPAIR: Contract = Contract {
     script: || &SCRIPTS.repair,
-    keys: &["lease", "fence"],
+    keys: &["record", "fence", "v1_lease", "v1_grant"],
     argv: &["floor"],
 };
 
 /// The repair call with `floor`.
-pub(super) fn repair_call(k: &TargetKeys, floor: u64) -> ScriptCall<'static> {
-    REPAIR.call(vec![k.lease(), k.fence()], &[&floor.to_string()])
+pub fn repair_call(k: &TargetKeys, floor: u64) -> ScriptCall<'static> {
+    REPAIR.call(
+        vec![k.record(), k.fence(), k.v1_lease(), k.v1_grant()],
+        &[&floor.to_string()],
+    )
 }
 
 /// Decodes the reply of `repair.lua`.
-pub fn repair(reply: &[String]) -> Result<RepairOutcome, StoreError> {
-    match reply {
-        [kind, fence] if kind == "intact" => Ok(RepairOutcome::Intact {
+pub fn repair(reply: &str) -> Result<RepairOutcome, StoreError> {
+    match outcome(reply) {
+        ("intact", Some(fence)) => Ok(RepairOutcome::Intact {
             fence: token("fence", fence)?,
         }),
-        [kind, fence, what] if kind == "repaired" => Ok(RepairOutcome::Repaired {
-            fence: token("fence", fence)?,
-            what: what.clone(),
-        }),
+        ("repaired", rest) => {
+            let [fence, what] = fields(rest).ok_or_else(|| bad("repair reply", reply))?;
+            Ok(RepairOutcome::Repaired {
+                fence: token("fence", fence)?,
+                what: what.to_owned(),
+            })
+        }
         _ => Err(bad("repair reply", reply)),
     }
 }
@@ -343,36 +412,75 @@ pub fn repair(reply: &[String]) -> Result<RepairOutcome, StoreError> {
 mod tests {
     use super::*;
 
-    fn s(parts: &[&str]) -> Vec<String> {
-        parts.iter().map(|p| p.to_string()).collect()
-    }
-
     #[test]
     fn decodes_each_outcome() {
         assert!(matches!(
-            acquire(&s(&["acquired", "17", "30000", "5", "4"])),
+            acquire("acquired 17 30000 5 4"),
             Ok(AcquireOutcome::Acquired(Grant { token: 17, .. }))
         ));
         assert!(matches!(
-            acquire(&s(&["held", "w", "-1"])),
+            acquire("held -1 w"),
             Ok(AcquireOutcome::Held {
                 expires_in_ms: 0,
                 ..
             })
         ));
         assert_eq!(
-            renew(&s(&["lost", "expired"])).unwrap(),
+            renew("lost expired").unwrap(),
             RenewOutcome::Lost {
                 reason: LossReason::Expired
             }
         );
+        assert_eq!(release("released").unwrap(), ReleaseOutcome::Released);
         assert_eq!(
-            release(&s(&["released"])).unwrap(),
-            ReleaseOutcome::Released
+            commit("stale 9").unwrap(),
+            CommitOutcome::Stale { newest: 9 }
+        );
+    }
+
+    /// Free text comes last and keeps its spaces; inspect's two free-text fields are split at
+    /// the owner's length, whatever either holds.
+    #[test]
+    fn free_text_fields_keep_their_spaces() {
+        assert_eq!(
+            acquire("held 250 team a / job 7").unwrap(),
+            AcquireOutcome::Held {
+                owner: "team a / job 7".into(),
+                expires_in_ms: 250,
+            }
         );
         assert_eq!(
-            commit(&s(&["stale", "9"])).unwrap(),
-            CommitOutcome::Stale { newest: 9 }
+            read("present 5 a b  c").unwrap(),
+            Some(GuardedValue {
+                token: 5,
+                value: "a b  c".into()
+            })
+        );
+        assert_eq!(
+            read("present 5 ").unwrap().map(|v| v.value),
+            Some(String::new())
+        );
+        let held = inspect("held 9 100 9 90 10 5 a b c id with spaces")
+            .unwrap()
+            .lease
+            .expect("held");
+        assert_eq!(held.owner, "a b c");
+        assert_eq!(held.lease_id.expose(), "id with spaces");
+        for garbage in [
+            "held 9 100 9 90 10 6 a b c",
+            "held 9 100 9 90 10 99 a b c id",
+            "held 9 100 9 90 10 5 a b cXid",
+            "held 9 100 9 90 10 -1 a b c id",
+            "held 9 100 9 90 10 2 a\u{e9} id",
+        ] {
+            assert!(inspect(garbage).is_err(), "{garbage}");
+        }
+        assert_eq!(
+            repair("repaired 7 deleted x; reset the fence").unwrap(),
+            RepairOutcome::Repaired {
+                fence: 7,
+                what: "deleted x; reset the fence".into()
+            }
         );
     }
 
@@ -462,13 +570,13 @@ mod tests {
 
     #[test]
     fn refuses_garbage() {
-        assert!(acquire(&s(&["acquired", "x", "1", "1", "1"])).is_err());
-        assert!(acquire(&s(&[])).is_err());
-        assert!(renew(&s(&["lost", "why"])).is_err());
-        assert!(release(&s(&["released", "extra"])).is_err());
-        assert!(check(&s(&["current", "-3"])).is_err());
-        assert!(check(&s(&["current", "9007199254740992"])).is_err());
-        assert!(check(&s(&["current", "9007199254740991"])).is_ok());
-        assert!(inspect(&s(&["held", "1", "2"])).is_err());
+        assert!(acquire("acquired x 1 1 1").is_err());
+        assert!(acquire("").is_err());
+        assert!(renew("lost why").is_err());
+        assert!(release("released extra").is_err());
+        assert!(check("current -3").is_err());
+        assert!(check("current 9007199254740992").is_err());
+        assert!(check("current 9007199254740991").is_ok());
+        assert!(inspect("held 1 2").is_err());
     }
 }

@@ -62,13 +62,23 @@ pub(super) async fn tokens_grow_after_data_loss(h: Harness) {
 // 8. Corrupt records fail closed with a clear error and are left as they were.
 pub(super) async fn corrupt_records_fail_closed(h: Harness) {
     let admin = h.admin();
-    let cases: [(&str, &[&[&str]], &str); 6] = [
-        ("string-lease", &[&["SET", "{lease}", "junk"]], "not a hash"),
+    // A lease far in the future, so that an expiry never hides the corrupt field.
+    let cases: [(&str, &[&[&str]], &str); 10] = [
+        (
+            "string-record",
+            &[&["SET", "{record}", "junk"]],
+            "not a hash",
+        ),
+        (
+            "foreign-hash",
+            &[&["HSET", "{record}", "colour", "blue"]],
+            "lacks field record_version",
+        ),
         (
             "unknown-version",
             &[&[
                 "HSET",
-                "{lease}",
+                "{record}",
                 "record_version",
                 "99",
                 "lease_id",
@@ -79,6 +89,8 @@ pub(super) async fn corrupt_records_fail_closed(h: Harness) {
                 "5",
                 "acquired_ms",
                 "1",
+                "expires_ms",
+                "9999999999999",
             ]],
             "unknown record_version",
         ),
@@ -86,15 +98,17 @@ pub(super) async fn corrupt_records_fail_closed(h: Harness) {
             "missing-field",
             &[&[
                 "HSET",
-                "{lease}",
+                "{record}",
                 "record_version",
-                "1",
+                "2",
                 "lease_id",
                 "x",
                 "owner",
                 "o",
                 "acquired_ms",
                 "1",
+                "expires_ms",
+                "9999999999999",
             ]],
             "lacks field token",
         ),
@@ -102,9 +116,9 @@ pub(super) async fn corrupt_records_fail_closed(h: Harness) {
             "bad-token",
             &[&[
                 "HSET",
-                "{lease}",
+                "{record}",
                 "record_version",
-                "1",
+                "2",
                 "lease_id",
                 "x",
                 "owner",
@@ -113,8 +127,55 @@ pub(super) async fn corrupt_records_fail_closed(h: Harness) {
                 "12abc",
                 "acquired_ms",
                 "1",
+                "expires_ms",
+                "9999999999999",
             ]],
             "non-numeric token",
+        ),
+        (
+            "bad-expiry",
+            &[&[
+                "HSET",
+                "{record}",
+                "record_version",
+                "2",
+                "lease_id",
+                "x",
+                "owner",
+                "o",
+                "token",
+                "5",
+                "acquired_ms",
+                "1",
+                "expires_ms",
+                "-1",
+            ]],
+            "non-numeric acquired_ms or expires_ms",
+        ),
+        // A target not yet moved to the record is read from its version 1 keys, with the same
+        // care.
+        (
+            "string-v1-lease",
+            &[&["SET", "{v1_lease}", "junk"]],
+            "not a hash",
+        ),
+        (
+            "v1-lease-without-ttl",
+            &[&[
+                "HSET",
+                "{v1_lease}",
+                "record_version",
+                "1",
+                "lease_id",
+                "x",
+                "owner",
+                "o",
+                "token",
+                "5",
+                "acquired_ms",
+                "1",
+            ]],
+            "no expiry",
         ),
         ("bad-fence", &[&["SET", "{fence}", "many"]], "fence"),
         ("fence-wrong-type", &[&["LPUSH", "{fence}", "1"]], "fence"),
@@ -126,16 +187,18 @@ pub(super) async fn corrupt_records_fail_closed(h: Harness) {
             let args: Vec<String> = write
                 .iter()
                 .map(|a| {
-                    a.replace("{lease}", &keys.lease())
+                    a.replace("{record}", &keys.record())
+                        .replace("{v1_lease}", &keys.v1_lease())
                         .replace("{fence}", &keys.fence())
                 })
                 .collect();
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             admin.cmd(&args).await;
         }
-        let dump = async || -> (Value, Value) {
+        let dump = async || -> (Value, Value, Value) {
             (
-                admin.cmd(&["DUMP", &keys.lease()]).await,
+                admin.cmd(&["DUMP", &keys.record()]).await,
+                admin.cmd(&["DUMP", &keys.v1_lease()]).await,
                 admin.cmd(&["DUMP", &keys.fence()]).await,
             )
         };
@@ -190,9 +253,16 @@ pub(super) async fn corrupt_records_fail_closed(h: Harness) {
     let t = target("bad-reply");
     let req = acquire_req(&t, "lease-a", "alice", TTL);
     let keys = h.keys(&t);
-    admin
-        .cmd(&["SET", &keys.reply(&req.request_id), "{not json"])
-        .await;
-    let e = h.store.acquire(&req).await.unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    // Neither version 1's JSON nor version 2's `<binding> <reply>`.
+    for junk in [
+        "{not json",
+        "acquired 5 1000 1 1",
+        &format!("{} ", "0".repeat(40)),
+    ] {
+        admin
+            .cmd(&["SET", &keys.reply(&req.request_id), junk])
+            .await;
+        let e = h.store.acquire(&req).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{junk}: {e}");
+    }
 }

@@ -46,26 +46,14 @@ pub(super) async fn unread_acquire_retried_returns_first_result(h: Harness) {
 pub(super) async fn send_without_reading(h: &Harness, env: &ServerEnv, req: &AcquireRequest) {
     let keys = h.keys(&req.target);
     let ttl = req.ttl.millis().to_string();
-    let min = req.min_token.to_string();
-    let command = [
-        "EVAL",
-        SCRIPTS.acquire.source,
-        "4",
-        &keys.lease(),
-        &keys.fence(),
-        &keys.reply(&req.request_id),
-        &keys.grant(),
-        req.lease_id.expose(),
-        req.owner.as_str(),
-        &ttl,
-        &min,
-        "60000",
-        req.request_id.as_str(),
-    ];
+    let call = targetlease::store::valkey::wire::acquire_call(&keys, req, &ttl, "60000");
+    let count = call.keys.len().to_string();
+    let mut command = vec!["EVAL", SCRIPTS.acquire.source, &count];
+    command.extend(call.keys.iter().chain(&call.args).map(String::as_str));
     let Some(raw) = &env.raw else {
         let _ = env.admin.try_cmd(&command).await;
         assert!(
-            env.admin.exists(&keys.lease()).await,
+            env.admin.exists(&keys.reply(&req.request_id)).await,
             "the unread acquire never ran"
         );
         return;
@@ -78,7 +66,7 @@ pub(super) async fn send_without_reading(h: &Harness, env: &ServerEnv, req: &Acq
     }
     stream.write_all(&resp(&command)).await.expect("send");
     for _ in 0..200 {
-        if env.admin.exists(&keys.lease()).await {
+        if env.admin.exists(&keys.reply(&req.request_id)).await {
             drop(stream);
             return;
         }

@@ -947,7 +947,9 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
         }
     };
     let acquire = |i: usize, who: &str| {
-        wire::acquire_call(&keys[i], &acquire_request(i, who), &ttl, reply_ttl).command(false)
+        wire::acquire_call(&keys[i], &acquire_request(i, who), &ttl, reply_ttl)
+            .evalsha()
+            .clone()
     };
     let handle = |i: usize, who: &str, token: &str| {
         let (lease_id, owner) = claim(i, who);
@@ -963,7 +965,9 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             lease: handle(i, who, token),
             request_id: RequestId::random(),
         };
-        wire::release_call(&keys[i], &req, reply_ttl).command(false)
+        wire::release_call(&keys[i], &req, reply_ttl)
+            .evalsha()
+            .clone()
     };
     let tokens_of = |replies: &[redis::Value]| -> Vec<String> {
         replies
@@ -1077,7 +1081,9 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
                     ttl: lease_ttl(),
                     request_id: RequestId::random(),
                 };
-                wire::renew_call(&keys[i], &req, &ttl, reply_ttl).command(false)
+                wire::renew_call(&keys[i], &req, &ttl, reply_ttl)
+                    .evalsha()
+                    .clone()
             })
             .collect(),
     )
@@ -1209,7 +1215,8 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
                 .map(|i| {
                     let call =
                         wire::acquire_call(&keys[i], &acquire_request(i, "w"), &ttl, reply_ttl);
-                    evalsha(&script, &call.keys, &call.args)
+                    let (keys, args) = call.keys_and_args();
+                    evalsha(&script, &keys, &args)
                 })
                 .collect(),
         )

@@ -57,18 +57,17 @@ if lease then
   -- below the fence (an older record brought back by a restore or failover). Then the tenure
   -- gets a new, larger token: a caller is never handed a token lower than one it has seen.
   local token = lease.token_text
-  local fields = {'expires_ms', expires}
   if lease.token <= min_token or lease.token < fence then
     local issued, refused = next_token(fence, min_token, now_us)
     if not issued then return refused end
     token = int(issued)
-    fields = {'expires_ms', expires, 'token', token, 'grant', ARGV[6]}
+    write_record(keys, rec, now_ms, 'expires_ms', expires, 'token', token, 'grant', ARGV[6])
     redis.call('SET', KEYS[2], token)
-  elseif fence < lease.token then
+  else
+    write_record(keys, rec, now_ms, 'expires_ms', expires)
     -- The fence was lost (or lowered) while the lease survived: raise it again.
-    redis.call('SET', KEYS[2], token)
+    if fence < lease.token then redis.call('SET', KEYS[2], token) end
   end
-  write_record(keys, rec, now_ms, fields)
   return remember(KEYS[3], bound,
     'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. lease.acquired_ms, reply_ttl)
 end
@@ -83,8 +82,8 @@ end
 local issued, refused = next_token(fence, min_token, now_us)
 if not issued then return refused end
 local token = int(issued)
-write_record(keys, rec, now_ms, {'lease_id', ARGV[1], 'owner', ARGV[2], 'token', token,
-  'acquired_ms', now, 'expires_ms', expires, 'grant', ARGV[6]})
+write_record(keys, rec, now_ms, 'lease_id', ARGV[1], 'owner', ARGV[2], 'token', token,
+  'acquired_ms', now, 'expires_ms', expires, 'grant', ARGV[6])
 redis.call('SET', KEYS[2], token)
 return remember(KEYS[3], bound, 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. now,
   reply_ttl)

@@ -8,6 +8,10 @@
 -- most one field is free text (an owner, a value, a repair note) and it comes last; the one
 -- reply with two (inspect's) gives the first one's length. A string costs the server a fraction
 -- of a Lua table (docs/performance.md), and a cached reply is stored as it is answered.
+--
+-- This prelude runs on every call (EVALSHA has no load-time code), so it only defines what the
+-- common paths use: every closure, table and string built here is paid for by every call. What
+-- only the move from layout version 1 needs is built inside `v1_layout()`, on that path alone.
 
 -- The layout of the target record (the `record` key): a hash that never expires, holding the
 -- lease while one is held and the request id of the newest grant. Version 1 kept the lease in
@@ -84,52 +88,78 @@ local function next_token(fence, min_token, now_us)
   return token
 end
 
--- What a request id is bound to: the operation and every argument that identifies the call.
--- Each part is length-prefixed, so no two different argument lists give the same text.
-local function binding(...)
-  local parts = {...}
-  for i = 1, #parts do parts[i] = #parts[i] .. ':' .. parts[i] end
-  return redis.sha1hex(table.concat(parts, ','))
+-- What a request id is bound to: the operation and every argument that identifies the call
+-- (three, or four with `d`). Each part is length-prefixed, so no two different argument lists
+-- give the same text; the text is version 1's, so its cached replies still match. One
+-- concatenation, no table: this runs on every mutating call.
+local function binding(op, a, b, c, d)
+  local text = #op .. ':' .. op .. ',' .. #a .. ':' .. a .. ',' .. #b .. ':' .. b .. ',' ..
+    #c .. ':' .. c
+  if d then text = text .. ',' .. #d .. ':' .. d end
+  return redis.sha1hex(text)
 end
 
--- What version 2 leaves at a version 1 lease key: a lease that version 1 reads as held by this
--- owner for ten years, under a lease id longer than version 1 accepts from a caller. A version 1
--- client still running after the upgrade is refused (`held`, `not_holder`) and names the cause,
--- instead of finding the key empty and granting a second tenure beside the record's.
-local MOVED_OWNER = 'targetlease-record-v2 (this target is kept in the version 2 record; ' ..
-  'upgrade this client)'
-local MOVED_LEASE_ID = 'moved-to-record-v2:' .. string.rep('0', 240)
-local MOVED_TTL_MS = 315360000000
+-- Layout version 1, built only where a target has no record yet (see the prelude's note).
+-- Returns {read_lease = function(key, now_ms), move = function(keys, rec, now_ms)}.
+local function v1_layout()
+  -- What version 2 leaves at a version 1 lease key: a lease that version 1 reads as held by
+  -- this owner for ten years, under a lease id longer than version 1 accepts from a caller. A
+  -- version 1 client still running after the upgrade is refused (`held`, `not_holder`) and
+  -- names the cause, instead of finding the key empty and granting a second tenure beside the
+  -- record's.
+  local MOVED_OWNER = 'targetlease-record-v2 (this target is kept in the version 2 record; ' ..
+    'upgrade this client)'
+  local MOVED_LEASE_ID = 'moved-to-record-v2:' .. string.rep('0', 240)
+  local MOVED_TTL_MS = 315360000000
+  local v1 = {}
 
--- Reads a version 1 lease hash: nil when absent or moved, the lease otherwise, or
--- (false, error_reply) for anything version 1 itself would have refused.
-local function read_v1_lease(key, now_ms)
-  if redis.call('EXISTS', key) == 0 then return nil end
-  local r = redis.pcall('HMGET', key, 'record_version', 'lease_id', 'owner', 'token', 'acquired_ms')
-  if type(r) == 'table' and r.err then
-    return false, read_error(r, 'version 1 lease record at ' .. key .. ' is not a hash')
+  -- Reads a version 1 lease hash: nil when absent or moved, the lease otherwise, or
+  -- (false, error_reply) for anything version 1 itself would have refused.
+  function v1.read_lease(key, now_ms)
+    if redis.call('EXISTS', key) == 0 then return nil end
+    local r = redis.pcall('HMGET', key, 'record_version', 'lease_id', 'owner', 'token', 'acquired_ms')
+    if type(r) == 'table' and r.err then
+      return false, read_error(r, 'version 1 lease record at ' .. key .. ' is not a hash')
+    end
+    if r[1] ~= '1' then
+      return false, corrupt('version 1 lease record at ' .. key .. ' has record_version ' ..
+        tostring(r[1]) .. ' (expected 1)')
+    end
+    if r[2] == MOVED_LEASE_ID then return nil end
+    local token = arg_int(r[4])
+    if not r[2] or r[2] == '' or not r[3] or r[3] == '' or not token or token == 0 or not arg_int(r[5]) then
+      return false, corrupt('version 1 lease record at ' .. key .. ' lacks a field or has a ' ..
+        'non-numeric token or acquired_ms')
+    end
+    local pttl = redis.call('PTTL', key)
+    if pttl < 0 then
+      return false, corrupt('version 1 lease record at ' .. key .. ' has no expiry (a lease must expire)')
+    end
+    return {lease_id = r[2], owner = r[3], token = token, token_text = r[4], acquired_ms = r[5],
+      expires_ms = now_ms + pttl}
   end
-  if r[1] ~= '1' then
-    return false, corrupt('version 1 lease record at ' .. key .. ' has record_version ' ..
-      tostring(r[1]) .. ' (expected 1)')
+
+  -- Creates the record of a target that has none: what the version 1 keys held (the lease, the
+  -- grant) moves into it, the version 1 grant is dropped and the moved marker is left at the
+  -- version 1 lease key, all in the calling script; from then on the record alone says who
+  -- holds the target.
+  function v1.move(keys, rec, now_ms)
+    redis.call('HSET', keys.record, 'record_version', RECORD_VERSION)
+    if rec.grant then redis.call('HSET', keys.record, 'grant', rec.grant) end
+    local l = rec.lease
+    if l then
+      redis.call('HSET', keys.record, 'lease_id', l.lease_id, 'owner', l.owner, 'token',
+        l.token_text, 'acquired_ms', l.acquired_ms, 'expires_ms', int(l.expires_ms))
+    end
+    redis.call('DEL', keys.v1_lease, keys.v1_grant)
+    redis.call('HSET', keys.v1_lease, 'record_version', '1', 'lease_id', MOVED_LEASE_ID,
+      'owner', MOVED_OWNER, 'token', '1', 'acquired_ms', int(now_ms))
+    redis.call('PEXPIRE', keys.v1_lease, MOVED_TTL_MS)
+    rec.exists = true
   end
-  if r[2] == MOVED_LEASE_ID then return nil end
-  local token = arg_int(r[4])
-  if not r[2] or r[2] == '' or not r[3] or r[3] == '' or not token or token == 0 or not arg_int(r[5]) then
-    return false, corrupt('version 1 lease record at ' .. key .. ' lacks a field or has a ' ..
-      'non-numeric token or acquired_ms')
-  end
-  local pttl = redis.call('PTTL', key)
-  if pttl < 0 then
-    return false, corrupt('version 1 lease record at ' .. key .. ' has no expiry (a lease must expire)')
-  end
-  return {lease_id = r[2], owner = r[3], token = token, token_text = r[4], acquired_ms = r[5],
-    expires_ms = now_ms + pttl}
+
+  return v1
 end
-
--- The lease fields of the record, in the order read_record reads them; removed when a lease
--- ends by release.
-local LEASE_FIELDS = {'lease_id', 'owner', 'token', 'acquired_ms', 'expires_ms'}
 
 -- Reads the target record at `keys.record` as of `now_ms`. Returns
 --   {exists = bool, lease = nil | {lease_id, owner, token, token_text, acquired_ms, expires_ms},
@@ -153,7 +183,7 @@ local function read_record(keys, now_ms)
     end
     local rec = {exists = false}
     if keys.v1_lease then
-      local lease, err = read_v1_lease(keys.v1_lease, now_ms)
+      local lease, err = v1_layout().read_lease(keys.v1_lease, now_ms)
       if err then return false, err end
       if lease and lease.expires_ms > now_ms then rec.lease = lease end
       local grant = redis.pcall('GET', keys.v1_grant)
@@ -172,8 +202,9 @@ local function read_record(keys, now_ms)
     -- A lease is all five fields or none.
     for i = 2, 6 do
       if not r[i] or r[i] == '' then
+        local names = {'lease_id', 'owner', 'token', 'acquired_ms', 'expires_ms'}
         return false, corrupt('record at ' .. key .. ' holds a lease that lacks field ' ..
-          LEASE_FIELDS[i - 1])
+          names[i - 1])
       end
     end
     local token, expires = arg_int(r[4]), arg_int(r[6])
@@ -191,32 +222,11 @@ local function read_record(keys, now_ms)
   return rec
 end
 
--- Writes `fields` (a flat list of names and values) to the record. The first write to a target
--- creates the record: what the version 1 keys held (the lease, the grant) moves into it, the
--- version 1 grant is dropped and the moved marker is left at the version 1 lease key, all in the
--- same script; from then on the record alone says who holds the target.
-local function write_record(keys, rec, now_ms, fields)
-  if not rec.exists then
-    local moved = {'record_version', RECORD_VERSION}
-    if rec.grant then
-      moved[#moved + 1] = 'grant'
-      moved[#moved + 1] = rec.grant
-    end
-    local l = rec.lease
-    if l then
-      for _, v in ipairs({'lease_id', l.lease_id, 'owner', l.owner, 'token', l.token_text,
-          'acquired_ms', l.acquired_ms, 'expires_ms', int(l.expires_ms)}) do
-        moved[#moved + 1] = v
-      end
-    end
-    redis.call('HSET', keys.record, unpack(moved))
-    redis.call('DEL', keys.v1_lease, keys.v1_grant)
-    redis.call('HSET', keys.v1_lease, 'record_version', '1', 'lease_id', MOVED_LEASE_ID,
-      'owner', MOVED_OWNER, 'token', '1', 'acquired_ms', int(now_ms))
-    redis.call('PEXPIRE', keys.v1_lease, MOVED_TTL_MS)
-    rec.exists = true
-  end
-  if #fields > 0 then redis.call('HSET', keys.record, unpack(fields)) end
+-- Writes the record's fields (names and values, as HSET takes them), creating the record from
+-- the version 1 keys first when the target has none (see v1_layout().move).
+local function write_record(keys, rec, now_ms, ...)
+  if not rec.exists then v1_layout().move(keys, rec, now_ms) end
+  if select('#', ...) > 0 then redis.call('HSET', keys.record, ...) end
 end
 
 -- Reads the fence: the newest token issued for the target (0 when absent). Returns the number,
@@ -234,10 +244,6 @@ local function read_fence(key)
   end
   return n
 end
-
--- The operation whose reply starts with `kind`, for the message of a reused request id.
-local OPERATION_OF = {acquired = 'acquire', renewed = 'renew', released = 'release',
-  committed = 'commit'}
 
 -- The reply cache makes a retried call with the same request id return the first reply without
 -- acting again. Only replies of calls that changed state are cached; a refusal changed nothing,
@@ -264,7 +270,9 @@ local function cached_reply(key, bound, op)
     return false, corrupt('reply cache at ' .. key .. ' is not a cached reply')
   end
   if entry_binding ~= bound then
-    local first = OPERATION_OF[string.match(reply, '^%S+')] or 'another operation'
+    -- The operation whose reply starts with that outcome.
+    local first = ({acquired = 'acquire', renewed = 'renew', released = 'release',
+      committed = 'commit'})[string.match(reply, '^%S+')] or 'another operation'
     return false, invalid('request id already used for another call (' .. first ..
       ' with other arguments) on this target; a request id names one call and its retries: ' ..
       'use a new one for ' .. op)

@@ -23,6 +23,6 @@ local lease = rec.lease
 if not lease or lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2] or lease.token_text ~= ARGV[3] then
   return 'not_holder'
 end
-write_record(keys, rec, now_ms, {})
-redis.call('HDEL', KEYS[1], unpack(LEASE_FIELDS))
+write_record(keys, rec, now_ms)
+redis.call('HDEL', KEYS[1], 'lease_id', 'owner', 'token', 'acquired_ms', 'expires_ms')
 return remember(KEYS[2], bound, 'released', reply_ttl)

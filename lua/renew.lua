@@ -29,5 +29,5 @@ local fence, fence_err = read_fence(KEYS[2])
 if not fence then return fence_err end
 if lease.token < fence then return 'lost not_holder' end
 if fence < lease.token then redis.call('SET', KEYS[2], lease.token_text) end
-write_record(keys, rec, now_ms, {'expires_ms', int(now_ms + ttl)})
+write_record(keys, rec, now_ms, 'expires_ms', int(now_ms + ttl))
 return remember(KEYS[3], bound, 'renewed ' .. ARGV[4] .. ' ' .. int(now_ms), reply_ttl)

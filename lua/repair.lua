@@ -31,7 +31,7 @@ local lease_token = 0
 if rec.exists then
   if rec.lease then lease_token = rec.lease.token end
 else
-  local lease, lease_err = read_v1_lease(KEYS[3], now_ms)
+  local lease, lease_err = v1_layout().read_lease(KEYS[3], now_ms)
   if lease_err then
     local other = drop_if_corrupt(lease_err, KEYS[3], 'version 1 lease record')
     if other then return other end

@@ -63,39 +63,64 @@ impl std::fmt::Debug for ValkeyStore {
 /// What one script call sends: the script, its keys and arguments, as built by [`wire`] (the
 /// only place that names them). Public so that benchmarks and tests that send a call
 /// themselves (raw, unread, pipelined) send exactly what the store sends.
+///
+/// The call is encoded once, as `EVALSHA <sha1> <numkeys> KEYS... ARGV...`, straight from the
+/// borrowed keys and arguments: the common path sends it as it is; only a server that answers
+/// NOSCRIPT gets it re-encoded as `EVAL <source> ...`.
 pub struct ScriptCall<'a> {
     /// The script.
     pub script: &'a LuaScript,
-    /// KEYS, in the order its contract names them.
-    pub keys: Vec<String>,
-    /// ARGV, in the order its contract names them.
-    pub args: Vec<String>,
+    evalsha: Cmd,
+    keys: usize,
 }
 
 impl<'a> ScriptCall<'a> {
-    fn new(script: &'a LuaScript, keys: Vec<String>, args: &[&str]) -> Self {
+    fn new(script: &'a LuaScript, keys: &[&str], args: &[&str]) -> Self {
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha
+            .arg(script.script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
         Self {
             script,
-            keys,
-            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            evalsha,
+            keys: keys.len(),
         }
     }
 
-    /// `EVALSHA` first; `EVAL` with the source when the server answers NOSCRIPT (after a
-    /// restart, a failover or SCRIPT FLUSH). EVAL goes to the node that owns the keys, which a
-    /// cluster-wide SCRIPT LOAD would not do during a failover.
-    pub fn command(&self, by_source: bool) -> Cmd {
-        let mut cmd = if by_source {
-            let mut c = redis::cmd("EVAL");
-            c.arg(self.script.source);
-            c
-        } else {
-            let mut c = redis::cmd("EVALSHA");
-            c.arg(self.script.script.get_hash());
-            c
-        };
-        cmd.arg(self.keys.len()).arg(&self.keys).arg(&self.args);
+    /// `EVALSHA`: the call as it is sent first.
+    pub fn evalsha(&self) -> &Cmd {
+        &self.evalsha
+    }
+
+    /// `EVAL` with the source, for a server that does not know the script (after a restart, a
+    /// failover or SCRIPT FLUSH). EVAL goes to the node that owns the keys, which a cluster-wide
+    /// SCRIPT LOAD would not do during a failover.
+    pub fn eval(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.script.source);
+        for arg in self.evalsha.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
         cmd
+    }
+
+    /// The call's KEYS and ARGV, for tests and benchmarks that inspect or resend it.
+    pub fn keys_and_args(&self) -> (Vec<String>, Vec<String>) {
+        let mut all: Vec<String> = self
+            .evalsha
+            .args_iter()
+            .skip(3)
+            .filter_map(|arg| match arg {
+                redis::Arg::Simple(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+                _ => None,
+            })
+            .collect();
+        let args = all.split_off(self.keys.min(all.len()));
+        (all, args)
     }
 }
 
@@ -170,13 +195,13 @@ impl ValkeyStore {
                         Ok(Ok(value)) => return Ok(value),
                         Ok(Err(e)) => {
                             if breaks_connection(&e) {
-                                self.inner.pool.discard(&checkout).await;
+                                self.inner.pool.discard(&checkout);
                             }
                             classify(self.endpoint(), &e, limit, false)
                         }
                         Err(_) => {
                             // The connection may be stalled; do not hand it out again.
-                            self.inner.pool.discard(&checkout).await;
+                            self.inner.pool.discard(&checkout);
                             return Err(StoreError::Timeout {
                                 endpoint: self.endpoint().to_owned(),
                                 after_ms: millis(limit),
@@ -254,15 +279,20 @@ impl Request<'_> {
     async fn send(&self, conn: &mut Conn, deadline: Instant) -> RedisResult<Value> {
         match self {
             Request::Command(cmd) => cmd.query_async(conn).await,
-            Request::Script(call) => match call.command(false).query_async(conn).await {
-                Err(e) if is_noscript(&e) => call.command(true).query_async(conn).await,
+            Request::Script(call) => match call.evalsha().query_async(conn).await {
+                Err(e) if is_noscript(&e) => call.eval().query_async(conn).await,
                 other => other,
             },
             Request::DurableScript(call, durability) => {
                 let mut by_source = false;
                 loop {
                     let mut pipe = redis::pipe();
-                    pipe.add_command(call.command(by_source))
+                    let script = if by_source {
+                        call.eval()
+                    } else {
+                        call.evalsha().clone()
+                    };
+                    pipe.add_command(script)
                         .add_command(waitaof(*durability, deadline))
                         .ignore_errors();
                     let mut replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;

@@ -53,6 +53,23 @@ struct Live {
     id: u64,
 }
 
+/// One slot of the pool.
+#[derive(Default)]
+struct Slot {
+    /// The live connection. A plain mutex held only to clone or replace it: the common path
+    /// (a live connection) neither waits on an async lock nor arms a timer.
+    live: Mutex<Option<Live>>,
+    /// Held while connecting, so concurrent calls on an empty slot wait for one attempt.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl Slot {
+    fn live(&self) -> std::sync::MutexGuard<'_, Option<Live>> {
+        // Every write is one assignment, so a panic elsewhere cannot leave it half-written.
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// Shared reconnect state of the pool.
 #[derive(Default)]
 struct Reconnect {
@@ -65,7 +82,7 @@ struct Reconnect {
 /// The pool.
 pub(super) struct Pool {
     connector: Connector,
-    slots: Box<[tokio::sync::Mutex<Option<Live>>]>,
+    slots: Box<[Slot]>,
     next_slot: AtomicUsize,
     next_id: AtomicU64,
     backoff: Backoff,
@@ -83,9 +100,7 @@ impl Pool {
     ) -> Self {
         Self {
             connector,
-            slots: (0..size.max(1))
-                .map(|_| tokio::sync::Mutex::new(None))
-                .collect(),
+            slots: (0..size.max(1)).map(|_| Slot::default()).collect(),
             next_slot: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
             backoff,
@@ -102,7 +117,10 @@ impl Pool {
     /// A connection for one attempt, connecting if its slot is empty. Gives up at `deadline`.
     pub(super) async fn checkout(&self, deadline: Instant) -> Result<Checkout, StoreError> {
         let slot = self.next_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len();
-        let waited = tokio::time::timeout_at(deadline, self.checkout_slot(slot, deadline)).await;
+        if let Some(checkout) = self.live(slot) {
+            return Ok(checkout);
+        }
+        let waited = tokio::time::timeout_at(deadline, self.connect_slot(slot, deadline)).await;
         waited.unwrap_or_else(|_| {
             Err(self
                 .last_error()
@@ -113,15 +131,20 @@ impl Pool {
         })
     }
 
-    async fn checkout_slot(&self, slot: usize, deadline: Instant) -> Result<Checkout, StoreError> {
-        // Held while connecting, so concurrent calls on this slot wait for one attempt.
-        let mut guard = self.slots[slot].lock().await;
-        if let Some(live) = guard.as_ref() {
-            return Ok(Checkout {
-                conn: live.conn.clone(),
-                slot,
-                id: live.id,
-            });
+    /// The live connection of `slot`, if it has one.
+    fn live(&self, slot: usize) -> Option<Checkout> {
+        self.slots[slot].live().as_ref().map(|live| Checkout {
+            conn: live.conn.clone(),
+            slot,
+            id: live.id,
+        })
+    }
+
+    async fn connect_slot(&self, slot: usize, deadline: Instant) -> Result<Checkout, StoreError> {
+        let _connecting = self.slots[slot].connecting.lock().await;
+        // Another call may have connected while this one waited.
+        if let Some(checkout) = self.live(slot) {
+            return Ok(checkout);
         }
         if let Some((retry_at, last)) = self.backing_off() {
             if retry_at >= deadline {
@@ -136,7 +159,7 @@ impl Pool {
             Ok(conn) => {
                 self.connected();
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                *guard = Some(Live {
+                *self.slots[slot].live() = Some(Live {
                     conn: conn.clone(),
                     id,
                 });
@@ -152,8 +175,8 @@ impl Pool {
     /// Drops the connection of `checkout` from its slot (if it is still there): it broke,
     /// stalled or reached a node that cannot take writes. In-flight calls on it finish or fail
     /// on their own clones.
-    pub(super) async fn discard(&self, checkout: &Checkout) {
-        let mut guard = self.slots[checkout.slot].lock().await;
+    pub(super) fn discard(&self, checkout: &Checkout) {
+        let mut guard = self.slots[checkout.slot].live();
         if guard.as_ref().is_some_and(|live| live.id == checkout.id) {
             *guard = None;
         }

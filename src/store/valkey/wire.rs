@@ -25,7 +25,7 @@ pub struct Contract {
 
 impl Contract {
     /// The call of this contract's script; the names and the values must pair up.
-    fn call(&self, keys: Vec<String>, argv: &[&str]) -> ScriptCall<'static> {
+    fn call(&self, keys: &[&str], argv: &[&str]) -> ScriptCall<'static> {
         debug_assert_eq!(keys.len(), self.keys.len(), "KEYS of {:?}", self.keys);
         debug_assert_eq!(argv.len(), self.argv.len(), "ARGV of {:?}", self.argv);
         ScriptCall::new((self.script)(), keys, argv)
@@ -103,12 +103,12 @@ pub fn acquire_call(
     reply_ttl_ms: &str,
 ) -> ScriptCall<'static> {
     ACQUIRE.call(
-        vec![
-            k.record(),
-            k.fence(),
-            k.reply(&req.request_id),
-            k.v1_lease(),
-            k.v1_grant(),
+        &[
+            &k.record(),
+            &k.fence(),
+            &k.reply(&req.request_id),
+            &k.v1_lease(),
+            &k.v1_grant(),
         ],
         &[
             req.lease_id.expose(),
@@ -161,12 +161,12 @@ pub fn renew_call(
 ) -> ScriptCall<'static> {
     let lease = &req.lease;
     RENEW.call(
-        vec![
-            k.record(),
-            k.fence(),
-            k.reply(&req.request_id),
-            k.v1_lease(),
-            k.v1_grant(),
+        &[
+            &k.record(),
+            &k.fence(),
+            &k.reply(&req.request_id),
+            &k.v1_lease(),
+            &k.v1_grant(),
         ],
         &[
             lease.lease_id.expose(),
@@ -213,11 +213,11 @@ pub fn release_call(
 ) -> ScriptCall<'static> {
     let lease = &req.lease;
     RELEASE.call(
-        vec![
-            k.record(),
-            k.reply(&req.request_id),
-            k.v1_lease(),
-            k.v1_grant(),
+        &[
+            &k.record(),
+            &k.reply(&req.request_id),
+            &k.v1_lease(),
+            &k.v1_grant(),
         ],
         &[
             lease.lease_id.expose(),
@@ -247,10 +247,10 @@ pub const COMMIT: Contract = Contract {
 /// The commit call for `req`.
 pub fn commit_call(k: &TargetKeys, req: &CommitRequest, reply_ttl_ms: &str) -> ScriptCall<'static> {
     COMMIT.call(
-        vec![
-            k.fence(),
-            k.guarded(req.key.as_str()),
-            k.commit_reply(&req.request_id),
+        &[
+            &k.fence(),
+            &k.guarded(req.key.as_str()),
+            &k.commit_reply(&req.request_id),
         ],
         &[
             &req.token.to_string(),
@@ -284,7 +284,7 @@ pub const READ: Contract = Contract {
 
 /// The read call of the guarded record `key`.
 pub fn read_call(k: &TargetKeys, key: &GuardedKey) -> ScriptCall<'static> {
-    READ.call(vec![k.guarded(key.as_str())], &[])
+    READ.call(&[&k.guarded(key.as_str())], &[])
 }
 
 /// Decodes the reply of `read.lua`.
@@ -311,7 +311,7 @@ pub const CHECK: Contract = Contract {
 
 /// The check call of `token`.
 pub fn check_call(k: &TargetKeys, token: Token) -> ScriptCall<'static> {
-    CHECK.call(vec![k.fence()], &[&token.to_string()])
+    CHECK.call(&[&k.fence()], &[&token.to_string()])
 }
 
 /// Decodes the reply of `check.lua`.
@@ -336,7 +336,10 @@ pub const INSPECT: Contract = Contract {
 
 /// The inspect call.
 pub fn inspect_call(k: &TargetKeys) -> ScriptCall<'static> {
-    INSPECT.call(vec![k.record(), k.fence(), k.v1_lease(), k.v1_grant()], &[])
+    INSPECT.call(
+        &[&k.record(), &k.fence(), &k.v1_lease(), &k.v1_grant()],
+        &[],
+    )
 }
 
 /// Decodes the reply of `inspect.lua`.
@@ -386,7 +389,7 @@ pub const REPAIR: Contract = Contract {
 /// The repair call with `floor`.
 pub fn repair_call(k: &TargetKeys, floor: u64) -> ScriptCall<'static> {
     REPAIR.call(
-        vec![k.record(), k.fence(), k.v1_lease(), k.v1_grant()],
+        &[&k.record(), &k.fence(), &k.v1_lease(), &k.v1_grant()],
         &[&floor.to_string()],
     )
 }
@@ -562,8 +565,9 @@ mod tests {
             (&REPAIR, repair_call(&k, 0)),
         ];
         for (contract, call) in calls {
-            assert_eq!(call.keys.len(), contract.keys.len(), "{:?}", contract.keys);
-            assert_eq!(call.args.len(), contract.argv.len(), "{:?}", contract.argv);
+            let (keys, args) = call.keys_and_args();
+            assert_eq!(keys.len(), contract.keys.len(), "{:?}", contract.keys);
+            assert_eq!(args.len(), contract.argv.len(), "{:?}", contract.argv);
             assert!(std::ptr::eq(call.script, (contract.script)()));
         }
     }

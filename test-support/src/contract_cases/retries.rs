@@ -47,9 +47,10 @@ pub(super) async fn send_without_reading(h: &Harness, env: &ServerEnv, req: &Acq
     let keys = h.keys(&req.target);
     let ttl = req.ttl.millis().to_string();
     let call = targetlease::store::valkey::wire::acquire_call(&keys, req, &ttl, "60000");
-    let count = call.keys.len().to_string();
+    let (call_keys, call_args) = call.keys_and_args();
+    let count = call_keys.len().to_string();
     let mut command = vec!["EVAL", SCRIPTS.acquire.source, &count];
-    command.extend(call.keys.iter().chain(&call.args).map(String::as_str));
+    command.extend(call_keys.iter().chain(&call_args).map(String::as_str));
     let Some(raw) = &env.raw else {
         let _ = env.admin.try_cmd(&command).await;
         assert!(

@@ -787,12 +787,15 @@ fn main() {
         }
         eprintln!("all runs took {:.0} s", started.elapsed().as_secs_f64());
         let costs = server_costs(&mut admin, if smoke { 200 } else { 20_000 }).await;
-        (runs, header, costs)
+        let memory = memory_costs(&mut admin, if smoke { 200 } else { 20_000 }).await;
+        (runs, header, (costs, memory))
     });
+    let (costs, memory) = costs;
     drop(server);
 
     let mut report = report(&runs, &levels, &header);
     report.push_str(&costs_table(&costs));
+    report.push_str(&memory);
     println!("\n{report}");
     std::fs::write(out.join("store.md"), &report).expect("write store.md");
     std::fs::write(out.join("store.json"), json(&runs).to_string()).expect("write store.json");
@@ -1152,8 +1155,8 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
                     "local fence, fence_err = 0, nil\nlocal now, expires",
                 ),
                 (
-                    "'grant', ARGV[6]})\nredis.call('SET', KEYS[2], token)\nreturn remember",
-                    "'grant', ARGV[6]})\nreturn remember",
+                    "'grant', ARGV[6])\nredis.call('SET', KEYS[2], token)\nreturn remember",
+                    "'grant', ARGV[6])\nreturn remember",
                 ),
             ],
         ),
@@ -1167,7 +1170,7 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
         (
             "acquire.lua without the record write (HSET)",
             &[(
-                "write_record(keys, rec, now_ms, {'lease_id', ARGV[1], 'owner', ARGV[2], 'token', token,\n  'acquired_ms', now, 'expires_ms', expires, 'grant', ARGV[6]})\n",
+                "write_record(keys, rec, now_ms, 'lease_id', ARGV[1], 'owner', ARGV[2], 'token', token,\n  'acquired_ms', now, 'expires_ms', expires, 'grant', ARGV[6])\n",
                 "",
             )],
         ),
@@ -1224,6 +1227,154 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
         costs.push(c);
     }
     costs
+}
+
+/// `used_memory` from INFO memory, in bytes.
+async fn used_memory(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// What a target costs in server memory: `MEMORY USAGE` of each key of one target, and the
+/// growth of `used_memory` over `n` targets (allocator overhead included), held, released,
+/// and with the reply cache entries of the calls gone (as after the reply TTL).
+async fn memory_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) -> String {
+    use targetlease::store::valkey::keys::TargetKeys;
+    use targetlease::store::valkey::wire;
+
+    let _: Result<(), _> = redis::cmd("FLUSHALL").arg("SYNC").query_async(conn).await;
+    let ttl = LEASE_TTL.as_millis().to_string();
+    let targets: Vec<TargetRef> = (0..n)
+        .map(|i| TargetRef::new("memory", &format!("team-{i}/orders-db")).expect("target"))
+        .collect();
+    let keys: Vec<TargetKeys> = targets.iter().map(|t| TargetKeys::new("tl", t)).collect();
+    // Lease ids and owners as the controller makes them: a UID and a pod-like name.
+    let claim = |i: usize| {
+        (
+            LeaseId::new(format!("{:08x}-7c4e-4f0a-9d1e-{:012x}", i, i)).expect("lease id"),
+            Owner::new(format!("reports-writer-7d9f8b6c4-{i:05}")).expect("owner"),
+        )
+    };
+    let empty = used_memory(conn).await;
+    let (_, replies) = pipelined(
+        conn,
+        "acquire",
+        (0..n)
+            .map(|i| {
+                let (lease_id, owner) = claim(i);
+                let req = AcquireRequest {
+                    target: targets[i].clone(),
+                    lease_id,
+                    owner,
+                    ttl: lease_ttl(),
+                    min_token: 0,
+                    request_id: RequestId::random(),
+                };
+                wire::acquire_call(&keys[i], &req, &ttl, "60000")
+                    .evalsha()
+                    .clone()
+            })
+            .collect(),
+    )
+    .await;
+    let held = used_memory(conn).await;
+    let usage = |key: String| {
+        let mut cmd = redis::cmd("MEMORY");
+        cmd.arg("USAGE").arg(key).arg("SAMPLES").arg(0);
+        cmd
+    };
+    let mut per_key = Vec::new();
+    for (what, key) in [
+        ("target record (held)", keys[0].record()),
+        ("fence", keys[0].fence()),
+        ("version 1 marker", keys[0].v1_lease()),
+    ] {
+        let bytes: i64 = usage(key).query_async(conn).await.unwrap_or(-1);
+        per_key.push((what, bytes));
+    }
+    let reply_keys: Vec<String> = redis::cmd("KEYS")
+        .arg("tl:{memory/team-0/*}:req:*")
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    if let Some(key) = reply_keys.first() {
+        let bytes: i64 = usage(key.clone()).query_async(conn).await.unwrap_or(-1);
+        per_key.push(("reply cache entry", bytes));
+    }
+    let _ = pipelined(
+        conn,
+        "release",
+        (0..n)
+            .map(|i| {
+                let (lease_id, owner) = claim(i);
+                let token = reply_text(&replies[i])
+                    .split(' ')
+                    .nth(1)
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(1);
+                let req = ReleaseRequest {
+                    lease: LeaseHandle {
+                        target: targets[i].clone(),
+                        lease_id,
+                        owner,
+                        token: Token::new(token).expect("token"),
+                    },
+                    request_id: RequestId::random(),
+                };
+                wire::release_call(&keys[i], &req, "60000")
+                    .evalsha()
+                    .clone()
+            })
+            .collect(),
+    )
+    .await;
+    let released = used_memory(conn).await;
+    let record_free: i64 = usage(keys[0].record())
+        .query_async(conn)
+        .await
+        .unwrap_or(-1);
+    per_key.push(("target record (released)", record_free));
+    // The reply cache entries expire after the reply TTL; here they are dropped at once.
+    let all_replies: Vec<String> = redis::cmd("KEYS")
+        .arg("tl:{memory/*}:req:*")
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    for chunk in all_replies.chunks(500) {
+        let _: Result<i64, _> = redis::cmd("DEL").arg(chunk).query_async(conn).await;
+    }
+    let settled = used_memory(conn).await;
+    let per = |bytes: i64| bytes as f64 / n.max(1) as f64;
+    let mut out = format!(
+        "\nServer memory per target ({n} targets; key names like `tl:{{memory/team-1/orders-db}}`, \
+         a UID lease id, a pod-name owner):\n\n| what | bytes |\n|---|---|\n"
+    );
+    for (what, bytes) in per_key {
+        let _ = writeln!(out, "| `MEMORY USAGE` of one {what} | {bytes} |");
+    }
+    let _ = writeln!(
+        out,
+        "| used_memory per target, held (record, fence, marker, one reply entry) | {:.0} |",
+        per(held - empty)
+    );
+    let _ = writeln!(
+        out,
+        "| used_memory per target, released (two reply entries still cached) | {:.0} |",
+        per(released - empty)
+    );
+    let _ = writeln!(
+        out,
+        "| used_memory per target once the reply entries expired | {:.0} |",
+        per(settled - empty)
+    );
+    out
 }
 
 fn costs_table(costs: &[Cost]) -> String {

@@ -103,13 +103,12 @@ end
 -- Returns {read_lease = function(key, now_ms), move = function(keys, rec, now_ms)}.
 local function v1_layout()
   -- What version 2 leaves at a version 1 lease key: a lease that version 1 reads as held by
-  -- this owner for ten years, under a lease id longer than version 1 accepts from a caller. A
-  -- version 1 client still running after the upgrade is refused (`held`, `not_holder`) and
-  -- names the cause, instead of finding the key empty and granting a second tenure beside the
-  -- record's.
-  local MOVED_OWNER = 'targetlease-record-v2 (this target is kept in the version 2 record; ' ..
-    'upgrade this client)'
-  local MOVED_LEASE_ID = 'moved-to-record-v2:' .. string.rep('0', 240)
+  -- this owner for ten years, under a lease id of its own (a SHA-1 nobody was told). A version 1
+  -- client still running after the upgrade is refused (`held`, `not_holder`) and names the
+  -- cause, instead of finding the key empty and granting a second tenure beside the record's.
+  -- Short, because every target written by version 2 carries one.
+  local MOVED_OWNER = 'targetlease-record-v2 (upgrade this client)'
+  local MOVED_PREFIX = 'moved-to-record-v2:'
   local MOVED_TTL_MS = 315360000000
   local v1 = {}
 
@@ -125,7 +124,9 @@ local function v1_layout()
       return false, corrupt('version 1 lease record at ' .. key .. ' has record_version ' ..
         tostring(r[1]) .. ' (expected 1)')
     end
-    if r[2] == MOVED_LEASE_ID then return nil end
+    if r[3] == MOVED_OWNER and string.sub(r[2] or '', 1, #MOVED_PREFIX) == MOVED_PREFIX then
+      return nil
+    end
     local token = arg_int(r[4])
     if not r[2] or r[2] == '' or not r[3] or r[3] == '' or not token or token == 0 or not arg_int(r[5]) then
       return false, corrupt('version 1 lease record at ' .. key .. ' lacks a field or has a ' ..
@@ -152,7 +153,8 @@ local function v1_layout()
         l.token_text, 'acquired_ms', l.acquired_ms, 'expires_ms', int(l.expires_ms))
     end
     redis.call('DEL', keys.v1_lease, keys.v1_grant)
-    redis.call('HSET', keys.v1_lease, 'record_version', '1', 'lease_id', MOVED_LEASE_ID,
+    redis.call('HSET', keys.v1_lease, 'record_version', '1', 'lease_id',
+      MOVED_PREFIX .. redis.sha1hex(keys.record .. ' ' .. int(now_ms) .. ' ' .. tostring(rec.grant)),
       'owner', MOVED_OWNER, 'token', '1', 'acquired_ms', int(now_ms))
     redis.call('PEXPIRE', keys.v1_lease, MOVED_TTL_MS)
     rec.exists = true

@@ -214,7 +214,7 @@ async fn setup(w: Workload, sh: &Shared, task: usize) -> Result<TaskState, Strin
     let target = TargetRef::new(&format!("bench-{}", w.letter()), &format!("t{task}"))
         .map_err(|e| e.to_string())?;
     let lease_id =
-        LeaseId::new(uuid::Uuid::new_v4().hyphenated().to_string()).map_err(|e| e.to_string())?;
+        LeaseId::new(format!("{:032x}", rand::random::<u128>())).map_err(|e| e.to_string())?;
     let owner = Owner::new(format!("worker-{task}")).map_err(|e| e.to_string())?;
     Ok(match w {
         Workload::Lease => TaskState::Lease {
@@ -253,7 +253,7 @@ async fn setup(w: Workload, sh: &Shared, task: usize) -> Result<TaskState, Strin
         }
         Workload::Extend => {
             let key = format!("rl:{{bench-e/t{task}}}:lock");
-            let value = uuid::Uuid::new_v4().simple().to_string();
+            let value = format!("{:032x}", rand::random::<u128>());
             let mut conn = sh.conn();
             let ok: Option<String> = redis::cmd("SET")
                 .arg(&key)
@@ -330,7 +330,7 @@ async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
             }
         }
         TaskState::Redlock { key } => {
-            let value = uuid::Uuid::new_v4().simple().to_string();
+            let value = format!("{:032x}", rand::random::<u128>());
             let mut conn = sh.conn();
             let ok: Option<String> = redis::cmd("SET")
                 .arg(&*key)
@@ -347,7 +347,7 @@ async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
             unlock(sh, &mut conn, key, &value).await
         }
         TaskState::Fenced { key, fence } => {
-            let value = uuid::Uuid::new_v4().simple().to_string();
+            let value = format!("{:032x}", rand::random::<u128>());
             let mut conn = sh.conn();
             let token: i64 = sh
                 .obtain

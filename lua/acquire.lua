@@ -6,7 +6,7 @@
 -- ARGV: lease_id, owner, ttl_ms, min_token, reply_ttl_ms, request_id
 -- Reply: 'acquired <token> <ttl_ms> <server_ms> <acquired_ms>' | 'held <pttl_ms> <owner>'
 local ttl, min_token, reply_ttl = arg_int(ARGV[3]), arg_int(ARGV[4]), arg_int(ARGV[5])
-if not ttl or ttl < 1 then return invalid('ttl_ms must be a positive integer') end
+if not ttl or ttl < 1 or ttl > MAX_TTL_MS then return invalid('ttl_ms must be from 1 to 86400000') end
 if not min_token then return invalid('min_token must be an integer from 0 to 2^53-2') end
 if min_token >= MAX_TOKEN then return exhausted(0, min_token) end
 if not reply_ttl or reply_ttl < 1 then return invalid('reply_ttl_ms must be a positive integer') end
@@ -14,7 +14,7 @@ if not reply_ttl or reply_ttl < 1 then return invalid('reply_ttl_ms must be a po
 -- target's record corrupt.
 if ARGV[1] == '' or #ARGV[1] > 256 then return invalid('lease_id must be 1 to 256 bytes') end
 if ARGV[2] == '' or #ARGV[2] > 253 then return invalid('owner must be 1 to 253 bytes') end
-local keys = {record = KEYS[1], v1_lease = KEYS[4], v1_grant = KEYS[5]}
+local keys = {record = KEYS[1], reply = KEYS[3], v1_lease = KEYS[4], v1_grant = KEYS[5]}
 
 -- The floor is bound too: it decides what a grant may answer (a token above it), so a retry
 -- with another floor is another call, not a replay of this one. (ARGV[3] and ARGV[4] are

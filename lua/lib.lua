@@ -11,7 +11,8 @@
 --
 -- This prelude runs on every call (EVALSHA has no load-time code), so it only defines what the
 -- common paths use: every closure, table and string built here is paid for by every call. What
--- only the move from layout version 1 needs is built inside `v1_layout()`, on that path alone.
+-- only targets without a record need (reading and moving layout version 1's keys) is built inside
+-- `v1_layout()`, on those paths alone.
 
 -- The layout of the target record (the `record` key): a hash that never expires, holding the
 -- lease while one is held and the request id of the newest grant. Version 1 kept the lease in
@@ -53,6 +54,10 @@ local function arg_int(s)
   if n > MAX_TOKEN then return nil end
   return n
 end
+
+-- The longest lease TTL, 24 hours: what the client accepts (`Ttl`), checked again here so that no
+-- caller can write an expiry read_record would refuse.
+local MAX_TTL_MS = 86400000
 
 -- Server time from TIME, in microseconds and milliseconds.
 local function server_now()
@@ -99,14 +104,16 @@ local function binding(op, a, b, c, d)
   return redis.sha1hex(text)
 end
 
--- Layout version 1, built only where a target has no record yet (see the prelude's note).
--- Returns {read_lease = function(key, now_ms), move = function(keys, rec, now_ms)}.
+-- Layout version 1, built only where a target has no record yet and by repair (see the
+-- prelude's note). Returns {read_lease(key, now_ms), read_grant(key), write_marker(keys, now_ms),
+-- move(keys, rec, now_ms)}.
 local function v1_layout()
   -- What version 2 leaves at a version 1 lease key: a lease that version 1 reads as held by
-  -- this owner for ten years, under a lease id of its own (a SHA-1 nobody was told). A version 1
-  -- client still running after the upgrade is refused (`held`, `not_holder`) and names the
-  -- cause, instead of finding the key empty and granting a second tenure beside the record's.
-  -- Short, because every target written by version 2 carries one.
+  -- this owner for ten years, under a lease id of its own (a SHA-1 that includes the random
+  -- request id of the call that wrote it) and token 1, which version 1 never issues (its tokens
+  -- are clock-based). A version 1 client still running after the upgrade is refused (`held`,
+  -- `not_holder`) and names the cause, instead of finding the key empty and granting a second
+  -- tenure beside the record's. Short, because every target written by version 2 carries one.
   local MOVED_OWNER = 'targetlease-record-v2 (upgrade this client)'
   local MOVED_PREFIX = 'moved-to-record-v2:'
   local MOVED_TTL_MS = 315360000000
@@ -124,7 +131,9 @@ local function v1_layout()
       return false, corrupt('version 1 lease record at ' .. key .. ' has record_version ' ..
         tostring(r[1]) .. ' (expected 1)')
     end
-    if r[3] == MOVED_OWNER and string.sub(r[2] or '', 1, #MOVED_PREFIX) == MOVED_PREFIX then
+    -- The marker: all three, so that a version 1 caller naming itself like the marker does
+    -- not pass for one (it cannot get token 1).
+    if r[3] == MOVED_OWNER and r[4] == '1' and string.sub(r[2] or '', 1, #MOVED_PREFIX) == MOVED_PREFIX then
       return nil
     end
     local token = arg_int(r[4])
@@ -140,6 +149,25 @@ local function v1_layout()
       expires_ms = now_ms + pttl}
   end
 
+  -- Reads a version 1 grant: the request id, nil, or (false, error_reply).
+  function v1.read_grant(key)
+    local grant = redis.pcall('GET', key)
+    if type(grant) == 'table' and grant.err then
+      return false, read_error(grant, 'version 1 grant record at ' .. key .. ' is not a string')
+    end
+    return grant or nil
+  end
+
+  -- (Re)writes the moved marker at `keys.v1_lease`; `keys.reply` (this call's request id)
+  -- makes its lease id one nobody can derive.
+  function v1.write_marker(keys, now_ms)
+    redis.call('DEL', keys.v1_lease)
+    redis.call('HSET', keys.v1_lease, 'record_version', '1', 'lease_id',
+      MOVED_PREFIX .. redis.sha1hex(keys.record .. ' ' .. keys.reply .. ' ' .. int(now_ms)),
+      'owner', MOVED_OWNER, 'token', '1', 'acquired_ms', int(now_ms))
+    redis.call('PEXPIRE', keys.v1_lease, MOVED_TTL_MS)
+  end
+
   -- Creates the record of a target that has none: what the version 1 keys held (the lease, the
   -- grant) moves into it, the version 1 grant is dropped and the moved marker is left at the
   -- version 1 lease key, all in the calling script; from then on the record alone says who
@@ -152,11 +180,8 @@ local function v1_layout()
       redis.call('HSET', keys.record, 'lease_id', l.lease_id, 'owner', l.owner, 'token',
         l.token_text, 'acquired_ms', l.acquired_ms, 'expires_ms', int(l.expires_ms))
     end
-    redis.call('DEL', keys.v1_lease, keys.v1_grant)
-    redis.call('HSET', keys.v1_lease, 'record_version', '1', 'lease_id',
-      MOVED_PREFIX .. redis.sha1hex(keys.record .. ' ' .. int(now_ms) .. ' ' .. tostring(rec.grant)),
-      'owner', MOVED_OWNER, 'token', '1', 'acquired_ms', int(now_ms))
-    redis.call('PEXPIRE', keys.v1_lease, MOVED_TTL_MS)
+    redis.call('DEL', keys.v1_grant)
+    v1.write_marker(keys, now_ms)
     rec.exists = true
   end
 
@@ -185,14 +210,13 @@ local function read_record(keys, now_ms)
     end
     local rec = {exists = false}
     if keys.v1_lease then
-      local lease, err = v1_layout().read_lease(keys.v1_lease, now_ms)
+      local v1 = v1_layout()
+      local lease, err = v1.read_lease(keys.v1_lease, now_ms)
       if err then return false, err end
       if lease and lease.expires_ms > now_ms then rec.lease = lease end
-      local grant = redis.pcall('GET', keys.v1_grant)
-      if type(grant) == 'table' and grant.err then
-        return false, read_error(grant, 'version 1 grant record at ' .. keys.v1_grant .. ' is not a string')
-      end
-      rec.grant = grant or nil
+      local grant, grant_err = v1.read_grant(keys.v1_grant)
+      if grant_err then return false, grant_err end
+      rec.grant = grant
     end
     return rec
   end
@@ -215,6 +239,13 @@ local function read_record(keys, now_ms)
     end
     if not arg_int(r[5]) or not expires then
       return false, corrupt('record at ' .. key .. ' has a non-numeric acquired_ms or expires_ms')
+    end
+    -- No TTL is longer than MAX_TTL_MS: a lease ending later was not written by these scripts
+    -- (or the server clock went back by more than an hour), and would otherwise be held for as
+    -- long as it says.
+    if expires > now_ms + MAX_TTL_MS + 3600000 then
+      return false, corrupt('record at ' .. key .. ' holds a lease that ends more than 25 hours ' ..
+        'from now (a lease lasts at most 24 hours)')
     end
     if expires > now_ms then
       rec.lease = {lease_id = r[2], owner = r[3], token = token, token_text = r[4],
@@ -262,10 +293,14 @@ local function cached_reply(key, bound, op)
   local entry_binding, reply
   if string.sub(v, 1, 1) == '{' then
     local ok, entry = pcall(cjson.decode, v)
-    if ok and type(entry) == 'table' and type(entry.r) == 'table' and type(entry.r[1]) == 'string' then
-      entry_binding, reply = entry.b, table.concat(entry.r, ' ')
+    if ok and type(entry) == 'table' and type(entry.r) == 'table' and #entry.r > 0 then
+      reply = entry.r
+      for i = 1, #reply do
+        if type(reply[i]) ~= 'string' then reply = nil break end
+      end
+      if reply then entry_binding, reply = entry.b, table.concat(reply, ' ') end
     end
-  elseif string.sub(v, 41, 41) == ' ' and #v > 41 then
+  elseif #v > 41 and string.match(string.sub(v, 1, 41), '^%x+ $') then
     entry_binding, reply = string.sub(v, 1, 40), string.sub(v, 42)
   end
   if not reply then

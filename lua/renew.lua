@@ -7,11 +7,11 @@
 -- ARGV: lease_id, owner, token, ttl_ms, reply_ttl_ms
 -- Reply: 'renewed <ttl_ms> <server_ms>' | 'lost expired' | 'lost not_holder'
 local ttl, reply_ttl = arg_int(ARGV[4]), arg_int(ARGV[5])
-if not ttl or ttl < 1 then return invalid('ttl_ms must be a positive integer') end
+if not ttl or ttl < 1 or ttl > MAX_TTL_MS then return invalid('ttl_ms must be from 1 to 86400000') end
 if not reply_ttl or reply_ttl < 1 then return invalid('reply_ttl_ms must be a positive integer') end
 local token = arg_int(ARGV[3])
 if not token or token == 0 then return invalid('token must be an integer from 1 to 2^53-1') end
-local keys = {record = KEYS[1], v1_lease = KEYS[4], v1_grant = KEYS[5]}
+local keys = {record = KEYS[1], reply = KEYS[3], v1_lease = KEYS[4], v1_grant = KEYS[5]}
 
 local bound = binding('renew', ARGV[1], ARGV[2], ARGV[3])
 local cached, err = cached_reply(KEYS[3], bound, 'renew')

@@ -3,7 +3,11 @@
 -- also forgets the newest grant's request id); a fence that is not a token is replaced by the
 -- largest of the operator's floor, the readable lease token and the server clock in
 -- microseconds plus MAX_LEAD (where a target without a fence starts), so the next token is
--- still above every token this store could have issued. Readable records are left alone.
+-- still above every token this store could have issued. Beside a record, a missing or
+-- unreadable moved marker (a restore that dropped its TTL, a deleted key) is written again, so
+-- version 1 clients stay refused; a live version 1 lease beside a record (a version 1 client
+-- granted the target after the move) is refused, never chosen between. Readable records are
+-- left alone.
 -- KEYS: record, fence, v1_lease, v1_grant
 -- ARGV: floor
 -- Reply: 'intact <fence>' | 'repaired <fence> <what>'
@@ -28,20 +32,32 @@ if not rec then
   rec = {exists = false}
 end
 local lease_token = 0
+local v1 = v1_layout()
+local lease, lease_err = v1.read_lease(KEYS[3], now_ms)
 if rec.exists then
   if rec.lease then lease_token = rec.lease.token end
+  if lease then
+    return corrupt('version 1 lease record at ' .. KEYS[3] .. ' (owner ' .. lease.owner .. ') ' ..
+      'holds the target beside the record at ' .. KEYS[1] .. ': a version 1 client granted it ' ..
+      'after the move. Stop version 1 clients, delete ' .. KEYS[3] .. ' and repair again')
+  end
+  -- PTTL: -2 without the key, -1 for a marker a restore left without its TTL (version 1 reads
+  -- that as corrupt, and its repair would delete it).
+  if lease_err or redis.call('PTTL', KEYS[3]) < 0 then
+    if lease_err and not string.find(lease_err.err, 'TLCORRUPT', 1, true) then return lease_err end
+    v1.write_marker({record = KEYS[1], reply = 'repair ' .. int(now_us), v1_lease = KEYS[3]}, now_ms)
+    table.insert(repaired, 'wrote the version 1 marker again')
+  end
 else
-  local lease, lease_err = v1_layout().read_lease(KEYS[3], now_ms)
   if lease_err then
     local other = drop_if_corrupt(lease_err, KEYS[3], 'version 1 lease record')
     if other then return other end
   elseif lease then
     lease_token = lease.token
   end
-  local grant = redis.pcall('GET', KEYS[4])
-  if type(grant) == 'table' and grant.err then
-    local other = drop_if_corrupt(read_error(grant, 'version 1 grant record at ' .. KEYS[4] ..
-      ' is not a string'), KEYS[4], 'version 1 grant record')
+  local _, grant_err = v1.read_grant(KEYS[4])
+  if grant_err then
+    local other = drop_if_corrupt(grant_err, KEYS[4], 'version 1 grant record')
     if other then return other end
   end
 end

@@ -265,7 +265,12 @@ async fn script_arguments_are_checked_again(h: Harness) {
             }
         }
     }
-    for (what, owner, ttl) in [("empty owner", "", "30000"), ("zero ttl", "bob", "0")] {
+    for (what, owner, ttl) in [
+        ("empty owner", "", "30000"),
+        ("zero ttl", "bob", "0"),
+        // Longer than a lease may last: its expiry would be one read_record refuses.
+        ("ttl over 24 h", "bob", "86400001"),
+    ] {
         let refused = eval(
             SCRIPTS.acquire.source,
             lease_keys.clone(),
@@ -534,7 +539,7 @@ async fn reply_ttl_shorter_than_retries_is_refused(h: Harness) {
 //    field in server milliseconds, compared with TIME, so a restore or migration that drops
 //    or changes key TTLs cannot stretch a lease; a version 1 lease hash without a TTL (a target
 //    not moved yet) still fails closed instead of being held at "0 ms left".
-async fn lease_without_ttl_fails_closed(h: Harness) {
+async fn no_lease_is_held_forever(h: Harness) {
     let t = target("persisted");
     let keys = h.keys(&t);
     let g = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
@@ -796,7 +801,7 @@ fn main() {
         Store late_commit_replay_cannot_roll_back,
         Store late_acquire_replay_takes_no_second_tenure,
         Admin reply_ttl_shorter_than_retries_is_refused,
-        Admin lease_without_ttl_fails_closed,
+        Admin no_lease_is_held_forever,
         Admin lost_fence_is_raised_again,
         Admin evicting_server_is_refused,
         Admin workload_user_cannot_touch_leases,

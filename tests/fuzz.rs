@@ -143,7 +143,9 @@ fn record() -> impl Strategy<Value = Vec<(String, String)>> {
         Just("2".to_owned()),
         Just("0".to_owned()),
         Just("".to_owned()),
-        // An expiry far in the future, so that valid records hold their lease.
+        // An expiry an hour ahead (FUTURE is replaced when written), so that valid records hold
+        // their lease, and one past the 25 hours a record may say.
+        Just("FUTURE".to_owned()),
         Just("99999999999999".to_owned()),
         any::<u64>().prop_map(|n| n.to_string()),
         "[a-z0-9.{}-]{0,12}",
@@ -164,7 +166,7 @@ fn record() -> impl Strategy<Value = Vec<(String, String)>> {
         ("owner", "o"),
         ("token", "5"),
         ("acquired_ms", "1"),
-        ("expires_ms", "99999999999999"),
+        ("expires_ms", "FUTURE"),
         ("grant", "g"),
     ];
     let free_v2: &[(&str, &str)] = &[("record_version", "2"), ("grant", "g")];
@@ -228,7 +230,36 @@ fn record_holds(fields: &[(String, String)], now_ms: u64) -> Option<bool> {
     let expires = canonical(map["expires_ms"]);
     canonical(map["acquired_ms"])?;
     token?;
-    Some(expires? > now_ms)
+    // A lease lasts at most 24 hours; one ending more than 25 hours ahead fails closed.
+    let expires = expires.filter(|e| *e <= now_ms + 25 * 3_600_000)?;
+    Some(expires > now_ms)
+}
+
+/// What version 1's rules (kept for targets without a record) make of a version 1 lease hash
+/// holding `fields`: `None` when it must fail closed, `Some(true)` when it is a lease (never
+/// FUZZ-OWNER's). The generator never writes the moved marker.
+fn v1_lease_holds(fields: &[(String, String)], has_ttl: bool) -> Option<bool> {
+    let map: std::collections::HashMap<&str, &str> = fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    if map.get("record_version") != Some(&"1") {
+        return None;
+    }
+    let canonical = |v: &str| -> Option<u64> {
+        let ok = v == "0" || (v.len() <= 16 && !v.starts_with('0'));
+        v.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| v.parse::<u64>().ok())
+            .flatten()
+            .filter(|n| ok && *n <= MAX_TOKEN)
+    };
+    let present = |f: &str| map.get(f).filter(|v| !v.is_empty()).copied();
+    present("lease_id")?;
+    present("owner")?;
+    canonical(present("token")?).filter(|t| *t > 0)?;
+    canonical(present("acquired_ms")?)?;
+    has_ttl.then_some(true)
 }
 
 #[test]
@@ -244,6 +275,7 @@ fn arbitrary_lease_records_fail_closed() {
         std::cell::Cell::new(0u32),
         std::cell::Cell::new(0u32),
     );
+    let (v1_held, v1_refused) = (std::cell::Cell::new(0u32), std::cell::Cell::new(0u32));
     let count = |c: &std::cell::Cell<u32>| c.set(c.get() + 1);
     runner
         .run(&record(), |fields| {
@@ -255,6 +287,15 @@ fn arbitrary_lease_records_fail_closed() {
             // (read until the first write moves it).
             let v1 = case.is_multiple_of(2);
             let key = if v1 { keys.v1_lease() } else { keys.record() };
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_millis() as u64;
+            let future = (now_ms + 3_600_000).to_string();
+            let fields: Vec<(String, String)> = fields
+                .into_iter()
+                .map(|(k, v)| (k, if v == "FUTURE" { future.clone() } else { v }))
+                .collect();
             let mut args = vec!["HSET".to_owned(), key.clone()];
             for (k, v) in &fields {
                 args.push(k.clone());
@@ -264,13 +305,10 @@ fn arbitrary_lease_records_fail_closed() {
             server.raw(&args);
             // Most version 1 records expire like a lease; the rest have no TTL (a restore that
             // dropped it).
-            if v1 && !case.is_multiple_of(4) {
+            let has_ttl = !case.is_multiple_of(4);
+            if v1 && has_ttl {
                 server.raw(&["PEXPIRE", &key, "60000"]);
             }
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("clock")
-                .as_millis() as u64;
             let request = AcquireRequest {
                 target,
                 lease_id: LeaseId::new("FUZZ-LEASE").expect("id"),
@@ -280,20 +318,20 @@ fn arbitrary_lease_records_fail_closed() {
                 request_id: RequestId::random(),
             };
             let outcome = runtime.block_on(store.acquire(&request));
-            // A version 1 hash is either a valid lease of someone else or corrupt; a record
-            // follows the documented rules exactly.
+            // Both layouts follow their documented rules exactly.
             let expected = if v1 {
-                None
+                v1_lease_holds(&fields, has_ttl)
             } else {
                 record_holds(&fields, now_ms)
             };
             match (outcome, expected) {
-                (Ok(AcquireOutcome::Held { .. }), Some(true)) => count(&held),
-                (Ok(AcquireOutcome::Held { .. }), None) if v1 => count(&held),
+                (Ok(AcquireOutcome::Held { .. }), Some(true)) => {
+                    count(if v1 { &v1_held } else { &held })
+                }
                 (Ok(AcquireOutcome::Acquired(_)), Some(false)) => count(&free),
                 (Err(e), None) => {
                     prop_assert_eq!(e.kind(), ErrorKind::Corrupt, "{}", e);
-                    count(&refused);
+                    count(if v1 { &v1_refused } else { &refused });
                 }
                 (outcome, expected) => {
                     return Err(TestCaseError::fail(format!(
@@ -309,7 +347,12 @@ fn arbitrary_lease_records_fail_closed() {
     let (free, held, refused) = (free.get(), held.get(), refused.get());
     assert!(
         free > 0 && held > 0 && refused > 0,
-        "free {free}, held {held}, refused {refused}"
+        "records: free {free}, held {held}, refused {refused}"
+    );
+    let (v1_held, v1_refused) = (v1_held.get(), v1_refused.get());
+    assert!(
+        v1_held > 0 && v1_refused > 0,
+        "version 1 keys: held {v1_held}, refused {v1_refused}"
     );
 }
 

@@ -15,7 +15,8 @@ use targetlease::store::valkey::keys::TargetKeys;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
     AcquireOutcome, AcquireRequest, ErrorKind, LeaseHandle, LeaseId, LeaseStore, Owner,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId, TargetRef, Token, Ttl,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId,
+    TargetRef, Token, Ttl,
 };
 
 use support::admin::Admin;
@@ -40,6 +41,8 @@ impl V1<'_> {
             "release" => include_str!("fixtures/lua-v1/release.lua"),
             "check" => include_str!("fixtures/lua-v1/check.lua"),
             "inspect" => include_str!("fixtures/lua-v1/inspect.lua"),
+            "commit" => include_str!("fixtures/lua-v1/commit.lua"),
+            "repair" => include_str!("fixtures/lua-v1/repair.lua"),
             other => panic!("no version 1 script {other}"),
         };
         let source = format!("{V1_LIB}\n{source}");
@@ -148,7 +151,8 @@ async fn upgrade_while_leases_are_held(kind: ServerKind) {
 
     // Version 1 at work: alice holds a; bob held b and released it; carol holds c and renewed
     // it; erin's lease on e expired.
-    let token_a = token_of(&v1.acquire(&a, "alice", TTL_MS, "a1").await);
+    let acquired_a = v1.acquire(&a, "alice", TTL_MS, "a1").await;
+    let token_a = token_of(&acquired_a);
     let token_b = token_of(&v1.acquire(&b, "bob", TTL_MS, "b1").await);
     assert_eq!(v1.release(&b, "bob", token_b, "b2").await, ["released"]);
     let token_c = token_of(&v1.acquire(&c, "carol", TTL_MS, "c1").await);
@@ -200,11 +204,18 @@ async fn upgrade_while_leases_are_held(kind: ServerKind) {
         "the version 1 grant stayed"
     );
     // Alice's acquire retried across the switch answers its first reply (a version 1 JSON
-    // cache entry), not a new tenure.
-    assert_eq!(
-        granted(&store, &acquire_req(&target("a"), "alice", "a1")).await,
-        token_a
-    );
+    // cache entry) to the millisecond, not a re-entrant grant of the current moment.
+    match store
+        .acquire(&acquire_req(&target("a"), "alice", "a1"))
+        .await
+        .expect("retry")
+    {
+        AcquireOutcome::Acquired(g) => assert_eq!(
+            [g.token, g.expires_in_ms, g.server_time_ms, g.acquired_at_ms].map(|n| n.to_string()),
+            [1, 2, 3, 4].map(|i| acquired_a[i].clone()),
+        ),
+        other => panic!("{other:?}"),
+    }
 
     // A version 1 client still running: refused everywhere on the moved target, and told why.
     let refused = v1.acquire(&a, "dave", TTL_MS, "d2").await;
@@ -241,7 +252,32 @@ async fn upgrade_while_leases_are_held(kind: ServerKind) {
             .expect("release"),
         ReleaseOutcome::Released
     );
+    // Alice's grant moved into the record with the lease: once its cached reply is gone, a
+    // replay is refused as spent, never a second tenure.
+    admin
+        .cmd(&["DEL", &a.reply(&RequestId::new("a1").expect("id"))])
+        .await;
+    let spent = store
+        .acquire(&acquire_req(&target("a"), "alice", "a1"))
+        .await
+        .expect_err("a replay of a spent acquire, moved");
+    assert!(spent.to_string().contains("already acquired"), "{spent}");
     let token_a2 = granted(&store, &acquire_req(&target("a"), "dave", "d3")).await;
+    // A version 1 workload's fenced commit still works with the current token: the fence is
+    // the same key.
+    let committed = v1
+        .eval(
+            "commit",
+            &[
+                a.fence(),
+                a.guarded("progress"),
+                a.commit_reply(&RequestId::new("w1").expect("id")),
+            ],
+            &[&token_a2.to_string(), "42", "60000", "1", "progress"],
+        )
+        .await
+        .expect("version 1 commit");
+    assert_eq!(committed, ["committed", &token_a2.to_string()]);
 
     // b: bob's acquire replayed across the switch answers its first reply; once that reply has
     // expired, the spent request id (version 1's grant) is refused, never a second tenure.
@@ -311,6 +347,70 @@ async fn upgrade_while_leases_are_held(kind: ServerKind) {
         matches!(&inspected, Ok(r) if r[0] == "held" && r[3] == MOVED_OWNER),
         "{inspected:?}"
     );
+    // A version 1 caller that names itself like the marker does not pass for one: its lease
+    // holds the target (it cannot get the marker's token 1).
+    let g = keys("g");
+    let forged = v1
+        .eval(
+            "acquire",
+            &[
+                g.v1_lease(),
+                g.fence(),
+                g.reply(&RequestId::new("x1").expect("id")),
+                g.v1_grant(),
+            ],
+            &[
+                "moved-to-record-v2:forged",
+                MOVED_OWNER,
+                "30000",
+                "0",
+                "60000",
+                "x1",
+            ],
+        )
+        .await
+        .expect("version 1 acquire");
+    assert_eq!(forged[0], "acquired");
+    assert!(matches!(
+        store.acquire(&acquire_req(&target("g"), "jack", "j1")).await,
+        Ok(AcquireOutcome::Held { ref owner, .. }) if owner == MOVED_OWNER
+    ));
+
+    // Repair keeps the marker in place: deleted (or left without its TTL by a restore), it is
+    // written again, so version 1 clients stay refused.
+    admin.cmd(&["DEL", &f.v1_lease()]).await;
+    let repaired = store.repair(&target("f"), 0).await.expect("repair");
+    assert!(
+        matches!(&repaired, RepairOutcome::Repaired { what, .. } if what.contains("marker")),
+        "{repaired:?}"
+    );
+    let refused = v1.acquire(&f, "hank", TTL_MS, "h2").await;
+    assert_eq!(
+        (refused[0].as_str(), refused[1].as_str()),
+        ("held", MOVED_OWNER)
+    );
+    admin.cmd(&["PERSIST", &f.v1_lease()]).await;
+    assert!(matches!(
+        store.repair(&target("f"), 0).await.expect("repair"),
+        RepairOutcome::Repaired { .. }
+    ));
+    assert!(
+        matches!(admin.cmd(&["PTTL", &f.v1_lease()]).await, Value::Int(ms) if ms > 86_400_000),
+        "the marker got its TTL back"
+    );
+    // A version 1 lease granted beside a record (the marker deleted while a version 1 client
+    // ran) is refused by repair, never chosen between.
+    admin.cmd(&["DEL", &f.v1_lease()]).await;
+    token_of(&v1.acquire(&f, "hank", TTL_MS, "h3").await);
+    let both = store
+        .repair(&target("f"), 0)
+        .await
+        .expect_err("two layouts hold the target");
+    assert_eq!(both.kind(), ErrorKind::Corrupt, "{both}");
+    assert!(both.to_string().contains("beside the record"), "{both}");
+    admin.cmd(&["DEL", &f.v1_lease()]).await;
+    store.repair(&target("f"), 0).await.expect("repair");
+
     // The marker is never mistaken for a lease: with the record lost (a partial restore, a
     // hand-deleted key), the target reads as free and the next token is still above the fence.
     let fence = store.inspect(&target("f")).await.expect("inspect").fence;
@@ -320,12 +420,49 @@ async fn upgrade_while_leases_are_held(kind: ServerKind) {
     assert!(granted(&store, &acquire_req(&target("f"), "ivy", "i1")).await > fence);
 }
 
+/// Repair on targets without a record: an unreadable version 1 lease hash or grant is deleted,
+/// as version 1's own repair did, and the target is free afterwards.
+async fn repair_reads_version_1_keys(kind: ServerKind) {
+    let server = Server::start(kind);
+    let admin = Admin::single(&server.url(), None).await;
+    let store = ValkeyStore::connect(ValkeyConfig::new(
+        SecretUrl::parse(&server.url()).expect("url"),
+    ))
+    .await
+    .expect("connect");
+    for (name, write, what) in [
+        ("junk-lease", ["SET", "v1_lease", "junk"], "version 1 lease"),
+        ("junk-grant", ["LPUSH", "v1_grant", "x"], "version 1 grant"),
+    ] {
+        let k = TargetKeys::new("tl", &target(name));
+        let key = if write[1] == "v1_lease" {
+            k.v1_lease()
+        } else {
+            k.v1_grant()
+        };
+        admin.cmd(&[write[0], &key, write[2]]).await;
+        let e = store
+            .acquire(&acquire_req(&target(name), "kim", "k1"))
+            .await
+            .expect_err("corrupt");
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{name}: {e}");
+        match store.repair(&target(name), 0).await.expect("repair") {
+            RepairOutcome::Repaired { what: done, .. } => assert!(done.contains(what), "{done}"),
+            other => panic!("{name}: {other:?}"),
+        }
+        granted(&store, &acquire_req(&target(name), "kim", "k2")).await;
+    }
+}
+
 fn run(kind: ServerKind) {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime")
-        .block_on(upgrade_while_leases_are_held(kind));
+        .block_on(async {
+            upgrade_while_leases_are_held(kind).await;
+            repair_reads_version_1_keys(kind).await;
+        });
 }
 
 #[test]

@@ -56,7 +56,7 @@ pub trait LeaseStore: Send + Sync {
     /// Read-only view of a target, for operators.
     async fn inspect(&self, target: &TargetRef) -> Result<Inspection, StoreError>;
 
-    /// Replaces the records of a target that fail closed (an unreadable lease record is
+    /// Replaces the records of a target that fail closed (an unreadable target record is
     /// deleted, an unreadable fence is set to the largest of `floor`, the readable lease token
     /// and the backend's clock in microseconds plus [`MAX_TOKEN_LEAD_MICROS`]); readable records
     /// are left alone. For

@@ -57,7 +57,8 @@ fn fields<const N: usize>(rest: Option<&str>) -> Option<[&str; N]> {
     Some(out)
 }
 
-/// A remaining-time field: PTTL-style values below zero are reported as 0 rather than wrapping.
+/// A remaining-time field. The scripts only answer it for a lease that is held (so it is
+/// positive); a value below zero is reported as 0 rather than wrapping.
 fn remaining(field: &str, s: &str) -> Result<u64, StoreError> {
     s.parse::<i64>()
         .map(|v| v.max(0).unsigned_abs())

@@ -63,7 +63,7 @@ pub(super) async fn tokens_grow_after_data_loss(h: Harness) {
 pub(super) async fn corrupt_records_fail_closed(h: Harness) {
     let admin = h.admin();
     // A lease far in the future, so that an expiry never hides the corrupt field.
-    let cases: [(&str, &[&[&str]], &str); 10] = [
+    let cases: [(&str, &[&[&str]], &str); 12] = [
         (
             "string-record",
             &[&["SET", "{record}", "junk"]],
@@ -177,6 +177,32 @@ pub(super) async fn corrupt_records_fail_closed(h: Harness) {
             ]],
             "no expiry",
         ),
+        (
+            "v1-grant-wrong-type",
+            &[&["LPUSH", "{v1_grant}", "r1"]],
+            "grant record",
+        ),
+        // A lease that ends later than any TTL allows (a lease lasts at most 24 hours).
+        (
+            "far-expiry",
+            &[&[
+                "HSET",
+                "{record}",
+                "record_version",
+                "2",
+                "lease_id",
+                "x",
+                "owner",
+                "o",
+                "token",
+                "5",
+                "acquired_ms",
+                "1",
+                "expires_ms",
+                "9007199254740991",
+            ]],
+            "more than 25 hours",
+        ),
         ("bad-fence", &[&["SET", "{fence}", "many"]], "fence"),
         ("fence-wrong-type", &[&["LPUSH", "{fence}", "1"]], "fence"),
     ];
@@ -189,18 +215,24 @@ pub(super) async fn corrupt_records_fail_closed(h: Harness) {
                 .map(|a| {
                     a.replace("{record}", &keys.record())
                         .replace("{v1_lease}", &keys.v1_lease())
+                        .replace("{v1_grant}", &keys.v1_grant())
                         .replace("{fence}", &keys.fence())
                 })
                 .collect();
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             admin.cmd(&args).await;
         }
-        let dump = async || -> (Value, Value, Value) {
-            (
-                admin.cmd(&["DUMP", &keys.record()]).await,
-                admin.cmd(&["DUMP", &keys.v1_lease()]).await,
-                admin.cmd(&["DUMP", &keys.fence()]).await,
-            )
+        let dump = async || -> Vec<Value> {
+            let mut all = Vec::new();
+            for key in [
+                keys.record(),
+                keys.v1_lease(),
+                keys.v1_grant(),
+                keys.fence(),
+            ] {
+                all.push(admin.cmd(&["DUMP", &key]).await);
+            }
+            all
         };
         let dump_before = dump().await;
         let lease = handle(&t, "lease-a", "alice", 5);

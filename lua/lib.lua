@@ -193,8 +193,8 @@ end
 --    grant = nil | request id}
 -- where `lease` is set only while the lease is held (expires_ms > now_ms), or
 -- (false, error_reply). A target without a record is read from the version 1 keys
--- (`keys.v1_lease`, `keys.v1_grant`) when given, so leases held before the upgrade stay held;
--- the first write moves them (see write_record).
+-- (`keys.v1_lease`, and `keys.v1_grant` where the grant matters) when given, so leases held
+-- before the upgrade stay held; the first write moves them (see write_record).
 local function read_record(keys, now_ms)
   local key = keys.record
   local r = redis.pcall('HMGET', key, 'record_version', 'lease_id', 'owner', 'token',
@@ -214,9 +214,11 @@ local function read_record(keys, now_ms)
       local lease, err = v1.read_lease(keys.v1_lease, now_ms)
       if err then return false, err end
       if lease and lease.expires_ms > now_ms then rec.lease = lease end
-      local grant, grant_err = v1.read_grant(keys.v1_grant)
-      if grant_err then return false, grant_err end
-      rec.grant = grant
+      if keys.v1_grant then
+        local grant, grant_err = v1.read_grant(keys.v1_grant)
+        if grant_err then return false, grant_err end
+        rec.grant = grant
+      end
     end
     return rec
   end

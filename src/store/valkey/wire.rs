@@ -331,16 +331,13 @@ pub fn check(reply: &str) -> Result<CheckOutcome, StoreError> {
 /// `lua/inspect.lua`.
 pub const INSPECT: Contract = Contract {
     script: || &SCRIPTS.inspect,
-    keys: &["record", "fence", "v1_lease", "v1_grant"],
+    keys: &["record", "fence", "v1_lease"],
     argv: &[],
 };
 
 /// The inspect call.
 pub fn inspect_call(k: &TargetKeys) -> ScriptCall<'static> {
-    INSPECT.call(
-        &[&k.record(), &k.fence(), &k.v1_lease(), &k.v1_grant()],
-        &[],
-    )
+    INSPECT.call(&[&k.record(), &k.fence(), &k.v1_lease()], &[])
 }
 
 /// Decodes the reply of `inspect.lua`.

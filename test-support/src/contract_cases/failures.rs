@@ -263,6 +263,10 @@ pub(super) async fn corrupt_records_fail_closed(h: Harness) {
             if fence_case && (op == "renew" || op == "release") {
                 continue;
             }
+            // Nor is a version 1 grant shown by inspect (lua/inspect.lua says why).
+            if name.contains("grant") && op == "inspect" {
+                continue;
+            }
             match result {
                 Err(e) => {
                     assert_eq!(e.kind(), ErrorKind::Corrupt, "{name}/{op}: {e}");

@@ -1061,7 +1061,7 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
     costs.push(c);
     let (c, replies) = pipelined(
         conn,
-        "acquire.lua, target never used (creates the record)",
+        "acquire.lua, target never used (no fence yet)",
         (0..n).map(|i| acquire(i, "a")).collect(),
     )
     .await;
@@ -1141,6 +1141,19 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             )],
         ),
         (
+            "acquire.lua without the spent-grant record (GET and SET)",
+            &[
+                (
+                    "local last_request = redis.pcall('GET', KEYS[4])",
+                    "local last_request = nil",
+                ),
+                (
+                    "redis.call('SET', KEYS[2], token)\nredis.call('SET', KEYS[4], ARGV[6])\nreturn remember",
+                    "redis.call('SET', KEYS[2], token)\nreturn remember",
+                ),
+            ],
+        ),
+        (
             "acquire.lua without TIME (fixed clock)",
             &[(
                 "local now_us, now_ms = server_now()",
@@ -1151,26 +1164,19 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             "acquire.lua without the fence (GET and SET)",
             &[
                 (
-                    "local fence, fence_err = read_fence(KEYS[2])\nif not fence then return fence_err end\nlocal now, expires",
-                    "local fence, fence_err = 0, nil\nlocal now, expires",
+                    "local fence, fence_err = read_fence(KEYS[2])\nif not fence then return fence_err end\n-- TIME",
+                    "local fence, fence_err = 0, nil\n-- TIME",
                 ),
                 (
-                    "'grant', ARGV[6])\nredis.call('SET', KEYS[2], token)\nreturn remember",
-                    "'grant', ARGV[6])\nreturn remember",
+                    "redis.call('SET', KEYS[2], token)\nredis.call('SET', KEYS[4], ARGV[6])\nreturn remember",
+                    "redis.call('SET', KEYS[4], ARGV[6])\nreturn remember",
                 ),
             ],
         ),
         (
-            "acquire.lua without the record read (HMGET)",
+            "acquire.lua without the lease record (HSET and PEXPIRE)",
             &[(
-                "local rec, rec_err = read_record(keys, now_ms)",
-                "local rec, rec_err = {exists = true}, nil",
-            )],
-        ),
-        (
-            "acquire.lua without the record write (HSET)",
-            &[(
-                "write_record(keys, rec, now_ms, 'lease_id', ARGV[1], 'owner', ARGV[2], 'token', token,\n  'acquired_ms', now, 'expires_ms', expires, 'grant', ARGV[6])\n",
+                "redis.call('HSET', KEYS[1], 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner', ARGV[2],\n  'token', token, 'acquired_ms', now)\nredis.call('PEXPIRE', KEYS[1], ttl)\n",
                 "",
             )],
         ),
@@ -1292,9 +1298,9 @@ async fn memory_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
     };
     let mut per_key = Vec::new();
     for (what, key) in [
-        ("target record (held)", keys[0].record()),
+        ("lease hash (held)", keys[0].lease()),
         ("fence", keys[0].fence()),
-        ("version 1 marker", keys[0].v1_lease()),
+        ("grant", keys[0].grant()),
     ] {
         let bytes: i64 = usage(key).query_async(conn).await.unwrap_or(-1);
         per_key.push((what, bytes));
@@ -1336,11 +1342,6 @@ async fn memory_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
     )
     .await;
     let released = used_memory(conn).await;
-    let record_free: i64 = usage(keys[0].record())
-        .query_async(conn)
-        .await
-        .unwrap_or(-1);
-    per_key.push(("target record (released)", record_free));
     // The reply cache entries expire after the reply TTL; here they are dropped at once.
     let all_replies: Vec<String> = redis::cmd("KEYS")
         .arg("tl:{memory/*}:req:*")
@@ -1361,12 +1362,12 @@ async fn memory_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
     }
     let _ = writeln!(
         out,
-        "| used_memory per target, held (record, fence, marker, one reply entry) | {:.0} |",
+        "| used_memory per target, held (lease, fence, grant, one reply entry) | {:.0} |",
         per(held - empty)
     );
     let _ = writeln!(
         out,
-        "| used_memory per target, released (two reply entries still cached) | {:.0} |",
+        "| used_memory per target, released (fence, grant, two reply entries still cached) | {:.0} |",
         per(released - empty)
     );
     let _ = writeln!(

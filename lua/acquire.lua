@@ -1,8 +1,7 @@
 -- acquire: claim the target when it is free or its lease expired; re-entrant for the same lease.
--- KEYS: record, fence, reply, v1_lease, v1_grant
---   the target record (lease and newest grant, never expires); the fence (newest token); the
---   reply cache of this request id; the version 1 lease and grant keys (read until the first
---   write moves them into the record)
+-- KEYS: lease, fence, reply, grant
+--   the lease hash; the fence (newest token); the reply cache of this request id; the request id
+--   of the newest grant (never expires)
 -- ARGV: lease_id, owner, ttl_ms, min_token, reply_ttl_ms, request_id
 -- Reply: 'acquired <token> <ttl_ms> <server_ms> <acquired_ms>' | 'held <pttl_ms> <owner>'
 local ttl, min_token, reply_ttl = arg_int(ARGV[3]), arg_int(ARGV[4]), arg_int(ARGV[5])
@@ -10,11 +9,10 @@ if not ttl or ttl < 1 or ttl > MAX_TTL_MS then return invalid('ttl_ms must be fr
 if not min_token then return invalid('min_token must be an integer from 0 to 2^53-2') end
 if min_token >= MAX_TOKEN then return exhausted(0, min_token) end
 if not reply_ttl or reply_ttl < 1 then return invalid('reply_ttl_ms must be a positive integer') end
--- What read_record cannot read back is never written: an empty lease id or owner would make the
+-- What read_lease cannot read back is never written: an empty lease id or owner would make the
 -- target's record corrupt.
 if ARGV[1] == '' or #ARGV[1] > 256 then return invalid('lease_id must be 1 to 256 bytes') end
 if ARGV[2] == '' or #ARGV[2] > 253 then return invalid('owner must be 1 to 253 bytes') end
-local keys = {record = KEYS[1], reply = KEYS[3], v1_lease = KEYS[4], v1_grant = KEYS[5]}
 
 -- The floor is bound too: it decides what a grant may answer (a token above it), so a retry
 -- with another floor is another call, not a replay of this one. (ARGV[3] and ARGV[4] are
@@ -39,21 +37,21 @@ elseif err then
   return err
 end
 
-local now_us, now_ms = server_now()
-local rec, rec_err = read_record(keys, now_ms)
-if not rec then return rec_err end
-local lease = rec.lease
+local lease, lease_err = read_lease(KEYS[1])
+if lease_err then return lease_err end
 if lease and (lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2]) then
-  return 'held ' .. int(lease.expires_ms - now_ms) .. ' ' .. lease.owner
+  return 'held ' .. int(lease.pttl) .. ' ' .. lease.owner
 end
 
 local fence, fence_err = read_fence(KEYS[2])
 if not fence then return fence_err end
-local now, expires = int(now_ms), int(now_ms + ttl)
+-- TIME only where a token or a time is answered: the `held` refusal above does not need it.
+local now_us, now_ms = server_now()
+local now = int(now_ms)
 
 if lease then
   -- Already ours (a retry after the cache expired, or a controller that lost its status write):
-  -- the same token with a fresh expiry, unless that token is not above the caller's floor or is
+  -- the same token with a fresh TTL, unless that token is not above the caller's floor or is
   -- below the fence (an older record brought back by a restore or failover). Then the tenure
   -- gets a new, larger token: a caller is never handed a token lower than one it has seen.
   local token = lease.token_text
@@ -61,20 +59,25 @@ if lease then
     local issued, refused = next_token(fence, min_token, now_us)
     if not issued then return refused end
     token = int(issued)
-    write_record(keys, rec, now_ms, 'expires_ms', expires, 'token', token, 'grant', ARGV[6])
+    redis.call('HSET', KEYS[1], 'token', token)
     redis.call('SET', KEYS[2], token)
-  else
-    write_record(keys, rec, now_ms, 'expires_ms', expires)
+    redis.call('SET', KEYS[4], ARGV[6])
+  elseif fence < lease.token then
     -- The fence was lost (or lowered) while the lease survived: raise it again.
-    if fence < lease.token then redis.call('SET', KEYS[2], token) end
+    redis.call('SET', KEYS[2], token)
   end
+  redis.call('PEXPIRE', KEYS[1], ttl)
   return remember(KEYS[3], bound,
     'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. lease.acquired_ms, reply_ttl)
 end
 
 -- A request id that issued the newest token is spent: replayed after its cached reply expired
 -- (after a release or an expiry), it must not take a second tenure.
-if rec.grant == ARGV[6] then
+local last_request = redis.pcall('GET', KEYS[4])
+if type(last_request) == 'table' and last_request.err then
+  return read_error(last_request, 'grant record at ' .. KEYS[4] .. ' is not a string')
+end
+if last_request == ARGV[6] then
   return invalid('request id already acquired token ' .. int(fence) .. ' on this target and its ' ..
     'cached reply expired; a replay never takes a second tenure: use a new request id')
 end
@@ -82,8 +85,10 @@ end
 local issued, refused = next_token(fence, min_token, now_us)
 if not issued then return refused end
 local token = int(issued)
-write_record(keys, rec, now_ms, 'lease_id', ARGV[1], 'owner', ARGV[2], 'token', token,
-  'acquired_ms', now, 'expires_ms', expires, 'grant', ARGV[6])
+redis.call('HSET', KEYS[1], 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner', ARGV[2],
+  'token', token, 'acquired_ms', now)
+redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('SET', KEYS[2], token)
+redis.call('SET', KEYS[4], ARGV[6])
 return remember(KEYS[3], bound, 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. now,
   reply_ttl)

@@ -9,15 +9,10 @@
 -- reply with two (inspect's) gives the first one's length. A string costs the server a fraction
 -- of a Lua table (docs/performance.md), and a cached reply is stored as it is answered.
 --
--- This prelude runs on every call (EVALSHA has no load-time code), so it only defines what the
--- common paths use: every closure, table and string built here is paid for by every call. What
--- only targets without a record need (reading and moving layout version 1's keys) is built inside
--- `v1_layout()`, on those paths alone.
+-- This prelude runs on every call (EVALSHA has no load-time code): every closure, table and
+-- string built here is paid for by every call, so it builds nothing the scripts do not use.
 
--- The layout of the target record (the `record` key): a hash that never expires, holding the
--- lease while one is held and the request id of the newest grant. Version 1 kept the lease in
--- its own expiring hash (the `lease` key, now `v1_lease`) and the grant in its own string.
-local RECORD_VERSION = '2'
+local RECORD_VERSION = '1'
 
 -- The largest token: 2^53-1, the largest integer a Lua number (a double) holds exactly. Every
 -- token, floor and stored fence is checked against it; nothing above it is ever issued.
@@ -55,8 +50,8 @@ local function arg_int(s)
   return n
 end
 
--- The longest lease TTL, 24 hours: what the client accepts (`Ttl`), checked again here so that no
--- caller can write an expiry read_record would refuse.
+-- The longest lease TTL, 24 hours: what the client accepts (`Ttl`), checked again here for a
+-- caller that goes around the client.
 local MAX_TTL_MS = 86400000
 
 -- Server time from TIME, in microseconds and milliseconds.
@@ -95,8 +90,8 @@ end
 
 -- What a request id is bound to: the operation and every argument that identifies the call
 -- (three, or four with `d`). Each part is length-prefixed, so no two different argument lists
--- give the same text; the text is version 1's, so its cached replies still match. One
--- concatenation, no table: this runs on every mutating call.
+-- give the same text; the text is the one earlier versions hashed, so their cached replies still
+-- match. One concatenation, no table: this runs on every mutating call.
 local function binding(op, a, b, c, d)
   local text = #op .. ':' .. op .. ',' .. #a .. ':' .. a .. ',' .. #b .. ':' .. b .. ',' ..
     #c .. ':' .. c
@@ -104,164 +99,44 @@ local function binding(op, a, b, c, d)
   return redis.sha1hex(text)
 end
 
--- Layout version 1, built only where a target has no record yet and by repair (see the
--- prelude's note). Returns {read_lease(key, now_ms), read_grant(key), write_marker(keys, now_ms),
--- move(keys, rec, now_ms)}.
-local function v1_layout()
-  -- What version 2 leaves at a version 1 lease key: a lease that version 1 reads as held by
-  -- this owner for ten years, under a lease id of its own (a SHA-1 that includes the random
-  -- request id of the call that wrote it) and token 1, which version 1 never issues (its tokens
-  -- are clock-based). A version 1 client still running after the upgrade is refused (`held`,
-  -- `not_holder`) and names the cause, instead of finding the key empty and granting a second
-  -- tenure beside the record's. Short, because every target written by version 2 carries one.
-  local MOVED_OWNER = 'targetlease-record-v2 (upgrade this client)'
-  local MOVED_PREFIX = 'moved-to-record-v2:'
-  local MOVED_TTL_MS = 315360000000
-  local v1 = {}
-
-  -- Reads a version 1 lease hash: nil when absent or moved, the lease otherwise, or
-  -- (false, error_reply) for anything version 1 itself would have refused.
-  function v1.read_lease(key, now_ms)
-    if redis.call('EXISTS', key) == 0 then return nil end
-    local r = redis.pcall('HMGET', key, 'record_version', 'lease_id', 'owner', 'token', 'acquired_ms')
-    if type(r) == 'table' and r.err then
-      return false, read_error(r, 'version 1 lease record at ' .. key .. ' is not a hash')
-    end
-    if r[1] ~= '1' then
-      return false, corrupt('version 1 lease record at ' .. key .. ' has record_version ' ..
-        tostring(r[1]) .. ' (expected 1)')
-    end
-    -- The marker: all three, so that a version 1 caller naming itself like the marker does
-    -- not pass for one (it cannot get token 1).
-    if r[3] == MOVED_OWNER and r[4] == '1' and string.sub(r[2] or '', 1, #MOVED_PREFIX) == MOVED_PREFIX then
-      return nil
-    end
-    local token = arg_int(r[4])
-    if not r[2] or r[2] == '' or not r[3] or r[3] == '' or not token or token == 0 or not arg_int(r[5]) then
-      return false, corrupt('version 1 lease record at ' .. key .. ' lacks a field or has a ' ..
-        'non-numeric token or acquired_ms')
-    end
-    local pttl = redis.call('PTTL', key)
-    if pttl < 0 then
-      return false, corrupt('version 1 lease record at ' .. key .. ' has no expiry (a lease must expire)')
-    end
-    return {lease_id = r[2], owner = r[3], token = token, token_text = r[4], acquired_ms = r[5],
-      expires_ms = now_ms + pttl}
+-- Reads the lease hash at `key`. Returns nil when there is no lease, the record table when it is
+-- well formed, or (false, error_reply) when the key holds anything else. A lease without a TTL
+-- (a restore or migration that dropped it, a PERSIST) is corrupt: it would never expire.
+local function read_lease(key)
+  -- EXISTS first: the free target (the hot path of acquire) costs one command, and a key that
+  -- exists but holds none of our fields is corrupt, not free.
+  if redis.call('EXISTS', key) == 0 then
+    return nil
   end
-
-  -- Reads a version 1 grant: the request id, nil, or (false, error_reply).
-  function v1.read_grant(key)
-    local grant = redis.pcall('GET', key)
-    if type(grant) == 'table' and grant.err then
-      return false, read_error(grant, 'version 1 grant record at ' .. key .. ' is not a string')
-    end
-    return grant or nil
-  end
-
-  -- (Re)writes the moved marker at `keys.v1_lease`; `keys.reply` (this call's request id)
-  -- makes its lease id one nobody can derive.
-  function v1.write_marker(keys, now_ms)
-    redis.call('DEL', keys.v1_lease)
-    redis.call('HSET', keys.v1_lease, 'record_version', '1', 'lease_id',
-      MOVED_PREFIX .. redis.sha1hex(keys.record .. ' ' .. keys.reply .. ' ' .. int(now_ms)),
-      'owner', MOVED_OWNER, 'token', '1', 'acquired_ms', int(now_ms))
-    redis.call('PEXPIRE', keys.v1_lease, MOVED_TTL_MS)
-  end
-
-  -- Creates the record of a target that has none: what the version 1 keys held (the lease, the
-  -- grant) moves into it, the version 1 grant is dropped and the moved marker is left at the
-  -- version 1 lease key, all in the calling script; from then on the record alone says who
-  -- holds the target.
-  function v1.move(keys, rec, now_ms)
-    redis.call('HSET', keys.record, 'record_version', RECORD_VERSION)
-    if rec.grant then redis.call('HSET', keys.record, 'grant', rec.grant) end
-    local l = rec.lease
-    if l then
-      redis.call('HSET', keys.record, 'lease_id', l.lease_id, 'owner', l.owner, 'token',
-        l.token_text, 'acquired_ms', l.acquired_ms, 'expires_ms', int(l.expires_ms))
-    end
-    redis.call('DEL', keys.v1_grant)
-    v1.write_marker(keys, now_ms)
-    rec.exists = true
-  end
-
-  return v1
-end
-
--- Reads the target record at `keys.record` as of `now_ms`. Returns
---   {exists = bool, lease = nil | {lease_id, owner, token, token_text, acquired_ms, expires_ms},
---    grant = nil | request id}
--- where `lease` is set only while the lease is held (expires_ms > now_ms), or
--- (false, error_reply). A target without a record is read from the version 1 keys
--- (`keys.v1_lease`, and `keys.v1_grant` where the grant matters) when given, so leases held
--- before the upgrade stay held; the first write moves them (see write_record).
-local function read_record(keys, now_ms)
-  local key = keys.record
-  local r = redis.pcall('HMGET', key, 'record_version', 'lease_id', 'owner', 'token',
-    'acquired_ms', 'expires_ms', 'grant')
+  local r = redis.pcall('HMGET', key, 'record_version', 'lease_id', 'owner', 'token', 'acquired_ms')
   if type(r) == 'table' and r.err then
-    return false, read_error(r, 'record at ' .. key .. ' is not a hash')
+    return false, read_error(r, 'lease record at ' .. key .. ' is not a hash')
   end
   if not r[1] then
-    -- A hash holding none of our fields (or some of them without a version) is not ours to
-    -- overwrite: corrupt, never free.
-    if r[2] or r[3] or r[4] or r[5] or r[6] or r[7] or redis.call('EXISTS', key) == 1 then
-      return false, corrupt('record at ' .. key .. ' lacks field record_version')
-    end
-    local rec = {exists = false}
-    if keys.v1_lease then
-      local v1 = v1_layout()
-      local lease, err = v1.read_lease(keys.v1_lease, now_ms)
-      if err then return false, err end
-      if lease and lease.expires_ms > now_ms then rec.lease = lease end
-      if keys.v1_grant then
-        local grant, grant_err = v1.read_grant(keys.v1_grant)
-        if grant_err then return false, grant_err end
-        rec.grant = grant
-      end
-    end
-    return rec
+    return false, corrupt('lease record at ' .. key .. ' lacks field record_version')
   end
   if r[1] ~= RECORD_VERSION then
-    return false, corrupt('record at ' .. key .. ' has unknown record_version ' .. r[1])
+    return false, corrupt('lease record at ' .. key .. ' has unknown record_version ' .. r[1])
   end
-  local rec = {exists = true, grant = r[7] or nil}
-  if r[2] or r[3] or r[4] or r[5] or r[6] then
-    -- A lease is all five fields or none.
-    for i = 2, 6 do
-      if not r[i] or r[i] == '' then
-        local names = {'lease_id', 'owner', 'token', 'acquired_ms', 'expires_ms'}
-        return false, corrupt('record at ' .. key .. ' holds a lease that lacks field ' ..
-          names[i - 1])
-      end
-    end
-    local token, expires = arg_int(r[4]), arg_int(r[6])
-    if not token or token == 0 then
-      return false, corrupt('record at ' .. key .. ' has a non-numeric token or one above 2^53-1')
-    end
-    if not arg_int(r[5]) or not expires then
-      return false, corrupt('record at ' .. key .. ' has a non-numeric acquired_ms or expires_ms')
-    end
-    -- No TTL is longer than MAX_TTL_MS: a lease ending later was not written by these scripts
-    -- (or the server clock went back by more than an hour), and would otherwise be held for as
-    -- long as it says.
-    if expires > now_ms + MAX_TTL_MS + 3600000 then
-      return false, corrupt('record at ' .. key .. ' holds a lease that ends more than 25 hours ' ..
-        'from now (a lease lasts at most 24 hours)')
-    end
-    if expires > now_ms then
-      rec.lease = {lease_id = r[2], owner = r[3], token = token, token_text = r[4],
-        acquired_ms = r[5], expires_ms = expires}
+  for i = 2, 5 do
+    if not r[i] or r[i] == '' then
+      local names = {'record_version', 'lease_id', 'owner', 'token', 'acquired_ms'}
+      return false, corrupt('lease record at ' .. key .. ' lacks field ' .. names[i])
     end
   end
-  return rec
-end
-
--- Writes the record's fields (names and values, as HSET takes them), creating the record from
--- the version 1 keys first when the target has none (see v1_layout().move).
-local function write_record(keys, rec, now_ms, ...)
-  if not rec.exists then v1_layout().move(keys, rec, now_ms) end
-  if select('#', ...) > 0 then redis.call('HSET', keys.record, ...) end
+  local token = arg_int(r[4])
+  if not token or token == 0 then
+    return false, corrupt('lease record at ' .. key .. ' has a non-numeric token or one above 2^53-1')
+  end
+  if not arg_int(r[5]) then
+    return false, corrupt('lease record at ' .. key .. ' has a non-numeric acquired_ms')
+  end
+  local pttl = redis.call('PTTL', key)
+  if pttl < 0 then
+    return false, corrupt('lease record at ' .. key .. ' has no expiry (a lease must expire)')
+  end
+  return {lease_id = r[2], owner = r[3], token = token, token_text = r[4], acquired_ms = r[5],
+    pttl = pttl}
 end
 
 -- Reads the fence: the newest token issued for the target (0 when absent). Returns the number,
@@ -284,8 +159,8 @@ end
 -- acting again. Only replies of calls that changed state are cached; a refusal changed nothing,
 -- so a retry of it simply asks again. An entry is `<binding> <reply>`, the binding being the
 -- call's 40 hex digits: the same request id with other arguments (another caller, another
--- operation) is refused, never answered with someone else's reply. An entry version 1 wrote
--- (JSON, read with cjson) is still answered, so a retry across the upgrade gets its reply.
+-- operation) is refused, never answered with someone else's reply. An entry an earlier version
+-- wrote (JSON, read with cjson) is still answered, so a retry across an upgrade gets its reply.
 local function cached_reply(key, bound, op)
   local v = redis.pcall('GET', key)
   if type(v) == 'table' and v.err then

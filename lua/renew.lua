@@ -1,9 +1,8 @@
 -- renew: extend the lease, only for the exact (lease_id, owner, token) that holds it. A token
 -- below the fence (an older record brought back by a restore) is not the holder's any more; a
 -- fence below the holder's token (lost with the data) is raised again.
--- KEYS: record, fence, reply, v1_lease, v1_grant
---   the target record; the fence (newest token); the reply cache of this request id; the
---   version 1 lease and grant keys (see acquire.lua)
+-- KEYS: lease, fence, reply
+--   the lease hash; the fence (newest token); the reply cache of this request id
 -- ARGV: lease_id, owner, token, ttl_ms, reply_ttl_ms
 -- Reply: 'renewed <ttl_ms> <server_ms>' | 'lost expired' | 'lost not_holder'
 local ttl, reply_ttl = arg_int(ARGV[4]), arg_int(ARGV[5])
@@ -11,16 +10,13 @@ if not ttl or ttl < 1 or ttl > MAX_TTL_MS then return invalid('ttl_ms must be fr
 if not reply_ttl or reply_ttl < 1 then return invalid('reply_ttl_ms must be a positive integer') end
 local token = arg_int(ARGV[3])
 if not token or token == 0 then return invalid('token must be an integer from 1 to 2^53-1') end
-local keys = {record = KEYS[1], reply = KEYS[3], v1_lease = KEYS[4], v1_grant = KEYS[5]}
 
 local bound = binding('renew', ARGV[1], ARGV[2], ARGV[3])
 local cached, err = cached_reply(KEYS[3], bound, 'renew')
 if cached then return cached elseif err then return err end
 
-local _, now_ms = server_now()
-local rec, rec_err = read_record(keys, now_ms)
-if not rec then return rec_err end
-local lease = rec.lease
+local lease, lease_err = read_lease(KEYS[1])
+if lease_err then return lease_err end
 if not lease then return 'lost expired' end
 if lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2] or lease.token_text ~= ARGV[3] then
   return 'lost not_holder'
@@ -29,5 +25,6 @@ local fence, fence_err = read_fence(KEYS[2])
 if not fence then return fence_err end
 if lease.token < fence then return 'lost not_holder' end
 if fence < lease.token then redis.call('SET', KEYS[2], lease.token_text) end
-write_record(keys, rec, now_ms, 'expires_ms', int(now_ms + ttl))
+redis.call('PEXPIRE', KEYS[1], ttl)
+local _, now_ms = server_now()
 return remember(KEYS[3], bound, 'renewed ' .. ARGV[4] .. ' ' .. int(now_ms), reply_ttl)

@@ -13,8 +13,6 @@ use targetlease_test_support::cases;
 use std::path::Path;
 use std::time::Duration;
 
-use redis::Value;
-
 use targetlease::redact::Secret;
 use targetlease::store::valkey::scripts::SCRIPTS;
 use targetlease::store::valkey::{PasswordSource, ValkeyStore};
@@ -195,16 +193,7 @@ async fn script_arguments_are_checked_again(h: Harness) {
     let reply = k.reply(&RequestId::new("raw-1").expect("id"));
     let commit_reply = k.commit_reply(&RequestId::new("raw-2").expect("id"));
     let guarded = k.guarded("data");
-    let fence = k.fence();
-    // The KEYS of renew and acquire (record, fence, reply, v1_lease, v1_grant) and of release.
-    let lease_keys = vec![
-        k.record(),
-        fence.clone(),
-        reply.clone(),
-        k.v1_lease(),
-        k.v1_grant(),
-    ];
-    let release_keys = vec![k.record(), reply.clone(), k.v1_lease(), k.v1_grant()];
+    let (lease, fence) = (k.lease(), k.fence());
     let eval = |script: &'static str, keys: Vec<String>, args: Vec<String>| {
         let admin = h.admin().clone();
         async move {
@@ -233,7 +222,7 @@ async fn script_arguments_are_checked_again(h: Harness) {
                 "renew",
                 eval(
                     SCRIPTS.renew.source,
-                    lease_keys.clone(),
+                    vec![lease.clone(), fence.clone(), reply.clone()],
                     vec![s("lease-a"), s("alice"), s(bad), s("30000"), s("60000")],
                 ),
             ),
@@ -241,7 +230,7 @@ async fn script_arguments_are_checked_again(h: Harness) {
                 "release",
                 eval(
                     SCRIPTS.release.source,
-                    release_keys.clone(),
+                    vec![lease.clone(), reply.clone()],
                     vec![s("lease-a"), s("alice"), s(bad), s("60000")],
                 ),
             ),
@@ -268,12 +257,12 @@ async fn script_arguments_are_checked_again(h: Harness) {
     for (what, owner, ttl) in [
         ("empty owner", "", "30000"),
         ("zero ttl", "bob", "0"),
-        // Longer than a lease may last: its expiry would be one read_record refuses.
+        // Longer than a lease may last (the client's `Ttl` refuses it too).
         ("ttl over 24 h", "bob", "86400001"),
     ] {
         let refused = eval(
             SCRIPTS.acquire.source,
-            lease_keys.clone(),
+            vec![lease.clone(), fence.clone(), reply.clone(), k.grant()],
             vec![
                 s("lease-b"),
                 s(owner),
@@ -291,7 +280,7 @@ async fn script_arguments_are_checked_again(h: Harness) {
     }
     let renewed = eval(
         SCRIPTS.renew.source,
-        lease_keys,
+        vec![lease.clone(), fence.clone(), reply.clone()],
         vec![s("lease-a"), s("alice"), token, s("0"), s("60000")],
     )
     .await;
@@ -350,12 +339,12 @@ async fn unparseable_fence_fails_closed_and_repairs(h: Harness) {
         h.store.repair(&t, 0).await.expect("repair"),
         RepairOutcome::Intact { .. }
     ));
-    // An unreadable target record is deleted; the readable fence stays.
-    h.admin().cmd(&["SET", &keys.record(), "junk"]).await;
+    // An unreadable lease record is deleted; the readable fence stays.
+    h.admin().cmd(&["SET", &keys.lease(), "junk"]).await;
     match h.store.repair(&t, 0).await.expect("repair") {
         RepairOutcome::Repaired { fence, what } => {
             assert_eq!(fence, g.token);
-            assert!(what.contains("target record"), "{what}");
+            assert!(what.contains("lease"), "{what}");
         }
         other => panic!("expected a repair, got {other:?}"),
     }
@@ -535,45 +524,12 @@ async fn reply_ttl_shorter_than_retries_is_refused(h: Harness) {
     assert!(e.to_string().contains("reply TTL"), "{e}");
 }
 
-// 6. No lease is held forever by a lost or added TTL. The record keeps the lease's end as a
-//    field in server milliseconds, compared with TIME, so a restore or migration that drops
-//    or changes key TTLs cannot stretch a lease; a version 1 lease hash without a TTL (a target
-//    not moved yet) still fails closed instead of being held at "0 ms left".
-async fn no_lease_is_held_forever(h: Harness) {
+// 6. A lease record without a TTL fails closed instead of being held forever at "0 ms left".
+async fn lease_without_ttl_fails_closed(h: Harness) {
     let t = target("persisted");
     let keys = h.keys(&t);
-    let g = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
-    assert_eq!(
-        h.admin().cmd(&["PTTL", &keys.record()]).await,
-        Value::Int(-1),
-        "the record never expires"
-    );
-    // The lease's end, as a tool restoring an old record would leave it: long past.
-    h.admin()
-        .cmd(&["HSET", &keys.record(), "expires_ms", "1"])
-        .await;
-    assert!(h.store.inspect(&t).await.expect("inspect").lease.is_none());
-    let next = acquired(&*h.store, &acquire_req(&t, "lease-b", "bob", TTL)).await;
-    assert!(next.token > g.token);
-
-    let t = target("persisted-v1");
-    let keys = h.keys(&t);
-    h.admin()
-        .cmd(&[
-            "HSET",
-            &keys.v1_lease(),
-            "record_version",
-            "1",
-            "lease_id",
-            "lease-a",
-            "owner",
-            "alice",
-            "token",
-            "5",
-            "acquired_ms",
-            "1",
-        ])
-        .await;
+    acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    h.admin().cmd(&["PERSIST", &keys.lease()]).await;
     let e = h
         .store
         .acquire(&acquire_req(&t, "lease-b", "bob", TTL))
@@ -736,12 +692,7 @@ async fn workload_user_cannot_touch_leases(h: Harness) {
     denied(workload.inspect(&t).await.map(drop), "inspect");
     // A script of the workload's own that writes the fence or the lease is refused too.
     let keys = h.keys(&t);
-    for key in [
-        keys.fence(),
-        keys.record(),
-        keys.v1_lease(),
-        keys.v1_grant(),
-    ] {
+    for key in [keys.fence(), keys.lease(), keys.grant()] {
         let auth = ["AUTH", "targetlease-workload", password];
         let write = [
             "EVAL",
@@ -801,7 +752,7 @@ fn main() {
         Store late_commit_replay_cannot_roll_back,
         Store late_acquire_replay_takes_no_second_tenure,
         Admin reply_ttl_shorter_than_retries_is_refused,
-        Admin no_lease_is_held_forever,
+        Admin lease_without_ttl_fails_closed,
         Admin lost_fence_is_raised_again,
         Admin evicting_server_is_refused,
         Admin workload_user_cannot_touch_leases,

@@ -562,30 +562,19 @@ async fn leaked_leases(world: &World, api: &Api<TargetLease>) -> Vec<String> {
         return vec!["(valkey unreachable)".into()];
     };
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("tl:{{{NS}/*}}:record"))
+        .arg(format!("tl:{{{NS}/*}}:lease"))
         .query_async(&mut conn)
         .await
         .unwrap_or_default();
-    // A record keeps an ended lease's fields until the next write: held means its expiry, in
-    // server milliseconds, is still ahead of the server clock.
-    let Ok((seconds, micros)) = redis::cmd("TIME")
-        .query_async::<(u64, u64)>(&mut conn)
-        .await
-    else {
-        return vec!["(valkey unreachable)".into()];
-    };
-    let now_ms = seconds * 1000 + micros / 1000;
     let mut leaked = Vec::new();
     for key in keys {
-        let (id, expires): (Option<String>, Option<u64>) = redis::cmd("HMGET")
+        let id: Option<String> = redis::cmd("HGET")
             .arg(&key)
             .arg("lease_id")
-            .arg("expires_ms")
             .query_async(&mut conn)
             .await
-            .unwrap_or((None, None));
-        let held = expires.is_some_and(|e| e > now_ms);
-        if held && id.is_some_and(|id| !live.contains(&id)) {
+            .unwrap_or(None);
+        if id.is_some_and(|id| !live.contains(&id)) {
             leaked.push(key);
         }
     }

@@ -737,7 +737,7 @@ async fn gitops_status_of_real_objects(world: &World, tools: &Tools) {
     wait("released", Phase::Released).await;
     // A lease record of the wrong type: the controller fails closed (Failed, Stalled=True).
     let keys = TargetKeys::new("tl", &TargetRef::new(&ns, "broken").expect("target"));
-    world.valkey.raw(&["SET", &keys.record(), "not-a-hash"]);
+    world.valkey.raw(&["SET", &keys.lease(), "not-a-hash"]);
     world
         .cluster
         .apply(&lease_yaml(&ns, "failed", "broken", "worker-4", ""));

@@ -86,10 +86,8 @@ async fn keys_of_a_target_share_one_slot() {
         let keys = TargetKeys::new("tl", &t);
         let request = RequestId::new("r-1").expect("request id");
         let all = [
-            keys.record(),
+            keys.lease(),
             keys.fence(),
-            keys.v1_lease(),
-            keys.v1_grant(),
             keys.reply(&request),
             keys.guarded("data"),
         ];

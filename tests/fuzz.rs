@@ -134,19 +134,14 @@ fn valkey_store() -> (Server, tokio::runtime::Runtime, Arc<ValkeyStore>) {
     (server, runtime, store)
 }
 
-/// Random contents of a target record or a version 1 lease hash: a valid record of either
-/// version (holding a lease or not) with fields dropped at random and random fields written
-/// over it (valid-looking values, junk), so that valid, free and corrupt records all come up.
+/// Random contents of a lease hash: a valid lease with fields dropped at random and random fields
+/// written over it (valid-looking values, junk), so that valid and corrupt records both come up.
 fn record() -> impl Strategy<Value = Vec<(String, String)>> {
     let value = prop_oneof![
         Just("1".to_owned()),
         Just("2".to_owned()),
         Just("0".to_owned()),
         Just("".to_owned()),
-        // An expiry an hour ahead (FUTURE is replaced when written), so that valid records hold
-        // their lease, and one past the 25 hours a record may say.
-        Just("FUTURE".to_owned()),
-        Just("99999999999999".to_owned()),
         any::<u64>().prop_map(|n| n.to_string()),
         "[a-z0-9.{}-]{0,12}",
     ];
@@ -156,35 +151,21 @@ fn record() -> impl Strategy<Value = Vec<(String, String)>> {
         Just("owner".to_owned()),
         Just("token".to_owned()),
         Just("acquired_ms".to_owned()),
-        Just("expires_ms".to_owned()),
-        Just("grant".to_owned()),
         "[a-z_]{1,8}",
     ];
-    let held_v2: &[(&str, &str)] = &[
-        ("record_version", "2"),
-        ("lease_id", "l"),
-        ("owner", "o"),
-        ("token", "5"),
-        ("acquired_ms", "1"),
-        ("expires_ms", "FUTURE"),
-        ("grant", "g"),
-    ];
-    let free_v2: &[(&str, &str)] = &[("record_version", "2"), ("grant", "g")];
-    let held_v1: &[(&str, &str)] = &[
+    let held: &[(&str, &str)] = &[
         ("record_version", "1"),
         ("lease_id", "l"),
         ("owner", "o"),
         ("token", "5"),
         ("acquired_ms", "1"),
     ];
-    let base = prop_oneof![Just(held_v2), Just(free_v2), Just(held_v1)];
     (
-        base,
-        proptest::collection::vec(proptest::bool::weighted(0.85), 7),
+        proptest::collection::vec(proptest::bool::weighted(0.85), held.len()),
         proptest::collection::vec((name, value), 0..3),
     )
-        .prop_map(|(base, keep, over)| {
-            let mut fields: Vec<(String, String)> = base
+        .prop_map(move |(keep, over)| {
+            let mut fields: Vec<(String, String)> = held
                 .iter()
                 .zip(keep)
                 .filter(|(_, keep)| *keep)
@@ -198,47 +179,11 @@ fn record() -> impl Strategy<Value = Vec<(String, String)>> {
         })
 }
 
-/// What the record rules of docs/store.md make of a target record holding `fields` (the last
-/// value of a field wins, as with HSET): `None` when it must fail closed, `Some(true)` when it
-/// holds a lease (never FUZZ-OWNER's), `Some(false)` when the target is free. Written from the
-/// documented rules, not from the script.
-fn record_holds(fields: &[(String, String)], now_ms: u64) -> Option<bool> {
-    let map: std::collections::HashMap<&str, &str> = fields
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    if map.get("record_version") != Some(&"2") {
-        return None;
-    }
-    let lease = ["lease_id", "owner", "token", "acquired_ms", "expires_ms"];
-    let present: Vec<&str> = lease.iter().filter_map(|f| map.get(f).copied()).collect();
-    if present.is_empty() {
-        return Some(false);
-    }
-    if present.len() < lease.len() || present.iter().any(|v| v.is_empty()) {
-        return None;
-    }
-    let canonical = |v: &str| -> Option<u64> {
-        let ok = v == "0" || (v.len() <= 16 && !v.starts_with('0'));
-        v.bytes()
-            .all(|b| b.is_ascii_digit())
-            .then(|| v.parse::<u64>().ok())
-            .flatten()
-            .filter(|n| ok && *n <= MAX_TOKEN)
-    };
-    let token = canonical(map["token"]).filter(|t| *t > 0);
-    let expires = canonical(map["expires_ms"]);
-    canonical(map["acquired_ms"])?;
-    token?;
-    // A lease lasts at most 24 hours; one ending more than 25 hours ahead fails closed.
-    let expires = expires.filter(|e| *e <= now_ms + 25 * 3_600_000)?;
-    Some(expires > now_ms)
-}
-
-/// What version 1's rules (kept for targets without a record) make of a version 1 lease hash
-/// holding `fields`: `None` when it must fail closed, `Some(true)` when it is a lease (never
-/// FUZZ-OWNER's). The generator never writes the moved marker.
-fn v1_lease_holds(fields: &[(String, String)], has_ttl: bool) -> Option<bool> {
+/// What the record rules of docs/store.md make of a lease hash holding `fields` (the last value
+/// of a field wins, as with HSET): `None` when it must fail closed, `Some(true)` when it is a
+/// lease (never FUZZ-OWNER's, so the target is held). Written from the documented rules, not
+/// from the script.
+fn lease_holds(fields: &[(String, String)], has_ttl: bool) -> Option<bool> {
     let map: std::collections::HashMap<&str, &str> = fields
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -259,6 +204,7 @@ fn v1_lease_holds(fields: &[(String, String)], has_ttl: bool) -> Option<bool> {
     present("owner")?;
     canonical(present("token")?).filter(|t| *t > 0)?;
     canonical(present("acquired_ms")?)?;
+    // A lease without a TTL would be held forever: corrupt.
     has_ttl.then_some(true)
 }
 
@@ -266,36 +212,18 @@ fn v1_lease_holds(fields: &[(String, String)], has_ttl: bool) -> Option<bool> {
 fn arbitrary_lease_records_fail_closed() {
     let (server, runtime, store) = valkey_store();
     let mut runner = TestRunner::new(Config {
-        cases: cases(600),
+        cases: cases(400),
         ..Config::default()
     });
     let case = std::cell::Cell::new(0u32);
-    let (free, held, refused) = (
-        std::cell::Cell::new(0u32),
-        std::cell::Cell::new(0u32),
-        std::cell::Cell::new(0u32),
-    );
-    let (v1_held, v1_refused) = (std::cell::Cell::new(0u32), std::cell::Cell::new(0u32));
+    let (held, refused) = (std::cell::Cell::new(0u32), std::cell::Cell::new(0u32));
     let count = |c: &std::cell::Cell<u32>| c.set(c.get() + 1);
     runner
         .run(&record(), |fields| {
             case.set(case.get() + 1);
             let case = case.get();
             let target = TargetRef::new("fuzz", &format!("t{case}")).expect("target");
-            let keys = TargetKeys::new("tl", &target);
-            // Every other case fuzzes the version 1 lease hash of a target without a record
-            // (read until the first write moves it).
-            let v1 = case.is_multiple_of(2);
-            let key = if v1 { keys.v1_lease() } else { keys.record() };
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("clock")
-                .as_millis() as u64;
-            let future = (now_ms + 3_600_000).to_string();
-            let fields: Vec<(String, String)> = fields
-                .into_iter()
-                .map(|(k, v)| (k, if v == "FUTURE" { future.clone() } else { v }))
-                .collect();
+            let key = TargetKeys::new("tl", &target).lease();
             let mut args = vec!["HSET".to_owned(), key.clone()];
             for (k, v) in &fields {
                 args.push(k.clone());
@@ -303,10 +231,9 @@ fn arbitrary_lease_records_fail_closed() {
             }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             server.raw(&args);
-            // Most version 1 records expire like a lease; the rest have no TTL (a restore that
-            // dropped it).
+            // Most records expire like a lease; the rest have no TTL (a restore that dropped it).
             let has_ttl = !case.is_multiple_of(4);
-            if v1 && has_ttl {
+            if has_ttl {
                 server.raw(&["PEXPIRE", &key, "60000"]);
             }
             let request = AcquireRequest {
@@ -318,42 +245,25 @@ fn arbitrary_lease_records_fail_closed() {
                 request_id: RequestId::random(),
             };
             let outcome = runtime.block_on(store.acquire(&request));
-            // Both layouts follow their documented rules exactly.
-            let expected = if v1 {
-                v1_lease_holds(&fields, has_ttl)
-            } else {
-                record_holds(&fields, now_ms)
-            };
-            match (outcome, expected) {
-                (Ok(AcquireOutcome::Held { .. }), Some(true)) => {
-                    count(if v1 { &v1_held } else { &held })
-                }
-                (Ok(AcquireOutcome::Acquired(_)), Some(false)) => count(&free),
+            match (outcome, lease_holds(&fields, has_ttl)) {
+                (Ok(AcquireOutcome::Held { .. }), Some(true)) => count(&held),
                 (Err(e), None) => {
                     prop_assert_eq!(e.kind(), ErrorKind::Corrupt, "{}", e);
-                    count(if v1 { &v1_refused } else { &refused });
+                    count(&refused);
                 }
                 (outcome, expected) => {
                     return Err(TestCaseError::fail(format!(
-                        "record {fields:?} (version 1 key: {v1}) answered {outcome:?}, the \
-                         rules say {expected:?} (None: corrupt, Some(held))"
+                        "record {fields:?} (TTL: {has_ttl}) answered {outcome:?}, the rules say \
+                         {expected:?} (None: corrupt, Some(true): held)"
                     )));
                 }
             }
             Ok(())
         })
         .expect("records");
-    // The generator reaches every outcome, or the property says little.
-    let (free, held, refused) = (free.get(), held.get(), refused.get());
-    assert!(
-        free > 0 && held > 0 && refused > 0,
-        "records: free {free}, held {held}, refused {refused}"
-    );
-    let (v1_held, v1_refused) = (v1_held.get(), v1_refused.get());
-    assert!(
-        v1_held > 0 && v1_refused > 0,
-        "version 1 keys: held {v1_held}, refused {v1_refused}"
-    );
+    // The generator reaches both outcomes, or the property says little.
+    let (held, refused) = (held.get(), refused.get());
+    assert!(held > 0 && refused > 0, "held {held}, refused {refused}");
 }
 
 /// A token-like value chosen to hurt: around 0, around 2^53, around 2^64, or anything.

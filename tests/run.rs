@@ -438,15 +438,7 @@ async fn lost_lease_exit_status_and_basics(s: Scenario) {
         .expect("run");
     let lease = run_lease(&s, "lost-target", 30 * SEC, held).await;
     let keys = TargetKeys::new("tl", &s.target("lost-target"));
-    s.valkey.raw(&[
-        "HDEL",
-        &keys.record(),
-        "lease_id",
-        "owner",
-        "token",
-        "acquired_ms",
-        "expires_ms",
-    ]);
+    s.valkey.raw(&["DEL", &keys.lease()]);
     assert_eq!(
         exits(&mut run, 30 * SEC).await,
         Some(EXIT_LOST),

@@ -95,7 +95,7 @@ baselines()
 for mode in ('evalsha', 'fcall'):
     for mname, memo in (('nomemo', MEMO_NONE), ('memo-key', MEMO_KEY)) + ((('memo-field', MEMO_FIELD),) if port == 7701 else ()):
         run(f'{mode} {mname}', ACQ.replace('MEMO', memo), REL.replace('MEMO', memo), mode)
-# The shipped scripts, layout version 1 (tests/fixtures/lua-v1) against version 2 (lua/), in the
+# The shipped scripts, the previous release's (tests/fixtures/lua-v1) against this one's (lua/), in the
 # same process: server CPU per steady-state cycle (targets released before, as in workload a) and
 # used_memory per target while held, after release, and once the reply caches are gone.
 import pathlib
@@ -105,14 +105,11 @@ def scripts(folder):
     return [r.script_load(lib + '\n' + (ROOT / folder / f).read_text()) for f in ('acquire.lua', 'release.lua')]
 def mem():
     return r.info('memory')['used_memory']
-for name, folder in (('layout version 1 (shipped before)', 'tests/fixtures/lua-v1'), ('layout version 2 (shipped now)', 'lua')):
+for name, folder in (('previous release (tests/fixtures/lua-v1)', 'tests/fixtures/lua-v1'), ('this release (lua/)', 'lua')):
     r.flushall()
     acq, rel = scripts(folder)
     def keys(i, rid, op):
         b = f'tl:{{b/t{i}}}'
-        if folder == 'lua':
-            return ([b+':record', b+':fence', b+':req:'+rid, b+':lease', b+':grant'] if op == 'acquire'
-                    else [b+':record', b+':req:'+rid, b+':lease', b+':grant'])
         return ([b+':lease', b+':fence', b+':req:'+rid, b+':grant'] if op == 'acquire'
                 else [b+':lease', b+':req:'+rid])
     tot = 0

@@ -18,30 +18,19 @@ impl TargetKeys {
         }
     }
 
-    /// The target record (layout version 2): a hash that never expires, holding the lease while
-    /// one is held (lease id, owner, token, acquired and expiry times in server milliseconds) and
-    /// the request id of the acquire that issued the newest token, so a replay of that acquire
-    /// after its cached reply expired is refused instead of taking a second tenure.
-    pub fn record(&self) -> String {
-        format!("{}:record", self.base)
+    /// The lease hash; its TTL is the lease's.
+    pub fn lease(&self) -> String {
+        format!("{}:lease", self.base)
     }
 
-    /// The fencing high-water mark: never expires, never decreases. Apart from the record so
-    /// that the workload ACL user can read it without reading lease ids.
+    /// The fencing high-water mark: never expires, never decreases.
     pub fn fence(&self) -> String {
         format!("{}:fence", self.base)
     }
 
-    /// Layout version 1's lease hash (its TTL was the lease's). Read while a target has no
-    /// record; the first write moves it into the record and leaves a marker here that version 1
-    /// clients read as held by `targetlease-record-v2`.
-    pub fn v1_lease(&self) -> String {
-        format!("{}:lease", self.base)
-    }
-
-    /// Layout version 1's grant: the request id of the newest grant, moved into the record by
-    /// the first write.
-    pub fn v1_grant(&self) -> String {
+    /// The request id of the acquire that issued the newest token: never expires, so a replay of
+    /// that acquire after its cached reply expired is refused instead of taking a second tenure.
+    pub fn grant(&self) -> String {
         format!("{}:grant", self.base)
     }
 
@@ -85,12 +74,11 @@ mod tests {
         let k = TargetKeys::new("tl", &t);
         let rid = RequestId::new("r1").unwrap();
         for key in [
-            k.record(),
+            k.lease(),
             k.fence(),
             k.reply(&rid),
             k.commit_reply(&rid),
-            k.v1_lease(),
-            k.v1_grant(),
+            k.grant(),
             k.guarded("x"),
         ] {
             assert!(key.starts_with("tl:{shop/orders-db/migration}:"), "{key}");

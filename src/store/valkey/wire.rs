@@ -85,7 +85,7 @@ fn token(field: &str, s: &str) -> Result<u64, StoreError> {
 /// `lua/acquire.lua`.
 pub const ACQUIRE: Contract = Contract {
     script: || &SCRIPTS.acquire,
-    keys: &["record", "fence", "reply", "v1_lease", "v1_grant"],
+    keys: &["lease", "fence", "reply", "grant"],
     argv: &[
         "lease_id",
         "owner",
@@ -105,11 +105,10 @@ pub fn acquire_call(
 ) -> ScriptCall<'static> {
     ACQUIRE.call(
         &[
-            &k.record(),
+            &k.lease(),
             &k.fence(),
             &k.reply(&req.request_id),
-            &k.v1_lease(),
-            &k.v1_grant(),
+            &k.grant(),
         ],
         &[
             req.lease_id.expose(),
@@ -149,7 +148,7 @@ pub fn acquire(reply: &str) -> Result<AcquireOutcome, StoreError> {
 /// `lua/renew.lua`.
 pub const RENEW: Contract = Contract {
     script: || &SCRIPTS.renew,
-    keys: &["record", "fence", "reply", "v1_lease", "v1_grant"],
+    keys: &["lease", "fence", "reply"],
     argv: &["lease_id", "owner", "token", "ttl_ms", "reply_ttl_ms"],
 };
 
@@ -162,13 +161,7 @@ pub fn renew_call(
 ) -> ScriptCall<'static> {
     let lease = &req.lease;
     RENEW.call(
-        &[
-            &k.record(),
-            &k.fence(),
-            &k.reply(&req.request_id),
-            &k.v1_lease(),
-            &k.v1_grant(),
-        ],
+        &[&k.lease(), &k.fence(), &k.reply(&req.request_id)],
         &[
             lease.lease_id.expose(),
             lease.owner.as_str(),
@@ -202,7 +195,7 @@ pub fn renew(reply: &str) -> Result<RenewOutcome, StoreError> {
 /// `lua/release.lua`.
 pub const RELEASE: Contract = Contract {
     script: || &SCRIPTS.release,
-    keys: &["record", "reply", "v1_lease", "v1_grant"],
+    keys: &["lease", "reply"],
     argv: &["lease_id", "owner", "token", "reply_ttl_ms"],
 };
 
@@ -214,12 +207,7 @@ pub fn release_call(
 ) -> ScriptCall<'static> {
     let lease = &req.lease;
     RELEASE.call(
-        &[
-            &k.record(),
-            &k.reply(&req.request_id),
-            &k.v1_lease(),
-            &k.v1_grant(),
-        ],
+        &[&k.lease(), &k.reply(&req.request_id)],
         &[
             lease.lease_id.expose(),
             lease.owner.as_str(),
@@ -331,13 +319,13 @@ pub fn check(reply: &str) -> Result<CheckOutcome, StoreError> {
 /// `lua/inspect.lua`.
 pub const INSPECT: Contract = Contract {
     script: || &SCRIPTS.inspect,
-    keys: &["record", "fence", "v1_lease"],
+    keys: &["lease", "fence"],
     argv: &[],
 };
 
 /// The inspect call.
 pub fn inspect_call(k: &TargetKeys) -> ScriptCall<'static> {
-    INSPECT.call(&[&k.record(), &k.fence(), &k.v1_lease()], &[])
+    INSPECT.call(&[&k.lease(), &k.fence()], &[])
 }
 
 /// Decodes the reply of `inspect.lua`.
@@ -380,16 +368,13 @@ pub fn inspect(reply: &str) -> Result<Inspection, StoreError> {
 /// `lua/repair.lua`.
 pub const REPAIR: Contract = Contract {
     script: || &SCRIPTS.repair,
-    keys: &["record", "fence", "v1_lease", "v1_grant"],
+    keys: &["lease", "fence"],
     argv: &["floor"],
 };
 
 /// The repair call with `floor`.
 pub fn repair_call(k: &TargetKeys, floor: u64) -> ScriptCall<'static> {
-    REPAIR.call(
-        &[&k.record(), &k.fence(), &k.v1_lease(), &k.v1_grant()],
-        &[&floor.to_string()],
-    )
+    REPAIR.call(&[&k.lease(), &k.fence()], &[&floor.to_string()])
 }
 
 /// Decodes the reply of `repair.lua`.

@@ -116,7 +116,7 @@ pub(super) async fn logs_hide_password_and_lease_id(h: Harness) {
     tracing::error!(error = %e, "as a caller would log it");
     server.raw(&[
         "SET",
-        &TargetKeys::new("tl", &target("logged-corrupt")).record(),
+        &TargetKeys::new("tl", &target("logged-corrupt")).lease(),
         "junk",
     ]);
     let _ = store

@@ -54,7 +54,7 @@ pub(super) async fn send_without_reading(h: &Harness, env: &ServerEnv, req: &Acq
     let Some(raw) = &env.raw else {
         let _ = env.admin.try_cmd(&command).await;
         assert!(
-            env.admin.exists(&keys.reply(&req.request_id)).await,
+            env.admin.exists(&keys.lease()).await,
             "the unread acquire never ran"
         );
         return;
@@ -67,7 +67,7 @@ pub(super) async fn send_without_reading(h: &Harness, env: &ServerEnv, req: &Acq
     }
     stream.write_all(&resp(&command)).await.expect("send");
     for _ in 0..200 {
-        if env.admin.exists(&keys.reply(&req.request_id)).await {
+        if env.admin.exists(&keys.lease()).await {
             drop(stream);
             return;
         }

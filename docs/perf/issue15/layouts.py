@@ -106,7 +106,7 @@ def scripts(folder):
 def mem():
     return r.info('memory')['used_memory']
 for name, folder in (('previous release (tests/fixtures/lua-v1)', 'tests/fixtures/lua-v1'), ('this release (lua/)', 'lua')):
-    r.flushall()
+    r.execute_command('FLUSHALL', 'SYNC')
     acq, rel = scripts(folder)
     def keys(i, rid, op):
         b = f'tl:{{b/t{i}}}'

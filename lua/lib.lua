@@ -10,7 +10,7 @@
 -- of a Lua table (docs/performance.md), and a cached reply is stored as it is answered.
 --
 -- This prelude runs on every call (EVALSHA has no load-time code): every closure, table and
--- string built here is paid for by every call, so it builds nothing the scripts do not use.
+-- string built here is paid for by every call of every script, so keep it to what they share.
 
 local RECORD_VERSION = '1'
 

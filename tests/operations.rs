@@ -337,6 +337,42 @@ async fn tls_server_name_is_verified() {
     .await;
 }
 
+/// The pool makes one connection per slot however many calls arrive on an empty pool at once:
+/// calls on a slot that is connecting wait for that one attempt instead of connecting beside it
+/// (the live connection is taken without an async lock, the connect is serialised per slot).
+async fn pool_connects_each_slot_once() {
+    let server = Server::start(ServerKind::Valkey91);
+    // Connections ever accepted: a burst of connections dropped again still counts.
+    let connections = || {
+        server
+            .raw(&["INFO", "stats"])
+            .lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .expect("total_connections_received")
+    };
+    let before = connections();
+    let mut config = valkey_config(&server.url());
+    config.pool_size = 4;
+    let store = std::sync::Arc::new(ValkeyStore::new_lazy(config).expect("lazy store"));
+    let t = target("pool-burst");
+    let calls: Vec<_> = (0..200)
+        .map(|_| {
+            let (store, t) = (store.clone(), t.clone());
+            tokio::spawn(async move { store.inspect(&t).await })
+        })
+        .collect();
+    for call in calls {
+        call.await.expect("task").expect("inspect");
+    }
+    // Four for the pool, one for `raw`'s own INFO connection.
+    assert_eq!(
+        connections(),
+        before + 4 + 1,
+        "200 calls at once on a pool of 4"
+    );
+}
+
 async fn tls_to_a_plain_server_is_named() {
     let server = Server::start(ServerKind::Valkey91);
     let mut config = valkey_config(&format!("rediss://127.0.0.1:{}", server.port));
@@ -699,6 +735,10 @@ fn main() {
         trial(
             "acl::key_outside_the_prefix_is_refused",
             acl_key_outside_the_prefix_is_refused,
+        ),
+        trial(
+            "pool::connects_each_slot_once",
+            pool_connects_each_slot_once,
         ),
         trial("tls::wrong_ca_is_named", tls_wrong_ca_is_named),
         trial(

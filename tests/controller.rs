@@ -1001,6 +1001,243 @@ async fn forged_status_token_is_ignored(mut s: Scenario) {
     assert!(token_of(&next) > token_of(&first));
 }
 
+// ---- Leader election: a leader that cannot work steps aside, and a deleted leader Lease ----
+
+/// The leader Lease of scenario `s`.
+fn leader_leases(s: &Scenario) -> Api<k8s_openapi::api::coordination::v1::Lease> {
+    Api::namespaced(s.client.clone(), &s.ns)
+}
+
+/// Who the leader Lease names (None when it is missing or released).
+async fn lease_holder(s: &Scenario) -> Option<String> {
+    leader_leases(s)
+        .get_opt("targetlease-controller")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec)
+        .and_then(|spec| spec.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+/// Waits until the leader Lease names `who`.
+async fn wait_holder(s: &Scenario, who: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while lease_holder(s).await.as_deref() != Some(who) {
+        assert!(
+            Instant::now() < deadline,
+            "{who} never held the leader Lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A kubeconfig whose ServiceAccount may run the election (Leases) and write TargetLeases, but
+/// may not list or watch them: the controller's first list never completes.
+fn no_list_kubeconfig(s: &Scenario) -> std::path::PathBuf {
+    let ns = &s.ns;
+    s.cluster.apply(&format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: no-list, namespace: {ns}}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: no-list, namespace: {ns}}}\n\
+         rules:\n\
+         - {{apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, create, update]}}\n\
+         - {{apiGroups: [targetlease.dev], resources: [targetleases], verbs: [get, patch]}}\n\
+         - {{apiGroups: [targetlease.dev], resources: [targetleases/status], verbs: [patch]}}\n\
+         - {{apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: no-list, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: no-list}}\n\
+         subjects: [{{kind: ServiceAccount, name: no-list, namespace: {ns}}}]\n"
+    ));
+    s.cluster.service_account_kubeconfig(ns, "no-list")
+}
+
+/// Whether process `pid` has exited (gone, or a zombie not yet reaped).
+fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_none_or(|state| state == "Z" || state == "X")
+    })
+}
+
+// E1. A leader whose work cannot start (its first TargetLease list is forbidden) stops renewing
+//     the leader Lease within the start bound and gives it up: another replica leads and
+//     reconciles, and the stuck one no longer reports leading.
+async fn stuck_leader_steps_aside(mut s: Scenario) {
+    s.controller.take();
+    let no_list = no_list_kubeconfig(&s);
+    let a = s.start_replica("replica-a", Some(&no_list));
+    wait_holder(&s, "replica-a", 30 * SEC).await;
+    let led = Instant::now();
+    let b = s.start_replica("replica-b", None);
+    s.apply("stuck", "stuck-target", "worker-1", "ttlSeconds: 9");
+    // The start bound (the 3 s duration), the wind-down and the release: about 5 s.
+    let limit = 20 * SEC;
+    loop {
+        let lease = s.api().get_opt("stuck").await.expect("get TargetLease");
+        if lease.as_ref().and_then(phase_of) == Some(Phase::Held) {
+            break;
+        }
+        assert!(
+            led.elapsed() < limit,
+            "nothing reconciled {:?} after replica-a led: the leader Lease names {:?}, \
+             replica-a reports leading {}, replica-b {}\nreplica-a log:\n{}",
+            led.elapsed(),
+            lease_holder(&s).await,
+            scraped(&a.http, "targetlease_leading"),
+            scraped(&b.http, "targetlease_leading"),
+            a.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("Held {:?} after the stuck replica led", led.elapsed());
+    assert_eq!(lease_holder(&s).await.as_deref(), Some("replica-b"));
+    assert_eq!(scraped(&a.http, "targetlease_leading"), 0.0);
+    assert!(!exited(a.pid()), "the stuck replica exited");
+    assert!(
+        a.logs().contains("did not start"),
+        "no word of why it stepped aside:\n{}",
+        a.logs()
+    );
+}
+
+// E2. SIGTERM to a leader whose first list never completes: the process exits within a bounded
+//     time (its leadership deadline plus a retry period, then the release), and gives the Lease
+//     up, so the next replica leads at once.
+async fn stuck_leader_exits_on_sigterm(mut s: Scenario) {
+    s.controller.take();
+    let no_list = no_list_kubeconfig(&s);
+    let a = s.start_replica("replica-a", Some(&no_list));
+    wait_holder(&s, "replica-a", 30 * SEC).await;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(a.pid()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let sent = Instant::now();
+    while !exited(a.pid()) {
+        assert!(
+            sent.elapsed() < 15 * SEC,
+            "no exit {:?} after SIGTERM; the leader Lease names {:?}\nlog:\n{}",
+            sent.elapsed(),
+            lease_holder(&s).await,
+            a.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = sent.elapsed();
+    eprintln!("exited {took:?} after SIGTERM");
+    // 2 s leadership deadline + 0.75 s wind-down + 0.75 s release, and a margin for a busy
+    // machine.
+    assert!(took < 6 * SEC, "exit took {took:?}");
+    assert_eq!(lease_holder(&s).await, None, "the Lease was not given up");
+    let started = Instant::now();
+    let _b = s.start_replica("replica-b", None);
+    s.apply("after", "sigterm-target", "worker-1", "ttlSeconds: 9");
+    s.wait_phase("after", Phase::Held, 20 * SEC).await;
+    eprintln!(
+        "Held {:?} after the next replica started",
+        started.elapsed()
+    );
+}
+
+// E3. Deleting the leader Lease never makes two leaders: the other replica takes a missing Lease
+//     only once it has seen it missing for the whole duration, so a leader cut off from the API
+//     server has stopped first; a leader that can reach the API server recreates it and carries
+//     on. `targetlease_leading` of both replicas is sampled every 20 ms throughout.
+async fn deleted_leader_lease_never_two_leaders(mut s: Scenario) {
+    s.controller.take();
+    let proxy = Proxy::start(s.cluster.apiserver_port()).await;
+    let via_proxy = s.cluster.kubeconfig_via(proxy.port);
+    let a = s.start_replica("replica-a", Some(&via_proxy));
+    wait_holder(&s, "replica-a", 30 * SEC).await;
+    let b = s.start_replica("replica-b", None);
+    let leading = |http: &str| {
+        http_get(http, "/metrics").map(|(_, page)| metric(&page, "targetlease_leading"))
+    };
+    let origin = Instant::now();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (a, b, stop) = (a.http.clone(), b.http.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let at = origin.elapsed();
+                if let (Some(x), Some(y)) = (leading(&a), leading(&b)) {
+                    samples.push((at, x, y));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            samples
+        })
+    };
+    while leading(&a.http) != Some(1.0) {
+        assert!(
+            origin.elapsed() < 10 * SEC,
+            "replica-a never reported leading"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let delete = || async {
+        leader_leases(&s)
+            .delete("targetlease-controller", &Default::default())
+            .await
+            .expect("delete the leader Lease");
+    };
+    // The leader cut off from the API server, its Lease deleted.
+    proxy.set(Mode::Stall);
+    delete().await;
+    let deleted = origin.elapsed();
+    while leading(&b.http) != Some(1.0) {
+        assert!(
+            origin.elapsed() < deleted + 15 * SEC,
+            "replica-b never led after the deletion"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b_led = origin.elapsed() - deleted;
+    proxy.set(Mode::Pass);
+    tokio::time::sleep(2 * SEC).await;
+    // The leader connected: it recreates the Lease, the follower never takes it.
+    let connected = origin.elapsed();
+    for _ in 0..3 {
+        delete().await;
+        tokio::time::sleep(2 * SEC).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let samples = sampler.join().expect("sampler");
+    let both: Vec<_> = samples
+        .iter()
+        .filter(|(_, x, y)| *x == 1.0 && *y == 1.0)
+        .map(|(at, _, _)| *at)
+        .collect();
+    let none_connected = samples
+        .iter()
+        .filter(|(at, x, y)| *at > connected && *x == 0.0 && *y == 0.0)
+        .count();
+    let a_stopped = samples
+        .iter()
+        .find(|(at, x, _)| *at > deleted && *x == 0.0)
+        .map(|(at, _, _)| *at - deleted);
+    eprintln!(
+        "{} samples; cut-off leader stopped {a_stopped:?} after the deletion, the other led \
+         {b_led:?} after it; both leading in {} samples ({:?} .. {:?}); no leader in {} \
+         samples while connected",
+        samples.len(),
+        both.len(),
+        both.first(),
+        both.last(),
+        none_connected
+    );
+    assert!(samples.len() > 200, "{} samples", samples.len());
+    assert!(both.is_empty(), "two leaders at once at {both:?}");
+    // Duration (3 s) plus two retry periods (0.75 s): the first look that sees the Lease
+    // missing, and the look that takes it; a second for a busy machine.
+    assert!(
+        b_led < Duration::from_millis(5500),
+        "the other led {b_led:?} after the deletion"
+    );
+    assert_eq!(none_connected, 0, "a connected leader stopped leading");
+    assert_eq!(lease_holder(&s).await.as_deref(), Some("replica-b"));
+}
+
 fn main() {
     let scenarios = scenarios![
         apply_leads_to_held,
@@ -1018,6 +1255,9 @@ fn main() {
         backend_outage_keeps_finalizer,
         fair_handover_in_creation_order,
         forged_status_token_is_ignored,
+        stuck_leader_steps_aside,
+        stuck_leader_exits_on_sigterm,
+        deleted_leader_lease_never_two_leaders,
     ];
     run_suite("controller", scenarios.to_vec());
 }

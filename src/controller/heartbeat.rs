@@ -1,9 +1,16 @@
 //! Heartbeats of `targetlease run`: a run refreshes the `targetlease.dev/heartbeat` annotation of
-//! its TargetLease every quarter of the TTL, and a claim whose heartbeat has not changed for half
+//! its TargetLease every sixth of the TTL, and a claim whose heartbeat has not changed for half
 //! the TTL (by this controller's clock, so no two clocks are compared) has lost its holder: its
 //! lease is released, whether the run was killed with its pod or on its own (SIGKILL on a laptop,
-//! an OOM kill, a liveness probe). A controller that starts (or becomes leader) gives every
-//! heartbeat a fresh half TTL from the moment it first sees it.
+//! an OOM kill, a liveness probe). `run` stops its command before that moment on its own (see the
+//! trust windows in docs/controller.md), so the release never hands the target to a second
+//! holder while the first command still runs.
+//!
+//! A controller that starts (or becomes leader) has not seen any heartbeat change: it counts a
+//! heartbeat's silence from the moment it first sees it, which is never earlier than the moment
+//! the run wrote it, so a live run is never released sooner than it expects. One exception keeps
+//! a dead run from taking its target back after a failover: a claim already released because its
+//! holder was gone stays silent from the start until its heartbeat changes again.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -12,18 +19,40 @@ use std::time::Duration;
 use kube::runtime::reflector::ObjectRef;
 use std::time::Instant;
 
-use crate::api::{HEARTBEAT_ANNOTATION, TargetLease};
+use crate::api::{HEARTBEAT_ANNOTATION, Phase, Reason, TargetLease};
 
 /// How long a heartbeat may stay unchanged before its holder counts as gone: half the TTL, so a
-/// crashed run's lease is released within the TTL of its last heartbeat.
+/// crashed run's lease is released within the TTL of its last heartbeat; a live run, which beats
+/// every sixth of the TTL, stops its command before this on its own.
 pub fn stale_after(ttl: Duration) -> Duration {
     (ttl / 2).max(Duration::from_millis(500))
+}
+
+/// Since when a heartbeat has not changed.
+#[derive(Clone, Copy)]
+enum Since {
+    /// Seen to change (or first seen) at this instant.
+    Changed(Instant),
+    /// First seen on a claim that was already released for a gone holder: stale from the start.
+    Released,
 }
 
 /// When each heartbeat was last seen to change.
 #[derive(Default)]
 pub struct Heartbeats {
-    seen: Mutex<HashMap<ObjectRef<TargetLease>, (String, Instant)>>,
+    seen: Mutex<HashMap<ObjectRef<TargetLease>, (String, Since)>>,
+}
+
+/// Whether the status says the claim was released because its holder was gone (its pod, or its
+/// heartbeat for [`stale_after`]): no holder has written its heartbeat since, as far as the
+/// controller saw.
+pub fn released_for_gone_holder(lease: &TargetLease) -> bool {
+    lease.status.as_ref().is_some_and(|s| {
+        s.phase == Phase::Released
+            && s.conditions
+                .iter()
+                .any(|c| c.reason == Reason::HolderGone.as_str())
+    })
 }
 
 impl Heartbeats {
@@ -36,13 +65,23 @@ impl Heartbeats {
             .as_ref()?
             .get(HEARTBEAT_ANNOTATION)?;
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = seen
-            .entry(ObjectRef::from_obj(lease))
-            .or_insert_with(|| (value.clone(), now));
+        let entry = seen.entry(ObjectRef::from_obj(lease)).or_insert_with(|| {
+            let since = if released_for_gone_holder(lease) {
+                Since::Released
+            } else {
+                Since::Changed(now)
+            };
+            (value.clone(), since)
+        });
         if entry.0 != *value {
-            *entry = (value.clone(), now);
+            *entry = (value.clone(), Since::Changed(now));
         }
-        Some(now.saturating_duration_since(entry.1))
+        Some(match entry.1 {
+            Since::Changed(at) => now.saturating_duration_since(at),
+            Since::Released => stale_after(Duration::from_secs(u64::from(
+                lease.spec.ttl_seconds.max(1),
+            ))),
+        })
     }
 
     /// Forgets a deleted TargetLease.
@@ -91,5 +130,42 @@ mod tests {
             Some(Duration::ZERO)
         );
         assert!(stale_after(Duration::from_secs(30)) == Duration::from_secs(15));
+    }
+
+    /// A new leader has never seen a dead run's heartbeat change: a claim the old leader released
+    /// for it must not take the target again for a fresh silence window.
+    #[test]
+    fn a_claim_released_for_a_gone_holder_stays_stale_after_a_failover() {
+        use crate::api::{Condition, TargetLeaseStatus};
+        let mut released = lease(Some("1"));
+        released.status = Some(TargetLeaseStatus {
+            phase: Phase::Released,
+            conditions: vec![Condition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                reason: Reason::HolderGone.as_str().into(),
+                message: "the heartbeat stopped".into(),
+                observed_generation: None,
+                last_transition_time: jiff::Timestamp::UNIX_EPOCH,
+            }],
+            ..TargetLeaseStatus::default()
+        });
+        let ttl = Duration::from_secs(u64::from(released.spec.ttl_seconds));
+        let new_leader = Heartbeats::default();
+        let t0 = Instant::now();
+        let silent = new_leader.silent_for(&released, t0).expect("a heartbeat");
+        assert!(silent >= stale_after(ttl), "{silent:?}");
+        // The run comes back (a restarted one adopting its claim): the claim may take the target.
+        let mut resumed = released.clone();
+        resumed.metadata.annotations = Some([(HEARTBEAT_ANNOTATION.to_owned(), "2".into())].into());
+        assert_eq!(
+            new_leader.silent_for(&resumed, t0 + Duration::from_secs(1)),
+            Some(Duration::ZERO)
+        );
+        // A held claim first seen by a new leader gets a whole window from that moment: its run is
+        // alive as far as anyone knows, and the run's own bound counts from an earlier instant.
+        let mut held = lease(Some("7"));
+        held.metadata.name = Some("y".into());
+        assert_eq!(new_leader.silent_for(&held, t0), Some(Duration::ZERO));
     }
 }

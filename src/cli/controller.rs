@@ -241,12 +241,7 @@ impl ControllerArgs {
             .await
             .map_err(|e| format!("leader election failed: {e}"))?;
         } else {
-            metrics.leading.set(1);
-            work(
-                Box::pin(stopped(stop.clone())),
-                election::Leadership::unconditional(),
-            )
-            .await;
+            election::run_alone(work, stop.clone(), metrics.leading.clone()).await;
         }
         match http.await {
             Ok(Ok(())) => Ok(()),

@@ -15,7 +15,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -30,6 +30,10 @@ use tracing::{info, warn};
 /// How long a leader's claim lasts without renewal unless configured otherwise, in seconds
 /// (`--leader-election-seconds`, the chart's `controller.leaderElection.leaseDurationSeconds`).
 pub const DEFAULT_DURATION_SECONDS: u64 = 10;
+
+/// The longest the work gets to finish after it is told to stop (SIGTERM) before it is
+/// cancelled. A leader gets less when its leadership ends sooner: after that it may not act.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Which Lease to compete for, and as whom.
 #[derive(Clone, Debug)]
@@ -63,16 +67,53 @@ impl Election {
         (self.duration() / 4).max(Duration::from_millis(100))
     }
 
+    /// How long a leader acts after it sent its last successful renewal.
+    fn acting(&self) -> Duration {
+        self.duration() - self.margin()
+    }
+
     /// The longest a replica that stopped renewing keeps the Lease before another takes over.
     pub fn takeover(&self) -> Duration {
         self.duration() + self.retry()
+    }
+
+    /// How long after it starts leading the work must have started (its first list of
+    /// TargetLeases completed) for the leader to renew again: the duration.
+    fn start_bound(&self) -> Duration {
+        self.duration()
+    }
+
+    /// How long a replica whose work did not start stays out of the election after giving the
+    /// Lease up, so that another replica takes it first.
+    fn sit_out(&self) -> Duration {
+        self.takeover()
+    }
+
+    /// How long the release of the Lease may take: a retry period, at most [`STOP_GRACE`].
+    fn release_bound(&self) -> Duration {
+        self.retry().min(STOP_GRACE)
+    }
+
+    /// The longest from SIGTERM to the end of [`lead`]: the work's grace (never past the
+    /// leadership deadline), then the release of the Lease.
+    pub fn stop_bound(&self) -> Duration {
+        STOP_GRACE.min(self.acting()) + self.release_bound()
     }
 }
 
 /// Whether this replica may act: always without leader election, or until a deadline on this
 /// process's monotonic clock that each renewal of the leader Lease moves forward.
 #[derive(Clone, Debug)]
-pub struct Leadership(Option<Arc<Mutex<Option<Instant>>>>);
+pub struct Leadership(Option<Arc<Tenure>>);
+
+/// The shared state of an elected replica's leadership.
+#[derive(Debug)]
+struct Tenure {
+    /// Until when this replica may act; `None` while it does not lead.
+    deadline: watch::Sender<Option<Instant>>,
+    /// Whether the work of the current tenure has started.
+    started: watch::Sender<bool>,
+}
 
 /// The refusal of [`Leadership::check`].
 #[derive(Clone, Copy, Debug, thiserror::Error)]
@@ -86,17 +127,19 @@ impl Leadership {
     }
 
     fn elected() -> Self {
-        Self(Some(Arc::new(Mutex::new(None))))
+        Self(Some(Arc::new(Tenure {
+            deadline: watch::channel(None).0,
+            started: watch::channel(false).0,
+        })))
     }
 
     fn deadline(&self) -> Option<Instant> {
-        let cell = self.0.as_ref()?;
-        *cell.lock().unwrap_or_else(|e| e.into_inner())
+        *self.0.as_ref()?.deadline.borrow()
     }
 
     fn set(&self, deadline: Option<Instant>) {
-        if let Some(cell) = &self.0 {
-            *cell.lock().unwrap_or_else(|e| e.into_inner()) = deadline;
+        if let Some(t) = &self.0 {
+            t.deadline.send_replace(deadline);
         }
     }
 
@@ -111,17 +154,56 @@ impl Leadership {
         }
     }
 
-    /// Resolves once the leadership has lapsed (never for an unconditional one).
+    /// Resolves once the leadership has lapsed (never for an unconditional one): at its
+    /// deadline, or at once when this replica learns that another holds the Lease.
     pub async fn lapsed(&self) {
-        if self.0.is_none() {
+        let Some(t) = &self.0 else {
             return std::future::pending().await;
-        }
+        };
+        let mut deadline = t.deadline.subscribe();
         loop {
-            match self.deadline() {
-                Some(d) if Instant::now() < d => tokio::time::sleep_until(d).await,
+            match *deadline.borrow_and_update() {
+                Some(d) if Instant::now() < d => {}
                 _ => return,
             }
+            let until = (*deadline.borrow()).unwrap_or_else(Instant::now);
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => {}
+                _ = deadline.changed() => {}
+            }
         }
+    }
+
+    /// Resolves once this replica leads.
+    async fn leading(&self) {
+        let Some(t) = &self.0 else {
+            return;
+        };
+        let mut deadline = t.deadline.subscribe();
+        while self.check().is_err() {
+            if deadline.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// Reports that the work under this leadership really runs: its first list of
+    /// TargetLeases completed. Until then a leader renews its Lease only for
+    /// [`Election::start_bound`], then gives it up.
+    pub fn work_started(&self) {
+        if let Some(t) = &self.0 {
+            t.started.send_replace(true);
+        }
+    }
+
+    fn begin_tenure(&self) {
+        if let Some(t) = &self.0 {
+            t.started.send_replace(false);
+        }
+    }
+
+    fn has_started(&self) -> bool {
+        self.0.as_ref().is_none_or(|t| *t.started.borrow())
     }
 }
 
@@ -133,6 +215,38 @@ pub async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
+/// Waits for `work` until `by`, then cancels it (the caller drops it): a work that cannot wind
+/// down (a controller whose first list never completed) must not hold the process or the Lease.
+/// Returns whether it ended on its own.
+async fn finish_by<Fut: Future<Output = ()>>(work: Pin<&mut Fut>, by: Instant) -> bool {
+    let ended = tokio::time::timeout_at(by, work).await.is_ok();
+    if !ended {
+        warn!("the controller did not wind down in time; cancelling it");
+    }
+    ended
+}
+
+/// Runs `work` on a replica without leader election until `stop` turns true, then gives it
+/// [`STOP_GRACE`] to finish and cancels it.
+pub async fn run_alone<F, Fut>(work: F, stop: watch::Receiver<bool>, leading_gauge: Gauge)
+where
+    F: FnOnce(StopSignal, Leadership) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    leading_gauge.set(1);
+    let mut running = Box::pin(work(
+        Box::pin(stopped(stop.clone())),
+        Leadership::unconditional(),
+    ));
+    tokio::select! {
+        _ = &mut running => {}
+        _ = stopped(stop) => {
+            finish_by(running.as_mut(), Instant::now() + STOP_GRACE).await;
+        }
+    }
+    leading_gauge.set(0);
+}
+
 fn now() -> MicroTime {
     MicroTime(jiff::Timestamp::now())
 }
@@ -141,66 +255,130 @@ fn now() -> MicroTime {
 enum Look {
     /// This replica holds the Lease; the renewal was sent at the instant given.
     Leading(Instant),
-    /// Another replica holds it.
+    /// Another replica holds it, or nobody may take it yet.
     Following,
+}
+
+/// What a look may do with the Lease it read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Move {
+    /// It names this replica: renew it (a compare-and-swap, so only if nobody took it since).
+    Renew,
+    /// Take it (create it when it is missing, else replace it).
+    Take,
+    /// Leave it: another replica may still act.
+    Wait,
+}
+
+/// The election's rule. `present`: the Lease exists; `holder`: whom it names (empty when
+/// released); `leading`: this replica leads now; `unchanged_for`: how long this replica has
+/// seen the Lease in this state (missing, or at this resourceVersion) on its own clock;
+/// `claimed_for`: the longest duration a holder may have claimed.
+///
+/// A missing Lease is taken like an unrenewed one, once seen missing for the whole duration:
+/// its last holder acts until its own deadline, which no one else can read once it is gone.
+/// Only the leader recreates it at once. A released Lease (no holder) was given up after the
+/// work stopped, so it is taken at once.
+fn decide(
+    present: bool,
+    holder: Option<&str>,
+    me: &str,
+    leading: bool,
+    unchanged_for: Duration,
+    claimed_for: Duration,
+) -> Move {
+    match (present, holder) {
+        (true, Some(h)) if h == me => Move::Renew,
+        (true, None) => Move::Take,
+        (false, _) if leading => Move::Take,
+        _ if unchanged_for >= claimed_for => Move::Take,
+        _ => Move::Wait,
+    }
+}
+
+/// What a follower saw of the Lease, and since when on its monotonic clock.
+struct Seen {
+    /// The resourceVersion, or `None` for a missing Lease.
+    version: Option<String>,
+    since: Instant,
 }
 
 /// The state of one replica between looks: the Lease version it last saw and since when.
 struct Elector {
     api: Api<Lease>,
     election: Election,
-    seen: Option<(String, Instant)>,
+    seen: Option<Seen>,
+    /// The longest duration a Lease seen so far claimed: a missing Lease is waited for as long.
+    claimed: Duration,
 }
 
 impl Elector {
-    /// Creates, renews or takes over the Lease, or notes who holds it.
-    async fn look(&mut self) -> Result<Look, kube::Error> {
+    /// Creates, renews or takes over the Lease, or notes who holds it. `leading`: whether this
+    /// replica leads now (only a leader recreates a missing Lease at once).
+    async fn look(&mut self, leading: bool) -> Result<Look, kube::Error> {
         let sent = Instant::now();
         let me = self.election.identity.clone();
-        let Some(mut lease) = self.api.get_opt(&self.election.name).await? else {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(self.election.name.clone()),
-                    namespace: Some(self.election.namespace.clone()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(self.spec_for_me(0)),
-            };
-            return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(Look::Leading(sent)),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(Look::Following),
-                Err(e) => Err(e),
-            };
-        };
-        let spec = lease.spec.clone().unwrap_or_default();
+        let lease = self.api.get_opt(&self.election.name).await?;
+        let spec = lease
+            .as_ref()
+            .and_then(|l| l.spec.clone())
+            .unwrap_or_default();
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
-        if holder.as_deref() == Some(me.as_str()) {
-            let mut renewed = spec;
-            renewed.renew_time = Some(now());
-            renewed.lease_duration_seconds = Some(self.duration_field());
-            lease.spec = Some(renewed);
-            return self.replace(&lease, sent).await;
-        }
-        let version = lease.resource_version().unwrap_or_default();
+        let version = lease
+            .as_ref()
+            .map(|l| l.resource_version().unwrap_or_default());
         let since = match &self.seen {
-            Some((v, since)) if *v == version => *since,
+            Some(seen) if seen.version == version => seen.since,
             _ => {
-                self.seen = Some((version, Instant::now()));
-                Instant::now()
+                let since = Instant::now();
+                self.seen = Some(Seen { version, since });
+                since
             }
         };
-        let claimed_for = Duration::from_secs(
-            u64::try_from(spec.lease_duration_seconds.unwrap_or(0))
-                .unwrap_or(0)
-                .max(self.election.duration_seconds),
-        );
-        if holder.is_some() && since.elapsed() < claimed_for {
-            return Ok(Look::Following);
+        if let Some(seconds) = spec.lease_duration_seconds {
+            let claimed = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+            self.claimed = self.election.duration().max(claimed);
         }
-        let transitions = spec.lease_transitions.unwrap_or(0) + 1;
-        lease.spec = Some(self.spec_for_me(transitions));
-        info!(identity = %me, previous = ?holder, "taking over the leader Lease");
-        self.replace(&lease, sent).await
+        let step = decide(
+            lease.is_some(),
+            holder.as_deref(),
+            &me,
+            leading,
+            since.elapsed(),
+            self.claimed,
+        );
+        match (step, lease) {
+            (Move::Wait, _) => Ok(Look::Following),
+            (_, None) => {
+                info!(identity = %me, "creating the leader Lease");
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.election.name.clone()),
+                        namespace: Some(self.election.namespace.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(self.spec_for_me(0)),
+                };
+                match self.api.create(&PostParams::default(), &lease).await {
+                    Ok(_) => Ok(Look::Leading(sent)),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(Look::Following),
+                    Err(e) => Err(e),
+                }
+            }
+            (Move::Renew, Some(mut lease)) => {
+                let mut renewed = spec;
+                renewed.renew_time = Some(now());
+                renewed.lease_duration_seconds = Some(self.duration_field());
+                lease.spec = Some(renewed);
+                self.replace(&lease, sent).await
+            }
+            (Move::Take, Some(mut lease)) => {
+                let transitions = spec.lease_transitions.unwrap_or(0) + 1;
+                lease.spec = Some(self.spec_for_me(transitions));
+                info!(identity = %me, previous = ?holder, "taking over the leader Lease");
+                self.replace(&lease, sent).await
+            }
+        }
     }
 
     fn duration_field(&self) -> i32 {
@@ -231,10 +409,61 @@ impl Elector {
         }
     }
 
-    /// Gives the Lease up (a clean shutdown), so a successor takes over at once. Bounded by the
-    /// retry period: a replica cut off from the API server must not hang its shutdown.
+    /// One look bounded by the retry period; a renewal moves the deadline forward, a look
+    /// that finds another holder ends the leadership at once. Returns whether this replica
+    /// leads.
+    async fn look_and_set(&mut self, leadership: &Leadership) -> bool {
+        let leading = leadership.check().is_ok();
+        match tokio::time::timeout(self.election.retry(), self.look(leading)).await {
+            Ok(Ok(Look::Leading(sent))) => {
+                leadership.set(Some(sent + self.election.acting()));
+            }
+            Ok(Ok(Look::Following)) => leadership.set(None),
+            Ok(Err(e)) => warn!(error = %e, "could not renew or read the leader Lease"),
+            Err(_) => warn!("the leader Lease call timed out"),
+        }
+        leadership.check().is_ok()
+    }
+
+    /// Looks every retry period until this replica leads (true) or `stop` turns true (false).
+    async fn follow(&mut self, leadership: &Leadership, stop: &mut watch::Receiver<bool>) -> bool {
+        loop {
+            tokio::select! {
+                leads = self.look_and_set(leadership) => if leads {
+                    return true;
+                },
+                _ = stop.wait_for(|s| *s) => return false,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.election.retry()) => {}
+                _ = stop.wait_for(|s| *s) => return false,
+            }
+        }
+    }
+
+    /// Renews every retry period while the work is alive and has started; returns when it
+    /// has not started within the start bound, or another replica holds the Lease.
+    async fn renew(&mut self, leadership: &Leadership, began: Instant) -> Ended {
+        loop {
+            tokio::time::sleep(self.election.retry()).await;
+            if !leadership.has_started() && began.elapsed() >= self.election.start_bound() {
+                warn!(
+                    bound_ms = self.election.start_bound().as_millis() as u64,
+                    "the controller did not start within the bound (its first list of \
+                     TargetLeases has not completed): giving the leader Lease up"
+                );
+                return Ended::Stuck;
+            }
+            if !self.look_and_set(leadership).await && leadership.deadline().is_none() {
+                return Ended::Lost;
+            }
+        }
+    }
+
+    /// Gives the Lease up (a clean shutdown), so a successor takes over at once. Bounded: a
+    /// replica cut off from the API server must not hang its shutdown.
     async fn release(&self) {
-        if tokio::time::timeout(self.election.retry(), self.give_up())
+        if tokio::time::timeout(self.election.release_bound(), self.give_up())
             .await
             .is_err()
         {
@@ -264,13 +493,29 @@ impl Elector {
     }
 }
 
+/// Why a tenure ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// The process is stopping.
+    Stop,
+    /// The leadership lapsed, or another replica holds the Lease.
+    Lost,
+    /// The work did not start within the start bound, or returned on its own.
+    Stuck,
+}
+
 /// Runs `work` whenever this replica leads, until `stop` turns true. `work` gets a signal that
-/// fires when leadership lapses or the process stops, and the [`Leadership`] to check before
-/// acting; it must wind down when the signal fires.
+/// fires when it must stop, and the [`Leadership`] to check before acting and to report, with
+/// [`Leadership::work_started`], that it really runs.
+///
+/// The Lease is renewed only while the work has not returned and has started within
+/// [`Election::start_bound`]. A work told to stop gets until the leadership deadline, at most
+/// [`STOP_GRACE`], and is then cancelled; only after it is gone is the Lease given up (on stop,
+/// or when the work did not start), so two replicas never act at once.
 pub async fn lead<F, Fut>(
     client: Client,
     election: Election,
-    stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
     leading_gauge: Gauge,
     mut work: F,
 ) -> Result<(), kube::Error>
@@ -282,81 +527,77 @@ where
         api: Api::namespaced(client, &election.namespace),
         election: election.clone(),
         seen: None,
+        claimed: election.duration(),
     };
     let leadership = Leadership::elected();
-    // The elector runs beside the work, so renewals go on while it runs; it ends when `stop`
-    // turns true and hands the elector back for the release.
-    let (leading_tx, mut leading) = watch::channel(false);
-    let renewals = {
-        let (leadership, election) = (leadership.clone(), election.clone());
-        let mut stop = stop.clone();
+    // The gauge follows the leadership itself, so it reads 0 from the deadline on even while
+    // the work winds down.
+    let gauge = {
+        let (leadership, leading_gauge) = (leadership.clone(), leading_gauge.clone());
         async move {
             loop {
-                match tokio::time::timeout(election.retry(), elector.look()).await {
-                    Ok(Ok(Look::Leading(sent))) => {
-                        leadership.set(Some(sent + election.duration() - election.margin()));
-                    }
-                    Ok(Ok(Look::Following)) => leadership.set(None),
-                    Ok(Err(e)) => warn!(error = %e, "could not renew or read the leader Lease"),
-                    Err(_) => warn!("the leader Lease call timed out"),
-                }
-                // After every look, changed or not: a leader whose leadership lapsed and came back
-                // between two looks (a short API outage) must be woken to run its work again.
-                leading_tx.send_replace(leadership.check().is_ok());
-                tokio::select! {
-                    _ = tokio::time::sleep(election.retry()) => {}
-                    _ = stop.wait_for(|s| *s) => break,
-                }
-            }
-            elector
-        }
-    };
-    tokio::pin!(renewals);
-    let elector = 'run: loop {
-        if *stop.borrow() {
-            break (&mut renewals).await;
-        }
-        // Wait until this replica leads; `renewals` ends only when the process stops.
-        while leadership.check().is_err() {
-            tokio::select! {
-                elector = &mut renewals => break 'run elector,
-                _ = leading.changed() => {}
-            }
-        }
-        info!(identity = %election.identity, lease = %election.name, "became leader");
-        leading_gauge.set(1);
-        let signal: StopSignal = {
-            let (stop, leadership) = (stop.clone(), leadership.clone());
-            let gauge = leading_gauge.clone();
-            Box::pin(async move {
-                tokio::select! {
-                    _ = stopped(stop) => {}
-                    _ = leadership.lapsed() => {
-                        gauge.set(0);
-                        warn!("leadership lapsed (the leader Lease could not be renewed in time); stopping");
-                    }
-                }
-            })
-        };
-        let running = work(signal, leadership.clone());
-        tokio::pin!(running);
-        // Keep renewing while the work runs; the work ends on its own once its signal fired.
-        tokio::select! {
-            _ = &mut running => {}
-            elector = &mut renewals => {
-                running.await;
+                leadership.leading().await;
+                leading_gauge.set(1);
+                leadership.lapsed().await;
                 leading_gauge.set(0);
-                break 'run elector;
             }
         }
-        leading_gauge.set(0);
     };
-    // A clean stop gives the Lease up: a successor takes over at once instead of waiting out
-    // the duration. Only after the work has ended, so two replicas never act at once.
-    if leadership.check().is_ok() {
-        leadership.set(None);
-        elector.release().await;
+    let tenures = async {
+        while elector.follow(&leadership, &mut stop).await {
+            leadership.begin_tenure();
+            let began = Instant::now();
+            info!(identity = %election.identity, lease = %election.name, "became leader");
+            let (end, ended) = watch::channel(false);
+            let mut running = Box::pin(work(Box::pin(stopped(ended)), leadership.clone()));
+            let (why, returned) = tokio::select! {
+                _ = &mut running => {
+                    warn!("the controller stopped on its own; giving the leader Lease up");
+                    (Ended::Stuck, true)
+                }
+                why = elector.renew(&leadership, began) => (why, false),
+                _ = leadership.lapsed() => {
+                    warn!("leadership lapsed (the leader Lease could not be renewed in time); stopping");
+                    (Ended::Lost, false)
+                }
+                _ = stop.wait_for(|s| *s) => (Ended::Stop, false),
+            };
+            if why == Ended::Stuck {
+                // It did nothing: there is nothing to let finish.
+                leadership.set(None);
+            }
+            end.send_replace(true);
+            if !returned {
+                let now = Instant::now();
+                let by = leadership
+                    .deadline()
+                    .map_or(now, |d| d.max(now))
+                    .min(now + STOP_GRACE);
+                finish_by(running.as_mut(), by).await;
+            }
+            drop(running);
+            leadership.set(None);
+            match why {
+                Ended::Stop => {
+                    elector.release().await;
+                    return;
+                }
+                Ended::Stuck => {
+                    elector.release().await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(election.sit_out()) => {}
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                }
+                Ended::Lost => {}
+            }
+        }
+    };
+    tokio::select! {
+        _ = tenures => {}
+        _ = gauge => {}
     }
+    leading_gauge.set(0);
     Ok(())
 }
 
@@ -388,6 +629,110 @@ mod tests {
             );
             assert!(e.takeover() > acting, "{seconds} s");
         }
+    }
+
+    /// A missing Lease is taken only by the leader at once, by anyone else only after the
+    /// whole duration; a released one at once; one naming this replica is renewed; another's
+    /// only once unchanged for what it claimed.
+    #[test]
+    fn a_missing_lease_waits_the_whole_duration() {
+        let d = Duration::from_secs(3);
+        let just_under = d - Duration::from_millis(1);
+        assert_eq!(decide(false, None, "me", false, just_under, d), Move::Wait);
+        assert_eq!(decide(false, None, "me", false, d, d), Move::Take);
+        assert_eq!(
+            decide(false, None, "me", true, Duration::ZERO, d),
+            Move::Take,
+            "the leader recreates its Lease"
+        );
+        assert_eq!(
+            decide(true, None, "me", false, Duration::ZERO, d),
+            Move::Take
+        );
+        assert_eq!(
+            decide(true, Some("me"), "me", false, Duration::ZERO, d),
+            Move::Renew
+        );
+        assert_eq!(
+            decide(true, Some("other"), "me", false, just_under, d),
+            Move::Wait
+        );
+        assert_eq!(decide(true, Some("other"), "me", false, d, d), Move::Take);
+        assert_eq!(
+            decide(true, Some("other"), "me", true, just_under, d),
+            Move::Wait,
+            "a Lease that names another is never taken early"
+        );
+    }
+
+    /// The work's start bound leaves renewals to come before the deadline; a stop is bounded
+    /// below the Kubernetes default grace period (30 s) for every duration the flag allows.
+    #[test]
+    fn start_and_stop_are_bounded() {
+        for seconds in [2, 3, 10, 60, 3600] {
+            let e = election(seconds);
+            assert!(e.start_bound() >= e.retry() * 2, "{seconds} s");
+            assert!(e.stop_bound() < Duration::from_secs(30), "{seconds} s");
+            assert!(e.sit_out() >= e.takeover(), "{seconds} s");
+        }
+        assert_eq!(election(3).stop_bound(), Duration::from_millis(2750));
+        assert_eq!(election(10).stop_bound(), Duration::from_millis(7500));
+    }
+
+    /// A work that never winds down is cancelled at the bound; one that does is not waited for
+    /// longer than it takes.
+    #[tokio::test(start_paused = true)]
+    async fn a_stuck_work_is_cancelled_at_the_bound() {
+        let start = Instant::now();
+        let mut stuck = Box::pin(std::future::pending::<()>());
+        assert!(!finish_by(stuck.as_mut(), start + Duration::from_secs(2)).await);
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        let start = Instant::now();
+        let mut quick = Box::pin(tokio::time::sleep(Duration::from_millis(300)));
+        assert!(finish_by(quick.as_mut(), start + Duration::from_secs(2)).await);
+        assert_eq!(start.elapsed(), Duration::from_millis(300));
+    }
+
+    /// Without election, SIGTERM ends a work that ignores its signal within the grace.
+    #[tokio::test(start_paused = true)]
+    async fn run_alone_is_bounded() {
+        let (stop_tx, stop) = watch::channel(false);
+        let gauge = Gauge::default();
+        let start = Instant::now();
+        let run = run_alone(
+            |_signal, _leadership| std::future::pending::<()>(),
+            stop,
+            gauge.clone(),
+        );
+        let sigterm = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(gauge.get(), 1);
+            stop_tx.send_replace(true);
+        };
+        tokio::join!(run, sigterm);
+        assert_eq!(start.elapsed(), Duration::from_secs(1) + STOP_GRACE);
+        assert_eq!(gauge.get(), 0);
+    }
+
+    /// Learning that another replica holds the Lease ends the leadership at once, not at the
+    /// old deadline.
+    #[tokio::test(start_paused = true)]
+    async fn lapsed_wakes_when_the_leadership_is_withdrawn() {
+        let l = Leadership::elected();
+        l.set(Some(Instant::now() + Duration::from_secs(10)));
+        let start = Instant::now();
+        let withdraw = async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            l.set(None);
+        };
+        tokio::join!(l.lapsed(), withdraw);
+        assert_eq!(start.elapsed(), Duration::from_millis(500));
+        assert!(!l.has_started());
+        l.work_started();
+        assert!(l.has_started());
+        l.begin_tenure();
+        assert!(!l.has_started(), "a new tenure starts unstarted");
+        assert!(Leadership::unconditional().has_started());
     }
 
     #[tokio::test(start_paused = true)]

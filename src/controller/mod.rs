@@ -154,10 +154,18 @@ pub async fn run(
     let targets = TargetIndex::default();
     let stream = {
         let (leases, targets) = (leases.clone(), targets.clone());
+        let started = leadership.clone();
         watcher(api, watcher::Config::default().any_semantic())
             .modify(slim)
             .reflect(writer)
-            .inspect_ok(move |event| targets.observe(event, &leases))
+            .inspect_ok(move |event| {
+                targets.observe(event, &leases);
+                // The cache is whole: reconciles can start. A leader renews its Lease only
+                // once this has happened (or not for long).
+                if matches!(event, watcher::Event::InitDone) {
+                    started.work_started();
+                }
+            })
             .applied_objects()
     };
     let controller = Controller::for_stream(stream, leases.clone());
@@ -182,12 +190,15 @@ pub async fn run(
         shortest_ttl: settings.shortest_ttl,
         failures: Mutex::default(),
     });
-    let pods: Vec<_> = settings
-        .holder_pods
-        .watches(settings.namespace.as_deref())
-        .into_iter()
-        .map(|namespace| tokio::spawn(holders.clone().watch(client.clone(), namespace)))
-        .collect();
+    let _watching = Watching {
+        pods: settings
+            .holder_pods
+            .watches(settings.namespace.as_deref())
+            .into_iter()
+            .map(|namespace| tokio::spawn(holders.clone().watch(client.clone(), namespace)))
+            .collect(),
+        metrics: ctx.metrics.clone(),
+    };
     let woken = futures::stream::unfold(woken, |mut rx| async move {
         rx.recv().await.map(|obj| (obj, rx))
     });
@@ -211,12 +222,24 @@ pub async fn run(
             futures::future::ready(())
         })
         .await;
-    for watch in pods {
-        watch.abort();
-    }
-    // No longer leading: nothing to count.
-    failures_ctx.metrics.count_leases_in(None);
     info!("controller stopped");
+}
+
+/// What [`run`] started beside the controller, stopped when it returns or is cancelled (a
+/// controller that could not wind down in time is dropped).
+struct Watching {
+    pods: Vec<tokio::task::JoinHandle<()>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        for watch in &self.pods {
+            watch.abort();
+        }
+        // No longer leading: nothing to count.
+        self.metrics.count_leases_in(None);
+    }
 }
 
 #[cfg(test)]

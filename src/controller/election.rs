@@ -7,7 +7,14 @@
 //! only after it has seen the Lease unchanged for the whole duration on *its* monotonic clock
 //! (client-go's rule: no two clocks are compared), which is after the old leader's deadline by at
 //! least the margin. What a cut-off leader sent before its deadline and arrives later is refused
-//! by the resourceVersion precondition of every status write.
+//! by the resourceVersion precondition of every status write. A missing Lease is waited for the
+//! same way (seen missing for the whole duration), since the deadline of whoever held it can no
+//! longer be read; only the leader itself recreates it at once.
+//!
+//! Holding the Lease is worth something only while the work runs: a leader renews only while its
+//! work has not returned and has reported, within the start bound, that it started (a controller
+//! whose first list never completes would otherwise hold the Lease and do nothing). The work is
+//! cancelled when it does not wind down in time, and the Lease given up only after that.
 //!
 //! kube-lease-manager (used before) reported leadership until the Lease expired by the local
 //! clock only after it re-read the Lease, and never reported `false` while it could not reach the

@@ -3,7 +3,8 @@
 --   the lease hash; the fence (newest token); the reply cache of this request id; the request id
 --   of the newest grant (never expires)
 -- ARGV: lease_id, owner, ttl_ms, min_token, reply_ttl_ms, request_id
--- Reply: 'acquired <token> <ttl_ms> <server_ms> <acquired_ms>' | 'held <pttl_ms> <owner>'
+-- Reply: 'acquired <token> <ttl_ms> <server_ms> <acquired_ms>' | 'held <pttl_ms> <owner>' |
+--   'expired <token>' (a retry whose grant has ended)
 local ttl, min_token, reply_ttl = arg_int(ARGV[3]), arg_int(ARGV[4]), arg_int(ARGV[5])
 if not ttl or ttl < 1 or ttl > MAX_TTL_MS then return invalid('ttl_ms must be from 1 to 86400000') end
 if not min_token then return invalid('min_token must be an integer from 0 to 2^53-2') end
@@ -19,26 +20,38 @@ if ARGV[2] == '' or #ARGV[2] > 253 then return invalid('owner must be 1 to 253 b
 -- canonical integers once arg_int accepted them, so they are used as they came.)
 local bound = binding('acquire', ARGV[1], ARGV[2], ARGV[4])
 local cached, err = cached_reply(KEYS[3], bound, 'acquire')
+if err then return err end
+
+local lease, lease_err = read_lease(KEYS[1])
+if lease_err then return lease_err end
+
 if cached then
+  -- A retry is answered with its first reply only while the grant it reports still stands:
+  -- the same lease id, owner and token hold the target. After an expiry, a release or a newer
+  -- token, the caller learns that its grant ended and takes nothing (it never reads a grant
+  -- that is gone as its own).
+  local replayed = string.match(cached, '^acquired (%d+) ')
+  if not replayed then
+    return corrupt('reply cache at ' .. KEYS[3] .. ' is not an acquire reply')
+  end
+  if not lease or lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2] or
+      lease.token_text ~= replayed then
+    return 'expired ' .. replayed
+  end
+  local fence, fence_err = read_fence(KEYS[2])
+  if not fence then return fence_err end
+  local denied = may_write({'PEXPIRE', KEYS[3], '1'}, {'SET', KEYS[2], '1'})
+  if denied then return denied end
   -- Every path that answers 'acquired' writes, a replayed reply too: the client's WAITAOF (the
   -- durability option) waits for this connection's last write, and a retry may arrive on a new
   -- connection that has written nothing yet. Refreshing the cache entry orders a write after
   -- the original grant in the replication stream, so the wait covers the grant.
   redis.call('PEXPIRE', KEYS[3], reply_ttl)
   -- A replayed grant leaves the fence at least at its token, like every path that answers one.
-  local replayed = arg_int(string.match(cached, '^acquired (%d+) '))
-  if replayed then
-    local fence, fence_err = read_fence(KEYS[2])
-    if not fence then return fence_err end
-    if fence < replayed then redis.call('SET', KEYS[2], int(replayed)) end
-  end
+  if fence < lease.token then redis.call('SET', KEYS[2], replayed) end
   return cached
-elseif err then
-  return err
 end
 
-local lease, lease_err = read_lease(KEYS[1])
-if lease_err then return lease_err end
 if lease and (lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2]) then
   return 'held ' .. int(lease.pttl) .. ' ' .. lease.owner
 end
@@ -48,6 +61,10 @@ if not fence then return fence_err end
 -- TIME only where a token or a time is answered: the `held` refusal above does not need it.
 local now_us, now_ms = server_now()
 local now = int(now_ms)
+-- Every write below, checked before the first (see may_write).
+local denied = may_write({'HSET', KEYS[1], 'token', '1'}, {'PEXPIRE', KEYS[1], '1'},
+  {'SET', KEYS[2], '1'}, {'SET', KEYS[4], '1'}, {'SET', KEYS[3], '1'})
+if denied then return denied end
 
 if lease then
   -- Already ours (a retry after the cache expired, or a controller that lost its status write):

@@ -13,8 +13,10 @@ if not token or token == 0 then return invalid('token must be an integer from 1 
 
 local bound = binding('renew', ARGV[1], ARGV[2], ARGV[3])
 local cached, err = cached_reply(KEYS[3], bound, 'renew')
-if cached then return cached elseif err then return err end
+if err then return err end
 
+-- The holder is checked first, for a retry too: a cached 'renewed' is answered only while the
+-- lease it renewed still stands, never for a lease that expired or passed on since.
 local lease, lease_err = read_lease(KEYS[1])
 if lease_err then return lease_err end
 if not lease then return 'lost expired' end
@@ -24,7 +26,10 @@ end
 local fence, fence_err = read_fence(KEYS[2])
 if not fence then return fence_err end
 if lease.token < fence then return 'lost not_holder' end
+if cached then return cached end
+local _, now_ms = server_now()
+local denied = may_write({'SET', KEYS[2], '1'}, {'PEXPIRE', KEYS[1], '1'}, {'SET', KEYS[3], '1'})
+if denied then return denied end
 if fence < lease.token then redis.call('SET', KEYS[2], lease.token_text) end
 redis.call('PEXPIRE', KEYS[1], ttl)
-local _, now_ms = server_now()
 return remember(KEYS[3], bound, 'renewed ' .. ARGV[4] .. ' ' .. int(now_ms), reply_ttl)

@@ -22,8 +22,10 @@ use targetlease::store::{
 };
 
 use support::contract_cases::{
-    Harness, TTL, acquire_req, acquired, commit_req, guarded, handle, plain_variants, release_req,
-    renew_req, target, token_of, trials_of, valkey_config,
+    Harness, TTL, a_retry_never_answers_for_an_ended_grant, acquire_req, acquired, commit_req,
+    guarded, handle, plain_variants, release_req, renew_req,
+    scripts_refused_half_way_write_nothing, target, token_of, tokens_grow_past_a_promoted_replica,
+    tokens_grow_past_a_restored_snapshot, trials_of, valkey_config,
 };
 use support::server::{Server, ServerKind};
 use support::suite;
@@ -757,6 +759,10 @@ fn main() {
         Admin evicting_server_is_refused,
         Admin workload_user_cannot_touch_leases,
         Admin two_installations_never_share_a_prefix,
+        Store tokens_grow_past_a_promoted_replica,
+        Store tokens_grow_past_a_restored_snapshot,
+        Store a_retry_never_answers_for_an_ended_grant,
+        Admin scripts_refused_half_way_write_nothing,
     ];
     suite::run("adversarial", trials_of(&plain_variants(), &cases));
 }

@@ -163,6 +163,9 @@ async fn workload(store: Arc<dyn LeaseStore>, t: TargetRef, until: Instant) -> S
                 Ok(AcquireOutcome::Held { .. }) => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
+                Ok(AcquireOutcome::Expired { token }) => {
+                    panic!("a fresh request id was answered as a retry of token {token}")
+                }
                 Err(_) => {
                     seen.errors += 1;
                     tokio::time::sleep(Duration::from_millis(20)).await;

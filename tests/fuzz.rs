@@ -403,7 +403,8 @@ fn hostile_arguments_are_refused_cleanly() {
                                 .await
                                 .map(|o| match o {
                                     AcquireOutcome::Acquired(g) => Some((g.token, *floor)),
-                                    AcquireOutcome::Held { .. } => None,
+                                    AcquireOutcome::Held { .. }
+                                    | AcquireOutcome::Expired { .. } => None,
                                 }),
                             Err(e) => Err(e),
                         },

@@ -8,6 +8,9 @@ pub const OK: u8 = 0;
 pub const FAILURE: u8 = 1;
 /// `lease ...`: the store refused (held, lost, not_holder, stale).
 pub const REFUSED: u8 = 3;
+/// `lease acquire`: a retry (the same request id) of an acquire whose grant has ended since
+/// (outcome `expired`): nothing is held; claim again with a new request id.
+pub const GRANT_ENDED: u8 = 4;
 /// `run`, `wait`: the lease was not Held within the wait timeout (EX_TEMPFAIL).
 pub const NOT_ACQUIRED: u8 = 75;
 /// `run`: the lease was lost while the command ran (another phase or token, the TargetLease

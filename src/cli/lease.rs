@@ -181,16 +181,22 @@ impl ClaimArgs {
 /// A printed result: the JSON object and whether the call did what was asked.
 struct Printed {
     body: Value,
-    done: bool,
+    /// The exit status: [`exit::OK`], [`exit::REFUSED`] or [`exit::GRANT_ENDED`].
+    code: u8,
 }
 
-fn printed(outcome: &impl Serialize, done: bool, request_id: Option<&RequestId>) -> Printed {
+/// OK when the call did what was asked, REFUSED otherwise.
+fn done_or_refused(done: bool) -> u8 {
+    if done { exit::OK } else { exit::REFUSED }
+}
+
+fn printed(outcome: &impl Serialize, code: u8, request_id: Option<&RequestId>) -> Printed {
     let mut body = serde_json::to_value(outcome)
         .unwrap_or_else(|e| json!({"outcome": "error", "message": e.to_string()}));
     if let (Some(id), Value::Object(map)) = (request_id, &mut body) {
         map.insert("requestId".into(), Value::String(id.as_str().to_owned()));
     }
-    Printed { body, done }
+    Printed { body, code }
 }
 
 impl LeaseCommand {
@@ -198,8 +204,7 @@ impl LeaseCommand {
     pub async fn run(self) -> ExitCode {
         let result = self.call().await;
         let (body, code) = match result {
-            Ok(Printed { body, done: true }) => (body, exit::OK),
-            Ok(Printed { body, done: false }) => (body, exit::REFUSED),
+            Ok(Printed { body, code }) => (body, code),
             Err(e) => (
                 json!({"outcome": "error", "kind": e.kind().as_str(), "message": e.to_string()}),
                 exit::FAILURE,
@@ -230,8 +235,12 @@ impl LeaseCommand {
                         request_id: request_id.clone(),
                     })
                     .await?;
-                let done = matches!(outcome, AcquireOutcome::Acquired(_));
-                Ok(printed(&outcome, done, Some(&request_id)))
+                let code = match outcome {
+                    AcquireOutcome::Acquired(_) => exit::OK,
+                    AcquireOutcome::Held { .. } => exit::REFUSED,
+                    AcquireOutcome::Expired { .. } => exit::GRANT_ENDED,
+                };
+                Ok(printed(&outcome, code, Some(&request_id)))
             }
             LeaseCommand::Renew {
                 target,
@@ -250,7 +259,7 @@ impl LeaseCommand {
                     })
                     .await?;
                 let done = matches!(outcome, RenewOutcome::Renewed { .. });
-                Ok(printed(&outcome, done, Some(&request_id)))
+                Ok(printed(&outcome, done_or_refused(done), Some(&request_id)))
             }
             LeaseCommand::Release {
                 target,
@@ -267,13 +276,13 @@ impl LeaseCommand {
                     })
                     .await?;
                 let done = outcome == ReleaseOutcome::Released;
-                Ok(printed(&outcome, done, Some(&request_id)))
+                Ok(printed(&outcome, done_or_refused(done), Some(&request_id)))
             }
             LeaseCommand::Check { target, token } => {
                 let (store, target) = target.open().await?;
                 let outcome = store.check(&target, Token::new(*token)?).await?;
                 let done = matches!(outcome, CheckOutcome::Current { .. });
-                Ok(printed(&outcome, done, None))
+                Ok(printed(&outcome, done_or_refused(done), None))
             }
             LeaseCommand::Commit {
                 target,
@@ -296,7 +305,7 @@ impl LeaseCommand {
                     })
                     .await?;
                 let done = matches!(outcome, CommitOutcome::Committed { .. });
-                Ok(printed(&outcome, done, Some(&request_id)))
+                Ok(printed(&outcome, done_or_refused(done), Some(&request_id)))
             }
             LeaseCommand::Read { target, key } => {
                 let (store, target) = target.open().await?;
@@ -309,18 +318,18 @@ impl LeaseCommand {
                 };
                 Ok(Printed {
                     body,
-                    done: found.is_some(),
+                    code: done_or_refused(found.is_some()),
                 })
             }
             LeaseCommand::Inspect { target } => {
                 let (store, target) = target.open().await?;
                 let inspection = store.inspect(&target).await?;
-                Ok(printed(&inspection, true, None))
+                Ok(printed(&inspection, exit::OK, None))
             }
             LeaseCommand::Repair { target, floor } => {
                 let (store, target) = target.open().await?;
                 let outcome = store.repair(&target, *floor).await?;
-                Ok(printed(&outcome, true, None))
+                Ok(printed(&outcome, exit::OK, None))
             }
         }
     }

@@ -338,6 +338,17 @@ pub fn after_acquire(claim: &Claim<'_>, outcome: &AcquireOutcome) -> Step {
             // holder that stopped renewing: try again when Valkey said the lease expires.
             next: Duration::from_millis(*expires_in_ms) + Duration::from_millis(20),
         },
+        // The store's own retry of this call came after the grant had already ended (a TTL
+        // shorter than the call's retries): nothing is held; claim again at once with a new
+        // request id, which can only get a larger token.
+        AcquireOutcome::Expired { .. } => {
+            let message = "the lease expired before its grant was confirmed";
+            Step {
+                observed: Observed::lost(Reason::Expired, message.to_owned(), claim.last_token()),
+                event: Some((Reason::Expired, message.to_owned())),
+                next: Duration::from_millis(100),
+            }
+        }
     }
 }
 

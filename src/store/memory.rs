@@ -76,7 +76,10 @@ pub struct MemoryStore {
     state: Mutex<State>,
 }
 
-#[derive(Default)]
+/// What [`MemoryStore::snapshot`] copied.
+pub struct MemorySnapshot(State);
+
+#[derive(Default, Clone)]
 struct State {
     targets: HashMap<TargetRef, TargetState>,
     replies: HashMap<(TargetRef, String), Cached>,
@@ -84,13 +87,14 @@ struct State {
 }
 
 /// A cached reply and the call it answered.
+#[derive(Clone)]
 struct Cached {
     reply: Reply,
     binding: String,
     expires_us: u64,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct TargetState {
     lease: Option<Lease>,
     /// The newest token issued.
@@ -100,12 +104,14 @@ struct TargetState {
     guarded: HashMap<String, GuardedRecord>,
 }
 
+#[derive(Clone)]
 struct GuardedRecord {
     token: u64,
     sequence: u64,
     value: String,
 }
 
+#[derive(Clone)]
 struct Lease {
     lease_id: LeaseId,
     owner: String,
@@ -143,6 +149,28 @@ impl MemoryStore {
         *self.lock() = State::default();
     }
 
+    /// A copy of everything the store holds now: what a replica in sync at this moment, or a
+    /// snapshot saved now, would hold. For tests of stale servers.
+    pub fn snapshot(&self) -> MemorySnapshot {
+        MemorySnapshot(self.lock().clone())
+    }
+
+    /// Brings the store back to `snapshot`, losing everything written since: what a restart
+    /// from an older snapshot does. For tests of stale servers.
+    pub fn restore(&self, snapshot: &MemorySnapshot) {
+        *self.lock() = snapshot.0.clone();
+    }
+
+    /// A second store on the same clock holding `snapshot`: what a replica that stopped
+    /// replicating at the snapshot holds once it is promoted. For tests of stale servers.
+    pub fn promoted(&self, snapshot: &MemorySnapshot) -> MemoryStore {
+        Self {
+            clock: self.clock.clone(),
+            reply_ttl_us: self.reply_ttl_us,
+            state: Mutex::new(snapshot.0.clone()),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the state half-written: every mutation
         // below is a single assignment after all checks.
@@ -150,29 +178,34 @@ impl MemoryStore {
     }
 
     /// Runs one mutating call: returns the cached reply of `request_id` if there is one (and
-    /// refuses the id when it was first used for another call), otherwise runs `op` and caches
-    /// its reply when it changed state.
+    /// refuses the id when it was first used for another call), as `replay` says it reads
+    /// against the target now; otherwise runs `op` and caches its reply when it changed state.
     fn idempotent(
         &self,
         target: &TargetRef,
         request_id: &RequestId,
         binding: String,
+        replay: impl FnOnce(&TargetState, Reply) -> Reply,
         op: impl FnOnce(&mut TargetState, u64) -> Result<(Reply, bool), StoreError>,
     ) -> Result<Reply, StoreError> {
         let now = self.clock.now_micros();
         let mut state = self.lock();
         state.sweep(now);
         let cache_key = (target.clone(), request_id.as_str().to_owned());
-        if let Some(cached) = state.replies.get(&cache_key)
-            && cached.expires_us > now
-        {
-            if cached.binding != binding {
-                return Err(reused_request_id(cached.reply.operation()));
+        let cached = match state.replies.get(&cache_key) {
+            Some(cached) if cached.expires_us > now => {
+                if cached.binding != binding {
+                    return Err(reused_request_id(cached.reply.operation()));
+                }
+                Some(cached.reply.clone())
             }
-            return Ok(cached.reply.clone());
-        }
+            _ => None,
+        };
         let entry = state.targets.entry(target.clone()).or_default();
         entry.expire(now);
+        if let Some(reply) = cached {
+            return Ok(replay(entry, reply));
+        }
         let (reply, changed) = op(entry, now)?;
         if changed {
             let cached = Cached {
@@ -223,6 +256,12 @@ impl TargetState {
     }
 }
 
+/// A replay answered with its first reply as it is: releases and commits (a release that was
+/// answered stays answered; a commit is checked against the record anyway).
+fn keep(_: &TargetState, reply: Reply) -> Reply {
+    reply
+}
+
 fn micros_to_millis(us: u64) -> u64 {
     us / 1000
 }
@@ -257,26 +296,22 @@ fn unexpected(op: &str) -> StoreError {
     ))
 }
 
-/// The next token: above the fence and the floor, at least the clock in microseconds
-/// ([`MAX_TOKEN_LEAD_MICROS`] ahead of it for a target without a fence). A floor further ahead of
-/// the clock than that lead was not issued by a store and is refused.
+/// The next token: above the fence and the floor, and at least the clock in microseconds plus
+/// [`MAX_TOKEN_LEAD_MICROS`], on every grant (docs/store.md, "The token rule"). A floor further
+/// ahead of the clock than that lead was not issued by a store and is refused.
 fn next_token(fence: u64, min_token: u64, now_us: u64) -> Result<u64, StoreError> {
-    if min_token > now_us.saturating_add(MAX_TOKEN_LEAD_MICROS) {
+    let lead = now_us.saturating_add(MAX_TOKEN_LEAD_MICROS);
+    if min_token > lead {
         return Err(StoreError::InvalidRequest(format!(
             "floor {min_token} is more than an hour ahead of the server clock ({now_us} \
-             microseconds): no token this store issues is that large, so it did not come from \
-             this store"
+             microseconds): no token this store issues is that large, so it came from another \
+             store, or from a server whose clock was ahead of this one"
         )));
     }
-    let base = if fence == 0 {
-        now_us.saturating_add(MAX_TOKEN_LEAD_MICROS)
-    } else {
-        now_us
-    };
     let token = fence
         .saturating_add(1)
         .max(min_token.saturating_add(1))
-        .max(base);
+        .max(lead);
     if token > MAX_TOKEN {
         return Err(exhausted(fence, min_token));
     }
@@ -309,7 +344,20 @@ impl LeaseStore for MemoryStore {
         let floor = req.min_token.to_string();
         let bound = binding(&["acquire", req.lease_id.expose(), req.owner.as_str(), &floor]);
         let rid = req.request_id.as_str();
-        let reply = self.idempotent(&req.target, &req.request_id, bound, |t, now| {
+        // A retry is answered with its first grant only while that grant still stands.
+        let replay = |t: &TargetState, reply| match reply {
+            Reply::Acquire(AcquireOutcome::Acquired(g))
+                if !t.lease.as_ref().is_some_and(|l| {
+                    l.lease_id == req.lease_id
+                        && l.owner == req.owner.as_str()
+                        && l.token == g.token
+                }) =>
+            {
+                Reply::Acquire(AcquireOutcome::Expired { token: g.token })
+            }
+            other => other,
+        };
+        let reply = self.idempotent(&req.target, &req.request_id, bound, replay, |t, now| {
             let now_ms = micros_to_millis(now);
             let fence = t.fence;
             if let Some(lease) = t.lease.as_mut() {
@@ -379,14 +427,24 @@ impl LeaseStore for MemoryStore {
             handle.owner.as_str(),
             &token,
         ]);
-        let reply = self.idempotent(&handle.target, &req.request_id, bound, |t, now| {
-            let lost = |reason| Ok((Reply::Renew(RenewOutcome::Lost { reason }), false));
+        // A token below the fence (a restored record) is not the holder's any more; a retry is
+        // answered with its first reply only while the lease it renewed still stands.
+        let loss = |t: &TargetState| {
             if t.lease.is_none() {
-                return lost(LossReason::Expired);
+                Some(LossReason::Expired)
+            } else if t.holds(handle).is_none() || handle.token.get() < t.fence {
+                Some(LossReason::NotHolder)
+            } else {
+                None
             }
-            // A token below the fence (a restored record) is not the holder's any more.
-            if t.holds(handle).is_none() || handle.token.get() < t.fence {
-                return lost(LossReason::NotHolder);
+        };
+        let replay = |t: &TargetState, reply| match loss(t) {
+            Some(reason) => Reply::Renew(RenewOutcome::Lost { reason }),
+            None => reply,
+        };
+        let reply = self.idempotent(&handle.target, &req.request_id, bound, replay, |t, now| {
+            if let Some(reason) = loss(t) {
+                return Ok((Reply::Renew(RenewOutcome::Lost { reason }), false));
             }
             t.fence = handle.token.get();
             if let Some(lease) = t.lease.as_mut() {
@@ -413,7 +471,7 @@ impl LeaseStore for MemoryStore {
             handle.owner.as_str(),
             &token,
         ]);
-        let reply = self.idempotent(&handle.target, &req.request_id, bound, |t, _| {
+        let reply = self.idempotent(&handle.target, &req.request_id, bound, keep, |t, _| {
             if t.holds(handle).is_none() {
                 return Ok((Reply::Release(ReleaseOutcome::NotHolder), false));
             }
@@ -433,7 +491,7 @@ impl LeaseStore for MemoryStore {
             .digest()
             .to_string();
         let bound = binding(&["commit", &token, req.key.as_str(), &sequence, &digest]);
-        let reply = self.idempotent(&req.target, &req.request_id, bound, |t, _| {
+        let reply = self.idempotent(&req.target, &req.request_id, bound, keep, |t, _| {
             let committed = || {
                 let committed = CommitOutcome::Committed {
                     token: req.token.get(),

@@ -393,6 +393,13 @@ pub enum AcquireOutcome {
         /// Remaining time-to-live of their lease, in ms.
         expires_in_ms: u64,
     },
+    /// A retry of an acquire whose grant has ended since (expired, released, or replaced by a
+    /// newer token): nothing was taken, the caller holds nothing. Use a new request id to claim
+    /// the target again.
+    Expired {
+        /// The token the first call was granted.
+        token: u64,
+    },
 }
 
 /// Why a lease is gone.

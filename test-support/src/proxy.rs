@@ -4,6 +4,7 @@
 //! server executes what it receives, but nothing it answers reaches the client).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -31,6 +32,7 @@ pub struct Proxy {
     pub port: u16,
     mode: Arc<watch::Sender<Mode>>,
     cuts: Arc<watch::Sender<u64>>,
+    upstream: Arc<AtomicU16>,
 }
 
 impl Proxy {
@@ -41,6 +43,8 @@ impl Proxy {
         let mode = Arc::new(watch::channel(Mode::Pass).0);
         let cuts = Arc::new(watch::channel(0u64).0);
         let (mode_tx, cuts_tx) = (mode.clone(), cuts.clone());
+        let upstream = Arc::new(AtomicU16::new(upstream));
+        let target = upstream.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -51,6 +55,7 @@ impl Proxy {
                     continue;
                 }
                 let (mode, cuts) = (mode_tx.subscribe(), cuts_tx.subscribe());
+                let upstream = target.load(Ordering::SeqCst);
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
                         return;
@@ -73,7 +78,18 @@ impl Proxy {
                 });
             }
         });
-        Proxy { port, mode, cuts }
+        Proxy {
+            port,
+            mode,
+            cuts,
+            upstream,
+        }
+    }
+
+    /// Sends new connections to `127.0.0.1:upstream` from now on (a failover's new primary);
+    /// open ones stay where they are until [`Proxy::cut`].
+    pub fn retarget(&self, upstream: u16) {
+        self.upstream.store(upstream, Ordering::SeqCst);
     }
 
     /// Changes what the proxy does; held bytes of a stall flow on when it ends.

@@ -205,6 +205,43 @@ impl Server {
             .unwrap_or_else(|e| panic!("{}: {args:?} failed: {e}", self.kind.name()))
     }
 
+    /// Makes this replica a primary (`REPLICAOF NO ONE`) that stays one across
+    /// [`Server::restart`]: it keeps the data it had replicated and misses every later write
+    /// of its old primary.
+    pub fn promote(&mut self) {
+        let reply = self.raw(&["REPLICAOF", "NO", "ONE"]);
+        assert!(reply.starts_with("+OK"), "REPLICAOF NO ONE: {reply}");
+        if let Some(i) = self.extra.iter().position(|a| a == "--replicaof") {
+            self.extra.drain(i..(i + 3).min(self.extra.len()));
+        }
+    }
+
+    /// Waits until this replica has every write of `primary` (link up, equal offsets).
+    pub fn wait_in_sync_with(&self, primary: &Server, limit: Duration) -> bool {
+        let field = |info: &str, name: &str| {
+            info.lines()
+                .find_map(|l| l.trim().strip_prefix(name).map(str::to_owned))
+        };
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let (p, r) = (
+                raw_command(primary.port, primary.password(), &["INFO", "replication"]),
+                raw_command(self.port, self.password(), &["INFO", "replication"]),
+            );
+            if let (Ok(p), Ok(r)) = (p, r) {
+                let offset = field(&p, "master_repl_offset:");
+                if field(&r, "master_link_status:").as_deref() == Some("up")
+                    && offset.is_some()
+                    && offset == field(&r, "master_repl_offset:")
+                {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
     /// Kills the server with SIGKILL (data not persisted since the last fsync is lost).
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -28,7 +28,16 @@
 // the server has run it or never will), and every outcome is allowed, "no effect" included. A
 // token it may have issued is unknown: the fence is then only a lower bound until the next
 // observed token. Only killed calls are unknown: the recorder fails any other call that did
-// not answer.
+// not answer (calls cut off by a failover are recorded as killed).
+//
+// Failover: a "failover" record (one per target, its window from the moment the replica was
+// detached to the moment clients were switched to it and the old primary killed) promotes a
+// replica that missed the newest writes. Its grants must still carry tokens above every token
+// issued before (the token rule survives a stale server), but for a while the promoted server
+// may hold what the model does not know: a lease it kept from before the failover (held,
+// renewed and released by its holder until its TTL ran out: ghostUntil), and a fence below the
+// newest token issued before (until its next grant: staleFence), so a check may see a lower
+// newest token, or refuse a token it never saw (invalid_request).
 package main
 
 import (
@@ -69,6 +78,8 @@ type Reply struct {
 	Owner   string `json:"owner"`
 	Reason  string `json:"reason"`
 	Newest  uint64 `json:"newest"`
+	// Kind: the error kind of an "error" outcome.
+	Kind string `json:"kind"`
 }
 
 // A call's input to the model: the call itself (its window included).
@@ -96,6 +107,10 @@ type state struct {
 	// clock: the latest call among the calls placed so far. Calls are placed in the order they
 	// took effect, so this one took effect no earlier than that (nor than its own call).
 	clock int64
+	// After a failover: a lease from before it may live on the promoted server until ghostUntil
+	// (0: none can); the promoted server's fence may be below fence until its next grant.
+	ghostUntil int64
+	staleFence bool
 }
 
 // start: the earliest moment call c can have taken effect, placed after the calls before it.
@@ -113,6 +128,12 @@ func (s state) expiredBy(c input) state {
 		s.h.expHi = c.Return
 	}
 	return s
+}
+
+// ghost: a lease from before a failover may still live on the promoted server at call c, and
+// none granted since is certainly live (the server holds one lease per target).
+func (s state) ghost(c input) bool {
+	return s.ghostUntil > s.start(c) && s.maybeExpired(c)
 }
 
 func (s state) isHolder(c input) bool {
@@ -147,6 +168,13 @@ func step(st interface{}, in interface{}, out interface{}) []interface{} {
 		next = append(next, s)
 	}
 	switch c.Op {
+	case "failover":
+		// The promoted server may hold one lease the model lost track of, until every lease
+		// granted or renewed before the switch has expired; tokens must stay above the fence.
+		n := free
+		n.ghostUntil = c.Return + c.TTLMs*int64(time.Millisecond) + 2*int64(time.Millisecond)
+		n.staleFence = true
+		next = []interface{}{n}
 	case "acquire":
 		// Re-entrant: the same lease id and owner get their token back.
 		if s.maybeLive(c) && s.h.lease == c.Lease && s.h.owner == c.Owner {
@@ -167,8 +195,14 @@ func step(st interface{}, in interface{}, out interface{}) []interface{} {
 				n := free
 				n.fence, n.fenceOpen, n.held = r.Token, false, true
 				n.h = grantedBy(c, start, c.Lease, c.Owner, r.Token)
+				// A grant: the server held no lease then, and its fence is this token.
+				n.ghostUntil, n.staleFence = 0, false
 				next = append(next, n)
 			}
+		}
+		if s.ghost(c) {
+			// Refused by a lease the promoted server kept from before the failover.
+			possible(r == nil || r.Outcome == "held", s)
 		}
 	case "renew":
 		if s.maybeLive(c) && s.isHolder(c) {
@@ -182,6 +216,14 @@ func step(st interface{}, in interface{}, out interface{}) []interface{} {
 		if s.maybeLive(c) && !s.isHolder(c) {
 			possible(r == nil || (r.Outcome == "lost" && r.Reason == "not_holder"), s)
 		}
+		if s.ghost(c) && c.Token <= s.fence {
+			// The lease the promoted server kept is this one (renewed: now tracked), or another.
+			n := free
+			n.held, n.ghostUntil = true, 0
+			n.h = grantedBy(c, start, c.Lease, c.Owner, c.Token)
+			possible(r == nil || r.Outcome == "renewed", n)
+			possible(r == nil || r.Outcome == "lost", s)
+		}
 	case "release":
 		if s.isHolder(c) {
 			if s.maybeLive(c) {
@@ -194,12 +236,23 @@ func step(st interface{}, in interface{}, out interface{}) []interface{} {
 		} else {
 			possible(r == nil || r.Outcome == "not_holder", s)
 		}
+		if s.ghost(c) && c.Token <= s.fence {
+			n := free
+			n.ghostUntil = 0
+			possible(r == nil || r.Outcome == "released", n)
+			possible(r == nil || r.Outcome == "not_holder", s)
+		}
 	case "check":
 		switch {
 		case r == nil:
 			// Read-only: the unknown outcome is the no-effect state already added.
 		case r.Outcome == "current":
 			possible(!s.fenceOpen && c.Token == s.fence && r.Newest == s.fence, s)
+			// The promoted server's newest token is one it kept: at most the fence.
+			possible(s.staleFence && c.Token == r.Newest && r.Newest <= s.fence, s)
+		case r.Outcome == "error":
+			// The promoted server never saw this token (issued after it was detached).
+			possible(s.staleFence && r.Kind == "invalid_request" && c.Token <= s.fence, s)
 		case r.Outcome == "stale":
 			if s.fenceOpen {
 				// The newest is the unseen token: above the fence; now it is seen.
@@ -209,6 +262,7 @@ func step(st interface{}, in interface{}, out interface{}) []interface{} {
 			} else {
 				possible(c.Token < s.fence && r.Newest == s.fence, s)
 			}
+			possible(s.staleFence && c.Token < r.Newest && r.Newest <= s.fence, s)
 		}
 	}
 	return next
@@ -246,7 +300,7 @@ func main() {
 			// May have taken effect at any time between its call and its settle bound, or never.
 			out, c.Return = nil, c.Settle
 			unknown++
-		} else if c.Out == nil || c.Out.Outcome == "" || c.Out.Outcome == "error" {
+		} else if c.Out == nil || c.Out.Outcome == "" || (c.Out.Outcome == "error" && c.Op != "check") {
 			fmt.Fprintf(os.Stderr, "history: call %+v was not killed and has no answer\n", c)
 			os.Exit(2)
 		}

@@ -141,6 +141,12 @@ pub fn acquire(reply: &str) -> Result<AcquireOutcome, StoreError> {
                 expires_in_ms: remaining("pttl", pttl)?,
             })
         }
+        ("expired", rest) => {
+            let [granted] = fields(rest).ok_or_else(|| bad("acquire reply", reply))?;
+            Ok(AcquireOutcome::Expired {
+                token: token("token", granted)?,
+            })
+        }
         _ => Err(bad("acquire reply", reply)),
     }
 }
@@ -411,6 +417,12 @@ mod tests {
                 ..
             })
         ));
+        assert_eq!(
+            acquire("expired 17").unwrap(),
+            AcquireOutcome::Expired { token: 17 }
+        );
+        assert!(acquire("expired 17 3").is_err());
+        assert!(acquire("expired").is_err());
         assert_eq!(
             renew("lost expired").unwrap(),
             RenewOutcome::Lost {

@@ -56,6 +56,7 @@ pub(super) async fn hundred_concurrent_acquires_one_winner(h: Harness) {
         match done.expect("task") {
             (i, AcquireOutcome::Acquired(g)) => winners.push((i, g.token)),
             (_, AcquireOutcome::Held { owner, .. }) => held_by.push(owner),
+            (i, other) => panic!("worker-{i}: a fresh request id was answered {other:?}"),
         }
     }
     assert_eq!(winners.len(), 1, "winners: {winners:?}");

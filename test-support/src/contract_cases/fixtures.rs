@@ -89,3 +89,22 @@ pub const TTL: Duration = Duration::from_secs(30);
 pub const SHORT_TTL: Duration = Duration::from_millis(300);
 /// Long enough for [`SHORT_TTL`] to have passed.
 pub const PAST_SHORT_TTL: Duration = Duration::from_millis(500);
+
+/// An ACL rule documented in docs/operations.md between `<!-- MARKER:begin -->` and its end
+/// marker, as command arguments, with `>CHANGE-ME` replaced by `password`: the tests set up
+/// exactly what the documentation tells operators to run.
+pub fn documented_acl_rule(marker: &str, password: &str) -> Vec<String> {
+    let path = crate::kube::repo().join("docs/operations.md");
+    let doc = std::fs::read_to_string(&path).expect("docs/operations.md");
+    let line = doc
+        .lines()
+        .skip_while(|l| !l.contains(&format!("<!-- {marker}:begin -->")))
+        .find(|l| l.starts_with("ACL SETUSER"))
+        .unwrap_or_else(|| panic!("no ACL SETUSER line after the {marker} marker"));
+    line.split_whitespace()
+        .map(|w| match w {
+            ">CHANGE-ME" => format!(">{password}"),
+            other => other.to_owned(),
+        })
+        .collect()
+}

@@ -32,7 +32,18 @@ pub struct Harness {
     /// The store under test.
     pub store: Arc<dyn LeaseStore>,
     memory: Option<(Arc<MemoryStore>, ManualClock)>,
+    /// The in-memory store's saved snapshot ([`Harness::save_snapshot`]).
+    saved: std::sync::Mutex<Option<MemorySnapshot>>,
     pub(super) env: Option<ServerEnv>,
+}
+
+/// A server that stopped replicating the store's data at one moment and then became a primary:
+/// a failover to a replica that missed the newest writes. The store on it is the one clients
+/// reach after the failover.
+pub struct Promoted {
+    /// A store on the promoted copy.
+    pub store: Arc<dyn LeaseStore>,
+    _server: Option<Server>,
 }
 
 /// A config for a plain test server URL.
@@ -51,6 +62,7 @@ impl Harness {
         Harness {
             store: store.clone(),
             memory: Some((store, clock)),
+            saved: Default::default(),
             env: None,
         }
     }
@@ -63,13 +75,15 @@ impl Harness {
         Harness {
             store: Arc::new(store),
             memory: None,
+            saved: Default::default(),
             env: Some(env),
         }
     }
 
-    /// A plain server of `kind`, reached by URL, with raw access.
+    /// A plain server of `kind`, reached by URL, with raw access (and `DEBUG`, for
+    /// [`Harness::restore_snapshot`]).
     pub async fn plain(kind: ServerKind) -> Harness {
-        let server = Server::start(kind);
+        let server = Server::start_with(kind, &["--enable-debug-command", "yes"]);
         let admin = Admin::single(&server.url(), None).await;
         let env = ServerEnv {
             kind,
@@ -135,6 +149,69 @@ impl Harness {
             (Some((store, _)), _) => store.forget_everything(),
             (_, Some(env)) => env.admin.flushall().await,
             _ => unreachable!(),
+        }
+    }
+
+    /// A copy of the data as it is now that misses every later write, promoted to primary
+    /// when this returns: a replica linked to the server until it is in sync, then detached
+    /// with `REPLICAOF NO ONE` (for the in-memory store, a second store on a copy of its state).
+    /// Plain servers and the in-memory store only.
+    pub async fn lagging_replica(&self) -> Promoted {
+        if let Some((store, _)) = &self.memory {
+            let copy = store.promoted(&store.snapshot());
+            return Promoted {
+                store: Arc::new(copy),
+                _server: None,
+            };
+        }
+        let kind = self.env().kind;
+        let port = self.raw().port.to_string();
+        let replica = Server::start_with(kind, &["--replicaof", "127.0.0.1", &port]);
+        let primary = self
+            .env()
+            .keep
+            .iter()
+            .find_map(|k| k.downcast_ref::<Server>())
+            .expect("the harness keeps its server");
+        assert!(
+            replica.wait_in_sync_with(primary, Duration::from_secs(15)),
+            "the replica did not catch up"
+        );
+        let mut replica = replica;
+        replica.promote();
+        let mut config = self.env().config.clone();
+        config.endpoints = targetlease::store::valkey::Endpoints::Single(
+            SecretUrl::parse(&replica.url()).expect("replica URL"),
+        );
+        let store = ValkeyStore::connect(config)
+            .await
+            .expect("connect to the replica");
+        Promoted {
+            store: Arc::new(store),
+            _server: Some(replica),
+        }
+    }
+
+    /// Saves a snapshot of the data (`SAVE`) for [`Harness::restore_snapshot`].
+    pub async fn save_snapshot(&self) {
+        match &self.memory {
+            Some((store, _)) => *self.saved.lock().expect("lock") = Some(store.snapshot()),
+            None => assert_eq!(self.admin().cmd(&["SAVE"]).await, Value::Okay),
+        }
+    }
+
+    /// Brings the data back to the saved snapshot, losing every write since, as a restart from
+    /// an older snapshot does (`DEBUG RELOAD NOSAVE` on a server).
+    pub async fn restore_snapshot(&self) {
+        match &self.memory {
+            Some((store, _)) => {
+                let saved = self.saved.lock().expect("lock");
+                store.restore(saved.as_ref().expect("save_snapshot first"));
+            }
+            None => assert_eq!(
+                self.admin().cmd(&["DEBUG", "RELOAD", "NOSAVE"]).await,
+                Value::Okay
+            ),
         }
     }
 

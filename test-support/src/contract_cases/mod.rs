@@ -14,7 +14,7 @@ use std::time::Duration;
 use libtest_mimic::Trial;
 use redis::Value;
 use targetlease::redact::SecretUrl;
-use targetlease::store::memory::{Clock, ManualClock, MemoryStore, SystemClock};
+use targetlease::store::memory::{Clock, ManualClock, MemorySnapshot, MemoryStore, SystemClock};
 use targetlease::store::valkey::keys::TargetKeys;
 use targetlease::store::valkey::scripts::SCRIPTS;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
@@ -36,6 +36,7 @@ mod fixtures;
 mod harness;
 mod hygiene;
 mod retries;
+mod stale;
 
 pub use fixtures::*;
 pub use harness::*;
@@ -44,6 +45,7 @@ use exclusion::*;
 use failures::*;
 use hygiene::*;
 use retries::*;
+pub use stale::*;
 
 /// One test body.
 pub type TestFn = fn(Harness) -> Pin<Box<dyn Future<Output = ()>>>;

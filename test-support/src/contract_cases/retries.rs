@@ -2,19 +2,25 @@
 
 use super::*;
 
-// 6a. A retried acquire returns the first reply and acts once.
+// 6a. A retried acquire returns the first reply and acts once; once its grant ended it says so.
 pub(super) async fn retried_acquire_returns_first_reply(h: Harness) {
     let t = target("retry-acquire");
     let req = acquire_req(&t, "lease-a", "alice", TTL);
     let first = acquired(&*h.store, &req).await;
+    let retried = acquired(&*h.store, &req).await;
+    assert_eq!(retried, first, "a retry must return the first reply");
     let released = h
         .store
         .release(&release_req(handle(&t, "lease-a", "alice", first.token)))
         .await
         .unwrap();
     assert_eq!(released, ReleaseOutcome::Released);
-    let retried = acquired(&*h.store, &req).await;
-    assert_eq!(retried, first, "a retry must return the first reply");
+    // After the release the first reply is no longer true: the retry learns its grant ended.
+    assert_eq!(
+        h.store.acquire(&req).await.unwrap(),
+        AcquireOutcome::Expired { token: first.token },
+        "a retry after a release must not report the released grant"
+    );
     let seen = h.store.inspect(&t).await.unwrap();
     assert!(seen.lease.is_none(), "the retry acquired a second time");
     assert_eq!(seen.fence, first.token, "the retry issued another token");

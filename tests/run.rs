@@ -7,7 +7,7 @@ use targetlease_test_support::scenarios;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -347,8 +347,9 @@ fn kubeconfig_via(s: &Scenario, port: u16, dir: &Path) -> (PathBuf, u16) {
     (path, server)
 }
 
-// 7. With the API server unreachable for longer than the TTL, `run` stops trusting its lease:
-//    the command is stopped one TTL after the last confirmation, and `run` exits "lost".
+// 7. With the API server unreachable, `run` stops trusting its lease: the command (and a
+//    grandchild that ignores SIGTERM) is dead before the controller may count the heartbeat as
+//    stopped (half the TTL after it saw the last one), and `run` exits "lost".
 async fn unreachable_api_server_stops_the_command(s: Scenario) {
     let dir = tempfile::tempdir().expect("dir");
     let (_, api_port) = kubeconfig_via(&s, 0, dir.path());
@@ -369,18 +370,19 @@ async fn unreachable_api_server_stops_the_command(s: Scenario) {
     tokio::time::sleep(SEC).await;
     let start = Instant::now();
     proxy.set(Mode::Stall);
-    // The last confirmation came at most a heartbeat (TTL/4) before the stall: the command is
-    // stopped by TTL + grace after the stall at the latest.
+    // The last heartbeat the API server confirmed was sent before the stall, and the controller
+    // cannot count its silence from any earlier: TTL/2 after the stall is a bound to spare.
     all_gone(
         &[child, grandchild],
-        4 * SEC + SEC + SEC,
+        2 * SEC,
         "after the self-fencing bound",
     )
     .await;
     let took = start.elapsed();
     eprintln!("API server unreachable -> run stopped its command in {took:?}");
+    // Not before one and a half heartbeats (TTL/6 each) could have failed.
     assert!(
-        took >= 2 * SEC,
+        took >= Duration::from_millis(300),
         "stopped after {took:?}, before it could know"
     );
     // `run` gives up deleting its TargetLease through the stalled API server after a bound.
@@ -454,8 +456,8 @@ async fn lost_lease_exit_status_and_basics(s: Scenario) {
 }
 
 // The heartbeat's cost, measured from the controller's /metrics: one `run` holding a lease at
-// TTL 4 s for 6 s. Heartbeats come every TTL/4 (1 s) and each wakes one reconcile, which renews
-// the lease once in Valkey; renewals also come every TTL/3 on their own.
+// TTL 4 s for 6 s. Heartbeats come every TTL/6 (0.67 s) and each wakes one reconcile, which
+// renews the lease once in Valkey; renewals also come every TTL/3 on their own.
 async fn heartbeat_cost(s: Scenario) {
     let mut run = run_cmd(&s, "beat-target", &["--ttl", "4s"], "sleep 9")
         .spawn()
@@ -474,7 +476,7 @@ async fn heartbeat_cost(s: Scenario) {
     eprintln!(
         "measured: one run at TTL 4 s: {reconciles:.2} reconciles/s, {renewals:.2} renewals/s, {writes:.2} status writes/s"
     );
-    // A loose bound that catches a loop, not a speed: heartbeats (1/s) plus renewals (0.75/s).
+    // A loose bound that catches a loop, not a speed: heartbeats (1.5/s) plus renewals (0.75/s).
     assert!(reconciles < 4.0, "{reconciles} reconciles/s");
     // Heartbeats write no status; the only writes move expiresAt forward, each when less than
     // 1.5 renewal intervals (2 s) are left of the 4 s it granted: at most one per 2 s, plus one
@@ -484,6 +486,271 @@ async fn heartbeat_cost(s: Scenario) {
         "{writes} status writes/s: heartbeats must not write status"
     );
     assert_eq!(exits(&mut run, 30 * SEC).await, Some(0));
+}
+
+/// A command that records when it started (ns since the epoch, in DIR/NAME.start) and its pid
+/// (DIR/NAME.pid), then loops; on SIGTERM it exits at once, or, with `ignore_term`, goes on until
+/// SIGKILL.
+fn recording_script(dir: &Path, name: &str, ignore_term: bool) -> String {
+    let trap = if ignore_term {
+        "trap '' TERM"
+    } else {
+        "trap 'exit 0' TERM"
+    };
+    format!(
+        "{trap}; echo $$ > {d}/{name}.pid; date +%s%N > {d}/{name}.start; while :; do sleep 0.05; done",
+        d = dir.display()
+    )
+}
+
+/// When the command `recording_script` started as `name` recorded its start, once it did.
+async fn started_at(dir: &Path, name: &str, limit: Duration) -> SystemTime {
+    let path = dir.join(format!("{name}.start"));
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(ns) = std::fs::read_to_string(&path)
+            .ok()
+            .filter(|s| s.ends_with('\n'))
+            .and_then(|s| s.trim().parse::<u64>().ok())
+        {
+            return UNIX_EPOCH + Duration::from_nanos(ns);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the command {name} did not start within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Watches `pid` every 5 ms and answers the first instant it was seen gone: never earlier than
+/// its real end.
+fn death_of(pid: i32) -> tokio::task::JoinHandle<SystemTime> {
+    tokio::spawn(async move {
+        while alive(pid) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        SystemTime::now()
+    })
+}
+
+/// Seconds from `a` to `b` (negative when `b` is earlier).
+fn secs_between(a: SystemTime, b: SystemTime) -> f64 {
+    match b.duration_since(a) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
+}
+
+/// A second `run` on `target` that waits behind the first: in a pod of its own (another
+/// TargetLease name than a `run` on this host), recording as `second` in `dir`.
+async fn second_run(s: &Scenario, target: &str, ttl: &str, dir: &Path) -> Child {
+    let uid = pod(s, &format!("{target}-second")).await;
+    let run = run_cmd(
+        s,
+        target,
+        &["--ttl", ttl],
+        &recording_script(dir, "second", false),
+    )
+    .env("POD_NAME", format!("{target}-second"))
+    .env("POD_UID", uid)
+    .spawn()
+    .expect("second run");
+    run_lease(s, target, 30 * SEC, |l| {
+        l.spec.holder.ends_with("-second") && phase_of(l) == Some(Phase::Waiting)
+    })
+    .await;
+    // Two heartbeats, so the controller has seen it beat.
+    tokio::time::sleep(3 * SEC).await;
+    assert!(
+        !dir.join("second.start").exists(),
+        "the second command started while the first held the target"
+    );
+    run
+}
+
+// 7b. A `run` cut off from the API server stops its command before the controller can count its
+//     heartbeat as stopped: a second `run` waiting for the same target starts its command only
+//     after the first one's command ended.
+async fn partitioned_run_stops_before_the_target_is_handed_over(s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    let (_, api_port) = kubeconfig_via(&s, 0, dir.path());
+    let proxy = Proxy::start(api_port).await;
+    let (kubeconfig, _) = kubeconfig_via(&s, proxy.port, dir.path());
+    let mut first = run_cmd(
+        &s,
+        "split-target",
+        &["--ttl", "8s", "--grace", "1s"],
+        &recording_script(dir.path(), "first", false),
+    )
+    .env("KUBECONFIG", &kubeconfig)
+    .spawn()
+    .expect("run");
+    run_lease(&s, "split-target", 30 * SEC, held).await;
+    let first_pid = pid_in(&dir.path().join("first.pid")).await;
+    let mut second = second_run(&s, "split-target", "8s", dir.path()).await;
+    let ended = death_of(first_pid);
+    let cut = SystemTime::now();
+    proxy.set(Mode::Stall);
+    let second_started = started_at(dir.path(), "second", 30 * SEC).await;
+    let first_ended = tokio::time::timeout(30 * SEC, ended)
+        .await
+        .expect("the first command never ended")
+        .expect("watch");
+    eprintln!(
+        "TTL 8 s, API server cut: first command ended {:.2} s after the cut, second started {:.2} s after it",
+        secs_between(cut, first_ended),
+        secs_between(cut, second_started)
+    );
+    assert!(
+        second_started > first_ended,
+        "both commands ran for {:.2} s",
+        secs_between(second_started, first_ended)
+    );
+    assert_eq!(exits(&mut first, 30 * SEC).await, Some(EXIT_LOST));
+    proxy.set(Mode::Pass);
+    signal(&second, Signal::SIGTERM);
+    assert_eq!(exits(&mut second, 15 * SEC).await, Some(EXIT_SIGTERM));
+}
+
+// 6b. SIGTERM to a `run` whose command takes its whole grace (longer than the TTL): heartbeats go
+//     on meanwhile, so the lease is kept through the grace and handed over only after the
+//     command was killed.
+async fn long_grace_keeps_the_lease_until_the_command_ends(s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut first = run_cmd(
+        &s,
+        "grace-target",
+        &["--ttl", "4s", "--grace", "12s"],
+        &recording_script(dir.path(), "first", true),
+    )
+    .spawn()
+    .expect("run");
+    run_lease(&s, "grace-target", 30 * SEC, held).await;
+    let first_pid = pid_in(&dir.path().join("first.pid")).await;
+    let mut second = second_run(&s, "grace-target", "4s", dir.path()).await;
+    let ended = death_of(first_pid);
+    let stopped = SystemTime::now();
+    signal(&first, Signal::SIGTERM);
+    let second_started = started_at(dir.path(), "second", 40 * SEC).await;
+    let first_ended = tokio::time::timeout(30 * SEC, ended)
+        .await
+        .expect("the first command never ended")
+        .expect("watch");
+    eprintln!(
+        "TTL 4 s, grace 12 s, SIGTERM: first command ended {:.2} s after it, second started {:.2} s after it",
+        secs_between(stopped, first_ended),
+        secs_between(stopped, second_started)
+    );
+    assert!(
+        second_started > first_ended,
+        "both commands ran for {:.2} s",
+        secs_between(second_started, first_ended)
+    );
+    // The grace was not cut: the API server kept confirming the lease.
+    assert!(
+        secs_between(stopped, first_ended) >= 11.5,
+        "the command got {:.2} s of its 12 s grace",
+        secs_between(stopped, first_ended)
+    );
+    assert_eq!(exits(&mut first, 15 * SEC).await, Some(EXIT_SIGTERM));
+    signal(&second, Signal::SIGTERM);
+    assert_eq!(exits(&mut second, 15 * SEC).await, Some(EXIT_SIGTERM));
+}
+
+// 3c. A second `run` for the same target on the same host but in another PID namespace (another
+//     container) cannot see the first one's process: it must not take that for death. It waits,
+//     signals nothing, and runs its command only once the first one is done.
+async fn run_in_another_pid_namespace_does_not_adopt(s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut first = run_cmd(
+        &s,
+        "twin-target",
+        &[],
+        &recording_script(dir.path(), "first", false),
+    )
+    .spawn()
+    .expect("run");
+    let lease = run_lease(&s, "twin-target", 30 * SEC, held).await;
+    let first_pid = pid_in(&dir.path().join("first.pid")).await;
+    let mut twin = Command::new("unshare");
+    twin.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+        .arg(env!("CARGO_BIN_EXE_targetlease"))
+        .args(["run", "-n", &s.ns, "--target", "twin-target", "--"])
+        .args(["sh", "-c"])
+        .arg(format!(
+            "date +%s%N > {d}/twin.start; echo \"$TARGETLEASE_TOKEN\" > {d}/twin.token",
+            d = dir.path().display()
+        ))
+        .envs(s.cluster.envs())
+        .env_remove("POD_NAME")
+        .env_remove("POD_UID")
+        .env_remove("POD_NAMESPACE")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let mut twin = twin.spawn().expect("unshare");
+    tokio::time::sleep(4 * SEC).await;
+    assert!(
+        !dir.path().join("twin.start").exists(),
+        "the run in another PID namespace ran its command while the first one held the lease"
+    );
+    assert!(alive(first_pid), "the first command was killed");
+    assert!(
+        matches!(twin.try_wait(), Ok(None)),
+        "the twin gave up instead of waiting"
+    );
+    let ended = death_of(first_pid);
+    signal(&first, Signal::SIGTERM);
+    assert_eq!(exits(&mut first, 15 * SEC).await, Some(EXIT_SIGTERM));
+    let first_ended = ended.await.expect("watch");
+    let twin_started = started_at(dir.path(), "twin", 30 * SEC).await;
+    assert!(twin_started > first_ended);
+    assert_eq!(exits(&mut twin, 30 * SEC).await, Some(0));
+    let token: u64 = std::fs::read_to_string(dir.path().join("twin.token"))
+        .expect("token")
+        .trim()
+        .parse()
+        .expect("token");
+    assert!(
+        token > token_of(&lease),
+        "{token} after {}",
+        token_of(&lease)
+    );
+}
+
+// 3d. After a controller restart (a failover), a claim that was released because its `run` died
+//     does not take its target again: the new controller has never seen its heartbeat change,
+//     which is no reason to give it a fresh silence window.
+async fn dead_runs_claim_stays_released_after_a_controller_restart(mut s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut run = run_cmd(
+        &s,
+        "restart-ctl",
+        &["--ttl", "8s"],
+        &family_script(dir.path()),
+    )
+    .spawn()
+    .expect("run");
+    let lease = run_lease(&s, "restart-ctl", 30 * SEC, held).await;
+    run.start_kill().expect("SIGKILL");
+    let _ = run.wait().await;
+    s.wait_phase(&lease.name_any(), Phase::Released, 15 * SEC)
+        .await;
+    s.controller = None;
+    s.controller = Some(s.start_controller(&[]));
+    s.controller().wait_ready(30 * SEC);
+    let deadline = Instant::now() + 3 * SEC;
+    while Instant::now() < deadline {
+        let now = s.get(&lease.name_any()).await;
+        assert_ne!(
+            phase_of(&now),
+            Some(Phase::Held),
+            "the dead run's claim took its target again after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.apply("later", "restart-ctl", "later", "ttlSeconds: 8");
+    s.wait_phase("later", Phase::Held, 2 * SEC).await;
 }
 
 fn main() {
@@ -497,6 +764,10 @@ fn main() {
         sigterm_while_waiting_and_running,
         unreachable_api_server_stops_the_command,
         heartbeat_cost,
+        partitioned_run_stops_before_the_target_is_handed_over,
+        long_grace_keeps_the_lease_until_the_command_ends,
+        run_in_another_pid_namespace_does_not_adopt,
+        dead_runs_claim_stays_released_after_a_controller_restart,
     ];
     run_suite("run", scenarios.to_vec());
 }

@@ -753,6 +753,89 @@ async fn dead_runs_claim_stays_released_after_a_controller_restart(mut s: Scenar
     s.wait_phase("later", Phase::Held, 2 * SEC).await;
 }
 
+// 3e. A `run` in a new container (another PID namespace) after its predecessor died there: it
+//     cannot prove the death, so it waits until the controller released the old TargetLease for
+//     its stopped heartbeat, then replaces it with one of its own; the old uid no longer writes.
+async fn run_replaces_a_dead_twins_lease_once_released(s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut twin = Command::new("unshare");
+    twin.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+        .arg(env!("CARGO_BIN_EXE_targetlease"))
+        .args([
+            "run", "-n", &s.ns, "--target", "reborn", "--ttl", "4s", "--",
+        ])
+        .args(["sh", "-c", "while :; do sleep 0.1; done"])
+        .envs(s.cluster.envs())
+        .env_remove("POD_NAME")
+        .env_remove("POD_UID")
+        .env_remove("POD_NAMESPACE")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let mut twin = twin.spawn().expect("unshare");
+    let old = run_lease(&s, "reborn", 30 * SEC, held).await;
+    twin.start_kill().expect("SIGKILL");
+    let _ = twin.wait().await;
+    let died = Instant::now();
+    let marker = dir.path().join("token");
+    let status = tokio::time::timeout(
+        20 * SEC,
+        run_cmd(
+            &s,
+            "reborn",
+            &["--ttl", "4s"],
+            &format!("echo \"$TARGETLEASE_TOKEN\" > {}", marker.display()),
+        )
+        .status(),
+    )
+    .await
+    .expect("the new run never got its lease")
+    .expect("run");
+    assert!(status.success(), "{status}");
+    let took = died.elapsed();
+    eprintln!("run in a new PID namespace after its twin died: ran after {took:?}");
+    // Not before the controller released the dead twin's claim (half the 4 s TTL of silence).
+    assert!(
+        took >= 2 * SEC,
+        "took over after {took:?}, before the release"
+    );
+    let token: u64 = std::fs::read_to_string(&marker)
+        .expect("the command ran")
+        .trim()
+        .parse()
+        .expect("token");
+    assert!(token > token_of(&old));
+    // A heartbeat of the dead twin (its uid) cannot land on a TargetLease of that name now.
+    let mut retry = run_cmd(&s, "reborn", &["--ttl", "4s"], "sleep 30")
+        .spawn()
+        .expect("run");
+    let new = run_lease(&s, "reborn", 30 * SEC, |l| {
+        held(l) && l.metadata.deletion_timestamp.is_none() && l.uid() != old.uid()
+    })
+    .await;
+    assert_eq!(new.name_any(), old.name_any());
+    let stale = serde_json::json!({"metadata": {
+        "uid": old.uid(),
+        "annotations": {"targetlease.dev/heartbeat": "1"},
+    }});
+    let answer = s
+        .api()
+        .patch(
+            &new.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&stale),
+        )
+        .await;
+    match answer {
+        Err(kube::Error::Api(refusal)) => assert!(
+            refusal.code == 422 && refusal.message.contains("metadata.uid"),
+            "{refusal:?}"
+        ),
+        other => panic!("a patch with the old uid was not refused for it: {other:?}"),
+    }
+    signal(&retry, Signal::SIGTERM);
+    assert_eq!(exits(&mut retry, 15 * SEC).await, Some(EXIT_SIGTERM));
+}
+
 fn main() {
     let scenarios = scenarios![
         lost_lease_exit_status_and_basics,
@@ -768,6 +851,7 @@ fn main() {
         long_grace_keeps_the_lease_until_the_command_ends,
         run_in_another_pid_namespace_does_not_adopt,
         dead_runs_claim_stays_released_after_a_controller_restart,
+        run_replaces_a_dead_twins_lease_once_released,
     ];
     run_suite("run", scenarios.to_vec());
 }

@@ -836,6 +836,54 @@ async fn run_replaces_a_dead_twins_lease_once_released(s: Scenario) {
     assert_eq!(exits(&mut retry, 15 * SEC).await, Some(EXIT_SIGTERM));
 }
 
+// 3f. A controller restart (a failover) never releases a live `run`'s claim (the new controller
+//     counts each heartbeat's silence from when it first sees it), and releases a `run` that died
+//     while no controller ran within half the TTL of the new one's start.
+async fn controller_restart_keeps_a_live_run_and_frees_a_dead_one(mut s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut run = run_cmd(
+        &s,
+        "failover-target",
+        &["--ttl", "4s"],
+        &family_script(dir.path()),
+    )
+    .spawn()
+    .expect("run");
+    let lease = run_lease(&s, "failover-target", 30 * SEC, held).await;
+    let child = pid_in(&dir.path().join("child")).await;
+    s.controller = None;
+    s.controller = Some(s.start_controller(&[]));
+    s.controller().wait_ready(30 * SEC);
+    // Three times the silence bound: the live run keeps its lease and its command.
+    let deadline = Instant::now() + 6 * SEC;
+    while Instant::now() < deadline {
+        assert!(
+            alive(child),
+            "the live run's command was stopped by the restart"
+        );
+        assert!(
+            held(&s.get(&lease.name_any()).await),
+            "released by the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The run dies while no controller runs; the next one frees its target.
+    s.controller = None;
+    run.start_kill().expect("SIGKILL");
+    let _ = run.wait().await;
+    all_gone(&[child], 5 * SEC, "the killed run's command").await;
+    s.apply("waiter", "failover-target", "waiter", "ttlSeconds: 4");
+    s.controller = Some(s.start_controller(&[]));
+    let started = Instant::now();
+    s.wait_phase("waiter", Phase::Held, 10 * SEC).await;
+    let took = started.elapsed();
+    eprintln!("controller restarted after a run died -> waiter held in {took:?}");
+    assert!(
+        took <= 2 * SEC + 2 * SEC,
+        "freed {took:?} after the restart"
+    );
+}
+
 fn main() {
     let scenarios = scenarios![
         lost_lease_exit_status_and_basics,
@@ -852,6 +900,7 @@ fn main() {
         run_in_another_pid_namespace_does_not_adopt,
         dead_runs_claim_stays_released_after_a_controller_restart,
         run_replaces_a_dead_twins_lease_once_released,
+        controller_restart_keeps_a_live_run_and_frees_a_dead_one,
     ];
     run_suite("run", scenarios.to_vec());
 }

@@ -836,31 +836,30 @@ impl RunArgs {
             let kill_at = stop
                 .as_ref()
                 .map_or(kill_by, |(_, graced)| (*graced).min(kill_by));
-            let mut lost = None;
+            let mut why = None;
             tokio::select! {
                 status = child.wait() => break status.map_err(|e| format!("waiting for {program}: {e}"))?,
                 heard = monitor.next() => match heard {
                     Heard::Beat { sent, lease } => match lost_because(&lease, token) {
                         None => confirmed = confirmed.max(sent),
-                        Some(why) => lost = Some(Stop::Lost(why)),
+                        Some(reason) => why = Some(Stop::Lost(reason)),
                     },
-                    Heard::Lease(lease) => lost = lost_because(&lease, token).map(Stop::Lost),
-                    Heard::Gone => lost = Some(Stop::Lost("the TargetLease was deleted".into())),
-                    Heard::Signal(signal) => lost = Some(Stop::Signal(signal)),
+                    Heard::Lease(lease) => why = lost_because(&lease, token).map(Stop::Lost),
+                    Heard::Gone => why = Some(Stop::Lost("the TargetLease was deleted".into())),
+                    Heard::Signal(signal) => why = Some(Stop::Signal(signal)),
                 },
-                _ = sleep_until(term_at), if stop.is_none() => {
-                    lost = Some(Stop::Lost(format!(
-                        "no heartbeat confirmed for {:?}: past it the controller may count this run as gone",
-                        windows.term
-                    )));
-                }
+                _ = sleep_until(term_at), if stop.is_none() => why = Some(unconfirmed(windows)),
                 _ = sleep_until(kill_at), if !killed => {
                     warn!("killing the command's process group: its grace ended, or the lease can no longer be trusted");
                     let _ = killpg(group, Signal::SIGKILL);
                     killed = true;
+                    // The SIGTERM bound can come at the same instant (no grace): still a loss.
+                    if stop.is_none() {
+                        stop = Some((unconfirmed(windows), Instant::now()));
+                    }
                 }
             }
-            if let Some(why) = lost
+            if let Some(why) = why
                 && stop.is_none()
             {
                 stop = Some((why.clone(), self.terminate(group, &why)));
@@ -910,6 +909,14 @@ impl RunArgs {
         warn!("processes the command started are still running after the grace; killing them");
         let _ = killpg(group, Signal::SIGKILL);
     }
+}
+
+/// The loss of a `run` whose heartbeats went unconfirmed for too long.
+fn unconfirmed(windows: &Windows) -> Stop {
+    Stop::Lost(format!(
+        "no heartbeat confirmed for {:?}: past it the controller may count this run as gone",
+        windows.term
+    ))
 }
 
 /// A TargetLease the API server answered as ours, its heartbeat sent at `sent`.

@@ -642,7 +642,7 @@ impl RunArgs {
             Ok(Ok(_)) => {}
             Ok(Err(e)) if matches!(api_code(&e), Some(404 | 409)) => {}
             Ok(Err(e)) => {
-                warn!(%name, error = %e, "could not delete the TargetLease; the controller releases it when the heartbeat stops")
+                warn!(%name, error = %refusal(&e), "could not delete the TargetLease; the controller releases it when the heartbeat stops")
             }
         }
         code
@@ -821,7 +821,7 @@ impl RunArgs {
                 .patch(&recorded, &PatchParams::default(), &Patch::Merge(&record))
                 .await
             {
-                warn!(name = %recorded, error = %e, "could not record the command's process group");
+                warn!(name = %recorded, error = %refusal(&e), "could not record the command's process group");
             }
         });
 
@@ -1021,9 +1021,18 @@ async fn heartbeat(
                     return;
                 }
             }
-            Ok(Err(e)) => warn!(%name, error = %e, "heartbeat failed; retrying"),
+            Ok(Err(e)) => warn!(%name, error = %refusal(&e), "heartbeat failed; retrying"),
             Err(_) => warn!(%name, "heartbeat not answered within its interval; retrying"),
         }
+    }
+}
+
+/// An error of a request that names the TargetLease's uid, for the log: the API server's own
+/// message may quote the uid (the lease id), so a refusal is given by its code and reason only.
+fn refusal(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => format!("{} {}", status.code, status.reason),
+        other => other.to_string(),
     }
 }
 

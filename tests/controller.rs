@@ -1238,6 +1238,259 @@ async fn deleted_leader_lease_never_two_leaders(mut s: Scenario) {
     assert_eq!(lease_holder(&s).await.as_deref(), Some("replica-b"));
 }
 
+// ---- Statuses that claim no more than the controller knows, and the order of the line ----
+
+/// A ServiceAccount `name` in the scenario's namespace with the rights the controller needs
+/// there, and the holder-pod rights (get, list, watch) only when `pods` is set; applying it
+/// again changes the rights in place. Answers a kubeconfig for it.
+fn controller_account(s: &Scenario, name: &str, pods: bool) -> std::path::PathBuf {
+    let ns = &s.ns;
+    let pod_rule = if pods {
+        "- {apiGroups: [\"\"], resources: [pods], verbs: [get, list, watch]}\n"
+    } else {
+        ""
+    };
+    s.cluster.apply(&format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {name}, namespace: {ns}}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+         rules:\n\
+         - {{apiGroups: [targetlease.dev], resources: [targetleases], verbs: [list, watch, patch]}}\n\
+         - {{apiGroups: [targetlease.dev], resources: [targetleases/status], verbs: [patch]}}\n\
+         - {{apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}}\n\
+         {pod_rule}---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {name}}}\n\
+         subjects: [{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]\n"
+    ));
+    let user = format!("system:serviceaccount:{ns}:{name}");
+    let want = if pods { "yes" } else { "no" };
+    let deadline = Instant::now() + 10 * SEC;
+    loop {
+        let out = s
+            .cluster
+            .kubectl(&["auth", "can-i", "get", "pods", "-n", ns, "--as", &user]);
+        if String::from_utf8_lossy(&out.stdout).trim() == want {
+            break;
+        }
+        assert!(Instant::now() < deadline, "pod rights never became {want}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    s.cluster.service_account_kubeconfig(ns, name)
+}
+
+// A holder pod the controller can no longer read (its pod rights removed, then a restart that
+// empties its cache) stops no renewal: the lease stays Held with its token and an expiresAt in
+// the future, past three TTLs, and Ready=False with reason HolderUnknown says the holder is not
+// tracked; a new holderRef claim is taken meanwhile. With the rights back, Ready again.
+async fn unreadable_holder_pod_keeps_renewing(mut s: Scenario) {
+    let kubeconfig = controller_account(&s, "pod-reader", true);
+    s.controller().terminate();
+    s.controller = Some(s.start_controller_as(&kubeconfig, &[]));
+    s.cluster.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: worker-pod\n  namespace: {}\nspec:\n  containers:\n  - name: main\n    image: example.invalid/worker:1\n",
+        s.ns
+    ));
+    let by_pod = "holderRef: {kind: Pod, name: worker-pod}\nttlSeconds: 3";
+    s.apply("by-pod", "unread-target", "worker-pod", by_pod);
+    let held = s.wait_phase("by-pod", Phase::Held, 30 * SEC).await;
+    controller_account(&s, "pod-reader", false);
+    s.controller().kill();
+    s.controller = Some(s.start_controller_as(&kubeconfig, &[]));
+    s.apply("new-by-pod", "unread-target-2", "worker-pod", by_pod);
+    let start = Instant::now();
+    let mut unknown_seen = false;
+    while start.elapsed() < 9 * SEC {
+        let lease = s.get("by-pod").await;
+        assert_eq!(phase_of(&lease), Some(Phase::Held), "{:?}", lease.status);
+        assert_eq!(token_of(&lease), token_of(&held));
+        let expires = lease.status.as_ref().and_then(|st| st.expires_at);
+        let now = jiff::Timestamp::now();
+        assert!(
+            expires.is_some_and(|e| e > now),
+            "expiresAt {expires:?} is not after {now}: the lease is no longer renewed"
+        );
+        unknown_seen |= condition(&lease, "Ready")
+            .is_some_and(|c| c.status == "False" && c.reason == "HolderUnknown");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(unknown_seen, "no HolderUnknown condition was written");
+    let seen = s
+        .store()
+        .await
+        .inspect(&s.target("unread-target"))
+        .await
+        .expect("inspect");
+    assert_eq!(seen.lease.map(|l| l.token), Some(token_of(&held)));
+    let taken = s.wait_phase("new-by-pod", Phase::Held, 5 * SEC).await;
+    assert_eq!(
+        condition(&taken, "Ready").map(|c| c.reason.as_str()),
+        Some("HolderUnknown")
+    );
+    controller_account(&s, "pod-reader", true);
+    let ready = s
+        .wait("by-pod", "Ready again", 15 * SEC, |l| {
+            condition(l, "Ready").is_some_and(|c| c.status == "True")
+        })
+        .await;
+    assert_eq!(token_of(&ready), token_of(&held));
+}
+
+// A failing Held claim is judged by what the controller measured, never by comparing its own
+// wall clock with the store's: here its published expiresAt is an hour ahead of what the store
+// granted (what a controller whose clock runs an hour behind Valkey's would take for the
+// future), and the claim still becomes Lost, Held Unknown, within its TTL of the refusal.
+async fn failing_claim_is_judged_by_the_measured_expiry(s: Scenario) {
+    let admin = valkey_admin(&s).await;
+    s.apply("skewed", "skew-target", "worker-1", "ttlSeconds: 3");
+    s.wait_phase("skewed", Phase::Held, 30 * SEC).await;
+    controller_rights(&admin, "-@scripting").await;
+    let refused = Instant::now();
+    let far = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    s.api()
+        .patch_status(
+            "skewed",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"expiresAt": far}})),
+        )
+        .await
+        .expect("patch expiresAt");
+    let lost = s
+        .wait("skewed", "Lost", 10 * SEC, |l| {
+            phase_of(l) == Some(Phase::Lost)
+        })
+        .await;
+    let took = refused.elapsed();
+    eprintln!("Lost {took:?} after the store refused");
+    assert!(took < 5 * SEC, "Held {took:?} past the refusal, TTL 3 s");
+    assert_eq!(
+        condition(&lost, "Held").map(|c| c.status.as_str()),
+        Some("Unknown")
+    );
+    controller_rights(&admin, "+@all").await;
+    s.wait_phase("skewed", Phase::Held, 30 * SEC).await;
+}
+
+// Giving a lease up while its status write meets 409 after 409 (its TargetLease changes all the
+// time) never leaves a Held status beside a released lease: no two claims show Held, and
+// whenever Valkey shows the giver's lease gone, its status has already left Held.
+async fn give_up_under_conflicts_never_shows_two_held(s: Scenario) {
+    s.apply("giver", "conflict-target", "worker-1", "");
+    let held = s.wait_phase("giver", Phase::Held, 30 * SEC).await;
+    s.apply("taker", "conflict-target", "worker-2", "");
+    s.wait_phase("taker", Phase::Waiting, 30 * SEC).await;
+    // Four writers at once, so the object has always moved on by the time a status write
+    // decided on the controller's cached copy arrives.
+    let pokers: Vec<_> = (0..4)
+        .map(|i| {
+            let api = s.api();
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let mut n = 0u64;
+                while start.elapsed() < 3 * SEC {
+                    n += 1;
+                    let value = format!("{i}-{n}");
+                    let patch = serde_json::json!({"metadata": {"annotations": {"poke": value}}});
+                    api.patch("giver", &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .expect("poke");
+                }
+                n
+            })
+        })
+        .collect();
+    s.api()
+        .patch(
+            "giver",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"release": true}})),
+        )
+        .await
+        .expect("release the giver");
+    let store = s.store().await;
+    let start = Instant::now();
+    let mut taken = None;
+    loop {
+        let lease = store
+            .inspect(&s.target("conflict-target"))
+            .await
+            .expect("inspect")
+            .lease;
+        let (giver, taker) = (s.get("giver").await, s.get("taker").await);
+        let released_in_valkey = lease.is_none_or(|l| l.token != token_of(&held));
+        assert!(
+            !(released_in_valkey && phase_of(&giver) == Some(Phase::Held)),
+            "{:?} after {:?}: Valkey released the lease, the status still says Held",
+            giver.status,
+            start.elapsed()
+        );
+        assert!(
+            !(phase_of(&giver) == Some(Phase::Held) && phase_of(&taker) == Some(Phase::Held)),
+            "both show Held after {:?}",
+            start.elapsed()
+        );
+        if phase_of(&taker) == Some(Phase::Held) {
+            taken.get_or_insert(start.elapsed());
+            if pokers.iter().all(|p| p.is_finished()) {
+                assert_eq!(phase_of(&giver), Some(Phase::Released));
+                assert!(token_of(&taker) > token_of(&held));
+                break;
+            }
+        }
+        assert!(start.elapsed() < 20 * SEC, "the taker never got the target");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut pokes = 0;
+    for poker in pokers {
+        pokes += poker.await.expect("poker");
+    }
+    eprintln!("{pokes} conflicting writes in 3 s; the taker held after {taken:?}");
+    assert!(
+        s.controller
+            .as_ref()
+            .expect("controller")
+            .logs()
+            .contains("status write refused"),
+        "no status write met a conflict"
+    );
+}
+
+// Claims created in the same second (creationTimestamp has one-second resolution) still go in
+// the order they were created, not by name: `zz-older` is created before `aa-newer` and gets
+// the target first.
+async fn same_second_claims_go_in_creation_order(s: Scenario) {
+    s.apply("first", "second-target", "holder-0", "");
+    s.wait_phase("first", Phase::Held, 30 * SEC).await;
+    let mut pair = None;
+    for attempt in 0..5 {
+        let (older, newer) = (format!("zz-older-{attempt}"), format!("aa-newer-{attempt}"));
+        let yaml = format!(
+            "{}---\n{}",
+            lease_yaml(&s.ns, &older, "second-target", "holder-1", ""),
+            lease_yaml(&s.ns, &newer, "second-target", "holder-2", "")
+        );
+        s.cluster.apply(&yaml);
+        let created = |l: &TargetLease| l.metadata.creation_timestamp.clone();
+        if created(&s.get(&older).await) == created(&s.get(&newer).await) {
+            pair = Some((older, newer));
+            break;
+        }
+        for name in [&older, &newer] {
+            s.delete(name).await;
+        }
+    }
+    let (older, newer) = pair.expect("two claims created in the same second in five attempts");
+    s.wait_phase(&older, Phase::Waiting, 30 * SEC).await;
+    s.wait_phase(&newer, Phase::Waiting, 30 * SEC).await;
+    s.delete("first").await;
+    let next = s
+        .wait(&older, "Held or passed over", 10 * SEC, |l| {
+            phase_of(l) == Some(Phase::Held)
+        })
+        .await;
+    assert_eq!(phase_of(&s.get(&newer).await), Some(Phase::Waiting));
+    assert_eq!(next.name_any(), older);
+}
+
 fn main() {
     let scenarios = scenarios![
         apply_leads_to_held,
@@ -1258,6 +1511,10 @@ fn main() {
         stuck_leader_steps_aside,
         stuck_leader_exits_on_sigterm,
         deleted_leader_lease_never_two_leaders,
+        unreadable_holder_pod_keeps_renewing,
+        failing_claim_is_judged_by_the_measured_expiry,
+        give_up_under_conflicts_never_shows_two_held,
+        same_second_claims_go_in_creation_order,
     ];
     run_suite("controller", scenarios.to_vec());
 }

@@ -494,22 +494,28 @@ fn gitops_samples() -> Vec<(
     let corrupt = StoreError::Corrupt {
         detail: "lease key has the wrong type".into(),
     };
-    let failed = Observed::store_failed(Some(&held), &corrupt, now).into_status(Some(1), None, now);
+    let valid = std::time::Duration::from_secs(29);
+    let failed =
+        Observed::store_failed(Some(&held), &corrupt, valid).into_status(Some(1), None, now);
     let down = StoreError::Unavailable {
         endpoint: "valkey:6379".into(),
         cause: "connection refused".into(),
     };
-    // The store down a second after the grant, and past the published expiry: Held still, then
-    // Lost with the Held condition Unknown.
+    // The store down a second after the grant (the lease known valid for 29 s more), and past
+    // the expiry: Held still, then Lost with the Held condition Unknown.
     let granted = Timestamp::from_millisecond(1_764_423_912_004).expect("time");
     let soon = granted + jiff::SignedDuration::from_secs(1);
     let retrying =
-        Observed::store_failed(Some(&held), &down, soon).into_status(Some(1), None, soon);
+        Observed::store_failed(Some(&held), &down, valid).into_status(Some(1), None, soon);
     let later = granted + jiff::SignedDuration::from_secs(31);
-    let unknown =
-        Observed::store_failed(Some(&held), &down, later).into_status(Some(1), None, later);
+    let unknown = Observed::store_failed(Some(&held), &down, std::time::Duration::ZERO)
+        .into_status(Some(1), None, later);
     // Pending as the controller writes it: the store failed before the first acquire.
-    let pending = Observed::store_failed(None, &down, now).into_status(Some(1), None, now);
+    let pending = Observed::store_failed(None, &down, std::time::Duration::ZERO).into_status(
+        Some(1),
+        None,
+        now,
+    );
 
     let mut stale = sample(Some(held.clone()));
     stale["metadata"]["generation"] = json!(2);

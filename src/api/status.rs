@@ -66,6 +66,8 @@ pub enum Reason {
     BackendUnexpectedReply,
     /// `spec.ttlSeconds` is shorter than this controller can keep a lease for.
     TtlTooShort,
+    /// The holder pod could not be read: the lease is renewed, its holder is not tracked.
+    HolderUnknown,
 }
 
 impl Reason {
@@ -90,6 +92,7 @@ impl Reason {
             Reason::InvalidRequest => "InvalidRequest",
             Reason::BackendUnexpectedReply => "BackendUnexpectedReply",
             Reason::TtlTooShort => "TTLTooShort",
+            Reason::HolderUnknown => "HolderUnknown",
         }
     }
 }

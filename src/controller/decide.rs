@@ -4,10 +4,13 @@
 //! [`Facts`], makes the one store call the [`Plan`] names and writes the one status a [`Step`]
 //! carries. Unit-tested below with fixtures, a manual clock and the in-memory store.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
 
 use super::Error;
 use super::heartbeat::stale_after;
@@ -93,10 +96,13 @@ pub struct Facts {
     pub holder_gone: Option<String>,
     /// When this claim must wait its turn: the claim in line before it, and who holds the target.
     pub in_line_after: Option<(String, String)>,
+    /// Why the holder pod's fate is unknown, if it is (the pod could not be read).
+    pub holder_unknown: Option<String>,
     /// The shortest TTL this controller can keep.
     pub shortest_ttl: Duration,
-    /// Now.
-    pub now: Timestamp,
+    /// The latest the store's clock can read now, by this claim's last measured answer
+    /// ([`Reading::latest_server_time`]); `None` when this process has not measured it yet.
+    pub server_now: Option<Timestamp>,
 }
 
 /// What the reconcile does.
@@ -124,7 +130,9 @@ pub enum Plan {
 
 /// Decides what the reconcile of `claim` does.
 pub fn plan(claim: &Claim<'_>, facts: &Facts) -> Plan {
-    if let Some((reason, message)) = release_reason(claim, facts.holder_gone.clone(), facts.now) {
+    if let Some((reason, message)) =
+        release_reason(claim, facts.holder_gone.clone(), facts.server_now)
+    {
         return Plan::GiveUp { reason, message };
     }
     if let Some(handle) = claim.held_handle() {
@@ -161,11 +169,13 @@ pub fn plan(claim: &Claim<'_>, facts: &Facts) -> Plan {
     Plan::Acquire
 }
 
-/// Why a lease must be given up at `now`, if it must. `holder_gone` says why the holder is gone.
+/// Why a lease must be given up, if it must. `holder_gone` says why the holder is gone;
+/// `server_now` is the store's clock now (the tenure's start is in it), unknown until this
+/// process has measured it: the `maxHoldSeconds` bound is then judged after the next renewal.
 pub fn release_reason(
     claim: &Claim<'_>,
     holder_gone: Option<String>,
-    now: Timestamp,
+    server_now: Option<Timestamp>,
 ) -> Option<(Reason, String)> {
     let spec = &claim.lease.spec;
     if spec.release {
@@ -192,7 +202,7 @@ pub fn release_reason(
         return Some(reached());
     }
     let acquired = status.acquired_at.filter(|_| status.phase == Phase::Held)?;
-    (now.duration_since(acquired).as_secs() >= i64::from(max)).then(reached)
+    (server_now?.duration_since(acquired).as_secs() >= i64::from(max)).then(reached)
 }
 
 /// The renewal interval: a third of the TTL, so two renewals can fail before the lease expires.
@@ -201,7 +211,7 @@ pub fn renew_interval(ttl: Duration) -> Duration {
 }
 
 /// When to look at a held lease again: the next renewal, or the `maxHoldSeconds` bound if that
-/// comes first.
+/// comes first; `now` is the store's clock (the tenure's start is in it).
 pub fn next_check(claim: &Claim<'_>, now: Timestamp) -> Duration {
     let renew = renew_interval(claim.ttl());
     let acquired = claim.status.and_then(|s| s.acquired_at);
@@ -229,17 +239,162 @@ pub fn next_look(claim: &Claim<'_>, next: Duration, silent: Option<Duration>) ->
     }
 }
 
-/// After a failed reconcile of a claim that shows Held: look again by its published expiry at the
-/// latest, since if the store is still failing then the status must stop saying Held (see
-/// `Observed::store_failed`). Never sooner than 200 ms: a status write that keeps failing must
-/// not spin. `None` for a claim that does not show Held.
+/// After a failed reconcile of a claim that shows Held: look again when its lease stops being
+/// known valid (`valid_for`, see [`known_valid_for`]) at the latest, since if the store is still
+/// failing then the status must stop saying Held (see `Observed::store_failed`). Never sooner
+/// than 200 ms: a status write that keeps failing must not spin. `None` for a claim that does
+/// not show Held.
 pub fn look_again_by_expiry(
     status: Option<&TargetLeaseStatus>,
-    now: Timestamp,
+    valid_for: Duration,
 ) -> Option<Duration> {
-    let expires = status.filter(|s| s.phase == Phase::Held)?.expires_at?;
-    let ms = expires.as_millisecond() - now.as_millisecond();
-    Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0) + 20).max(Duration::from_millis(200)))
+    status.filter(|s| s.phase == Phase::Held)?;
+    Some((valid_for + Duration::from_millis(20)).max(Duration::from_millis(200)))
+}
+
+/// One answer of the store placed on this process's monotonic clock: the store read its clock
+/// as `server_ms` at some instant between `sent` and `answered`. Times in the store's clock are
+/// compared with this process's only through a reading, never with its wall clock, so a
+/// controller whose clock is off decides the same; what is assumed is only that both clocks
+/// advance at the rate of real time between two answers (docs/controller.md, clocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reading {
+    /// When the call was sent (monotonic).
+    pub sent: Instant,
+    /// When its answer arrived (monotonic).
+    pub answered: Instant,
+    /// The store's clock in the answer, ms since the Unix epoch.
+    pub server_ms: u64,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Reading {
+    /// How long, from `now`, until the store's clock can read `at_ms`: it read `server_ms` no
+    /// earlier than `sent`, so `at_ms` comes no earlier than `sent + (at_ms - server_ms)`. Zero
+    /// once that may have passed; the answer is never later than the truth.
+    pub fn left_until(&self, at_ms: u64, now: Instant) -> Duration {
+        let ahead = at_ms.saturating_sub(self.server_ms);
+        let elapsed = ms(now.saturating_duration_since(self.sent));
+        Duration::from_millis(ahead.saturating_sub(elapsed))
+    }
+
+    /// The earliest the store's clock can read at `now`, in ms: it read `server_ms` no later
+    /// than `answered`.
+    pub fn earliest_server_ms(&self, now: Instant) -> u64 {
+        self.server_ms
+            .saturating_add(ms(now.saturating_duration_since(self.answered)))
+    }
+
+    /// The latest the store's clock can read at `now`: it read `server_ms` no earlier than
+    /// `sent`.
+    pub fn latest_server_time(&self, now: Instant) -> Timestamp {
+        let latest = self
+            .server_ms
+            .saturating_add(ms(now.saturating_duration_since(self.sent)));
+        millis_to_time(latest)
+    }
+}
+
+/// What this process measured of a claim's tenure: the last answer of the store that granted or
+/// renewed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Measured {
+    /// The tenure's token.
+    pub token: u64,
+    /// The answer, on this process's clock.
+    pub reading: Reading,
+    /// The expiry the store granted in it, in the store's clock (ms since the Unix epoch).
+    pub granted_until_ms: u64,
+}
+
+impl Measured {
+    /// A grant measured as `reading`.
+    pub fn granted(grant: &Grant, reading: Reading) -> Self {
+        Self {
+            token: grant.token,
+            reading,
+            granted_until_ms: grant.expires_at_ms(),
+        }
+    }
+}
+
+/// How long the lease of a claim that shows Held is still known to be valid at `now`: until the
+/// earlier of its published `expiresAt` and the expiry the store granted in the last answer this
+/// process measured for that very tenure, each counted on this process's monotonic clock from
+/// the moment that call was sent. Zero when the claim does not show Held, when this process has
+/// measured no answer for its token (it just started or took over: it knows nothing of the
+/// store's clock), or once that may have passed. A status never says Held longer than this
+/// while the store fails.
+pub fn known_valid_for(
+    status: Option<&TargetLeaseStatus>,
+    measured: Option<&Measured>,
+    now: Instant,
+) -> Duration {
+    let (Some(status), Some(measured)) = (status.filter(|s| s.phase == Phase::Held), measured)
+    else {
+        return Duration::ZERO;
+    };
+    if status.fencing_token != Some(measured.token) {
+        return Duration::ZERO;
+    }
+    let Some(published) = status
+        .expires_at
+        .and_then(|e| u64::try_from(e.as_millisecond()).ok())
+    else {
+        return Duration::ZERO;
+    };
+    measured
+        .reading
+        .left_until(published.min(measured.granted_until_ms), now)
+}
+
+/// The [`Measured`] answers of this process, per TargetLease. Shared by the reconciles and the
+/// error policy; holds no clock of its own.
+#[derive(Default)]
+pub struct Measurements {
+    by_claim: Mutex<HashMap<ObjectRef<TargetLease>, Measured>>,
+}
+
+impl Measurements {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<TargetLease>, Measured>> {
+        self.by_claim.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records what the store answered for `lease`.
+    pub fn record(&self, lease: &TargetLease, measured: Measured) {
+        self.lock().insert(ObjectRef::from_obj(lease), measured);
+    }
+
+    /// Records a reading of the store's clock for `lease` that granted nothing (an inspect), so
+    /// that the target's clock is read once, not before every acquire. It never replaces a
+    /// tenure's answer, and it makes no tenure known valid (no status shows token 0).
+    pub fn record_clock(&self, lease: &TargetLease, reading: Reading) {
+        self.lock()
+            .entry(ObjectRef::from_obj(lease))
+            .or_insert(Measured {
+                token: 0,
+                reading,
+                granted_until_ms: 0,
+            });
+    }
+
+    /// The last answer measured for `lease`.
+    pub fn of(&self, lease: &TargetLease) -> Option<Measured> {
+        self.lock().get(&ObjectRef::from_obj(lease)).copied()
+    }
+
+    /// How long the lease of `lease` is known valid at `now` (see [`known_valid_for`]).
+    pub fn valid_for(&self, lease: &TargetLease, now: Instant) -> Duration {
+        known_valid_for(lease.status.as_ref(), self.of(lease).as_ref(), now)
+    }
+
+    /// Forgets a deleted TargetLease.
+    pub fn forget(&self, lease: &ObjectRef<TargetLease>) {
+        self.lock().remove(lease);
+    }
 }
 
 /// What to write after the store answered, which Event goes with it, and when to look again.
@@ -257,13 +412,8 @@ fn millis_to_time(ms: u64) -> Timestamp {
     Timestamp::from_millisecond(i64::try_from(ms).unwrap_or(i64::MAX)).unwrap_or(Timestamp::MAX)
 }
 
-/// What a renewal of `handle`'s tenure answered, at `now`.
-pub fn after_renew(
-    claim: &Claim<'_>,
-    handle: &LeaseHandle,
-    outcome: &RenewOutcome,
-    now: Timestamp,
-) -> Step {
+/// What a renewal of `handle`'s tenure answered.
+pub fn after_renew(claim: &Claim<'_>, handle: &LeaseHandle, outcome: &RenewOutcome) -> Step {
     match outcome {
         RenewOutcome::Renewed {
             server_time_ms,
@@ -293,7 +443,7 @@ pub fn after_renew(
             Step {
                 observed,
                 event: None,
-                next: next_check(claim, now),
+                next: next_check(claim, millis_to_time(*server_time_ms)),
             }
         }
         RenewOutcome::Lost { reason } => {
@@ -394,8 +544,9 @@ mod tests {
         Facts {
             holder_gone: None,
             in_line_after: None,
+            holder_unknown: None,
             shortest_ttl: Duration::from_secs(6),
-            now,
+            server_now: Some(now),
         }
     }
 
@@ -532,22 +683,147 @@ mod tests {
 
     #[test]
     fn a_failing_held_claim_is_looked_at_by_its_expiry() {
-        let held = held_since(0, 7); // expires at 30 s
+        let held = held_since(0, 7);
         assert_eq!(
-            look_again_by_expiry(Some(&held), at(25)),
+            look_again_by_expiry(Some(&held), Duration::from_secs(5)),
             Some(Duration::from_millis(5_020))
         );
         // Past it, soon but not in a spin.
         assert_eq!(
-            look_again_by_expiry(Some(&held), at(40)),
+            look_again_by_expiry(Some(&held), Duration::ZERO),
             Some(Duration::from_millis(200))
         );
         let waiting = TargetLeaseStatus {
             phase: Phase::Waiting,
             ..held
         };
-        assert_eq!(look_again_by_expiry(Some(&waiting), at(25)), None);
-        assert_eq!(look_again_by_expiry(None, at(25)), None);
+        assert_eq!(look_again_by_expiry(Some(&waiting), Duration::ZERO), None);
+        assert_eq!(look_again_by_expiry(None, Duration::ZERO), None);
+    }
+
+    /// A manual monotonic clock: instants as offsets from one base.
+    struct Mono(Instant);
+
+    impl Mono {
+        fn at(&self, ms: u64) -> Instant {
+            self.0 + Duration::from_millis(ms)
+        }
+    }
+
+    /// The store's clock an hour ahead of the controller's wall clock, and an hour behind: a
+    /// failing claim is Held exactly as long as measured on the controller's monotonic clock
+    /// from the moment its renewal was sent, whatever the wall clocks say.
+    #[tokio::test]
+    async fn validity_is_measured_whatever_the_clocks_say() {
+        let mono = Mono(Instant::now());
+        for skew_s in [-3600i64, 0, 3600] {
+            // The store's clock, skewed from the controller's wall clock.
+            let clock = ManualClock::new();
+            let by = Duration::from_secs(skew_s.unsigned_abs());
+            if skew_s < 0 {
+                clock.rewind(by);
+            } else {
+                clock.advance(by);
+            }
+            let store = MemoryStore::with_clock(Arc::new(clock.clone()), Duration::from_secs(60));
+            let lease = fixture(test_spec("t", "w"), None);
+            let claim = Claim::new(&lease).expect("claim");
+            // Sent at 0 ms, answered at 40 ms: the store read its clock in between.
+            let answer = store
+                .acquire(&AcquireRequest {
+                    target: claim.target.clone(),
+                    lease_id: claim.lease_id.clone(),
+                    owner: claim.owner.clone(),
+                    ttl: claim.lease_ttl,
+                    min_token: 0,
+                    request_id: RequestId::random(),
+                })
+                .await
+                .expect("acquire");
+            let AcquireOutcome::Acquired(grant) = &answer else {
+                panic!("{answer:?}");
+            };
+            let reading = Reading {
+                sent: mono.at(0),
+                answered: mono.at(40),
+                server_ms: grant.server_time_ms,
+            };
+            let measured = Measured::granted(grant, reading);
+            let status = after_acquire(&claim, &answer).observed.into_status(
+                Some(1),
+                None,
+                Timestamp::now(),
+            );
+            // TTL 30 s from the send: valid until 30 s on the monotonic clock, not a
+            // millisecond longer, whatever the skew.
+            let valid = |ms| known_valid_for(Some(&status), Some(&measured), mono.at(ms));
+            assert_eq!(valid(0), Duration::from_secs(30), "skew {skew_s} s");
+            assert_eq!(valid(29_990), Duration::from_millis(10), "skew {skew_s} s");
+            assert_eq!(valid(30_000), Duration::ZERO, "skew {skew_s} s");
+            // The store's clock as bounded by the reading.
+            assert_eq!(
+                reading.earliest_server_ms(mono.at(1_040)),
+                grant.server_time_ms + 1_000
+            );
+            assert_eq!(
+                reading.latest_server_time(mono.at(1_000)).as_millisecond(),
+                i64::try_from(grant.server_time_ms + 1_000).expect("ms")
+            );
+            // A published expiry an hour later than the grant (a forged status, or the wall
+            // clock of a controller an hour behind) keeps nothing Held longer.
+            let mut forged = status.clone();
+            forged.expires_at = forged.expires_at.map(|e| e + SignedDuration::from_hours(1));
+            assert_eq!(
+                known_valid_for(Some(&forged), Some(&measured), mono.at(30_000)),
+                Duration::ZERO
+            );
+            // An earlier published expiry bounds it the other way.
+            let mut earlier = status.clone();
+            earlier.expires_at = earlier
+                .expires_at
+                .map(|e| e - SignedDuration::from_secs(10));
+            assert_eq!(
+                known_valid_for(Some(&earlier), Some(&measured), mono.at(19_000)),
+                Duration::from_secs(1)
+            );
+            // Measured for another token, or not at all (a controller that just started): not
+            // known valid, so a failing store makes the claim Lost with Held Unknown at once.
+            let other = Measured {
+                token: grant.token + 1,
+                ..measured
+            };
+            assert_eq!(
+                known_valid_for(Some(&status), Some(&other), mono.at(0)),
+                Duration::ZERO
+            );
+            assert_eq!(
+                known_valid_for(Some(&status), None, mono.at(0)),
+                Duration::ZERO
+            );
+            let failing = Observed::store_failed(
+                Some(&status),
+                &crate::store::StoreError::Unavailable {
+                    endpoint: "x:1".into(),
+                    cause: "down".into(),
+                },
+                known_valid_for(Some(&status), Some(&measured), mono.at(30_000)),
+            );
+            assert_eq!(failing.phase, Phase::Lost, "skew {skew_s} s");
+            assert!(failing.held_unknown);
+        }
+    }
+
+    #[test]
+    fn max_hold_waits_for_a_measured_clock() {
+        let bounded = TargetLeaseSpec {
+            max_hold_seconds: Some(60),
+            ..test_spec("t", "w")
+        };
+        let lease = fixture(bounded, Some(held_since(0, 7)));
+        let claim = Claim::new(&lease).expect("claim");
+        let mut unmeasured = facts(at(1000));
+        unmeasured.server_now = None;
+        assert!(matches!(plan(&claim, &unmeasured), Plan::Renew(_)));
     }
 
     #[test]
@@ -605,7 +881,7 @@ mod tests {
             let Plan::Renew(handle) = plan(&claim, &facts(now)) else {
                 panic!("a held claim renews");
             };
-            let step = renewed(&store, &claim, &handle, now).await;
+            let step = renewed(&store, &claim, &handle).await;
             assert_eq!(step.observed.phase, Phase::Held);
             let expires = step.observed.expires_at.expect("expiresAt");
             assert!(expires > now + SignedDuration::from_secs(10), "{renewal}");
@@ -623,19 +899,14 @@ mod tests {
         let lease = fixture(test_spec("t", "w"), Some(status.clone()));
         let claim = Claim::new(&lease).expect("claim");
         let handle = claim.held_handle().expect("held");
-        let step = renewed(&store, &claim, &handle, at(0)).await;
+        let step = renewed(&store, &claim, &handle).await;
         assert_eq!(step.observed.phase, Phase::Lost);
         assert_eq!(step.next, Duration::from_millis(100));
         assert!(matches!(step.event, Some((Reason::Expired, _))));
     }
 
     /// Renews `handle` in `store` and maps the answer.
-    async fn renewed(
-        store: &MemoryStore,
-        claim: &Claim<'_>,
-        handle: &LeaseHandle,
-        now: Timestamp,
-    ) -> Step {
+    async fn renewed(store: &MemoryStore, claim: &Claim<'_>, handle: &LeaseHandle) -> Step {
         let answer = store
             .renew(&RenewRequest {
                 lease: handle.clone(),
@@ -644,7 +915,7 @@ mod tests {
             })
             .await
             .expect("renew");
-        after_renew(claim, handle, &answer, now)
+        after_renew(claim, handle, &answer)
     }
 
     fn clock_now(clock: &ManualClock) -> u64 {

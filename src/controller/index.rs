@@ -5,6 +5,9 @@
 //! The index only narrows the search: it maps (namespace, target) to names, and every lookup
 //! reads the objects from the reflector's store and checks their target again, so an entry that
 //! went stale (a delete missed while the watch was down) never yields a wrong object.
+//!
+//! It also numbers the TargetLeases in the order the watch first delivered them: the order of
+//! the line within one second of `creationTimestamp` (see [`queue`](super::queue)).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,6 +25,9 @@ type NameKey = (String, String);
 struct Inner {
     by_target: HashMap<TargetKey, HashSet<String>>,
     target_of: HashMap<NameKey, String>,
+    /// By uid: the number of the event that first delivered the object.
+    seen: HashMap<String, u64>,
+    next_seen: u64,
 }
 
 impl Inner {
@@ -29,6 +35,12 @@ impl Inner {
         let (Some(ns), name) = (lease.metadata.namespace.as_deref(), lease.name_any()) else {
             return;
         };
+        if let Some(uid) = lease.metadata.uid.as_ref()
+            && !self.seen.contains_key(uid)
+        {
+            self.seen.insert(uid.clone(), self.next_seen);
+            self.next_seen += 1;
+        }
         let target = &lease.spec.target;
         let name_key = (ns.to_owned(), name.clone());
         match self.target_of.get(&name_key) {
@@ -76,21 +88,51 @@ impl TargetIndex {
                 self.lock().insert(lease);
             }
             watcher::Event::Delete(lease) => {
+                let mut inner = self.lock();
                 if let Some(ns) = lease.metadata.namespace.clone() {
-                    self.lock().remove_name(&(ns, lease.name_any()));
+                    inner.remove_name(&(ns, lease.name_any()));
+                }
+                if let Some(uid) = lease.metadata.uid.as_ref() {
+                    inner.seen.remove(uid);
                 }
             }
             // A relist replaced the store: rebuild from it, dropping whatever was deleted while
-            // the watch was down.
+            // the watch was down. The numbers of the objects still there are kept (the line's
+            // order does not change with a relist); those listed for the first time come after.
             watcher::Event::InitDone => {
-                let mut fresh = Inner::default();
-                for lease in store.state() {
-                    fresh.insert(&lease);
+                let mut inner = self.lock();
+                let mut fresh = Inner {
+                    next_seen: inner.next_seen,
+                    ..Inner::default()
+                };
+                let state = store.state();
+                for lease in &state {
+                    if let Some(uid) = lease.metadata.uid.as_ref()
+                        && let Some(n) = inner.seen.get(uid)
+                    {
+                        fresh.seen.insert(uid.clone(), *n);
+                    }
                 }
-                *self.lock() = fresh;
+                for lease in &state {
+                    fresh.insert(lease);
+                }
+                *inner = fresh;
             }
             watcher::Event::Init => {}
         }
+    }
+
+    /// The place of `lease` in the order the watch first delivered TargetLeases: for a watch
+    /// that runs, the order they were created in; for those that existed when it started (a
+    /// restart, a new leader), the order of its first list, by name within a namespace. A lease
+    /// not seen yet comes after every one seen.
+    pub fn seen_order(&self, lease: &TargetLease) -> u64 {
+        lease
+            .metadata
+            .uid
+            .as_ref()
+            .and_then(|uid| self.lock().seen.get(uid).copied())
+            .unwrap_or(u64::MAX)
     }
 
     /// The TargetLeases on `target` in `namespace`, read from `store`.
@@ -123,6 +165,7 @@ mod tests {
     fn lease(ns: &str, name: &str, target: &str) -> TargetLease {
         let mut l = TargetLease::new(name, test_spec(target, "h"));
         l.metadata.namespace = Some(ns.into());
+        l.metadata.uid = Some(format!("uid-{ns}-{name}"));
         l
     }
 
@@ -212,5 +255,32 @@ mod tests {
         apply(&mut writer, &index, watcher::Event::InitDone);
         assert_eq!(names(&index, &store, "a", "t1"), ["y"]);
         assert_eq!(index.lock().target_of.len(), 1);
+        assert_eq!(index.lock().seen.len(), 1);
+    }
+
+    /// The order the watch first delivered each object in: kept through updates and relists,
+    /// new for an object recreated under the same name (a new uid), last for one never seen.
+    #[test]
+    fn numbers_objects_in_the_order_first_seen() {
+        let mut writer = Writer::<TargetLease>::default();
+        let index = TargetIndex::default();
+        let (zz, aa) = (lease("a", "zz", "t"), lease("a", "aa", "t"));
+        apply(&mut writer, &index, watcher::Event::Apply(zz.clone()));
+        apply(&mut writer, &index, watcher::Event::Apply(aa.clone()));
+        assert!(index.seen_order(&zz) < index.seen_order(&aa));
+        // Updates and a relist (which lists by name) keep the first order.
+        apply(&mut writer, &index, watcher::Event::Apply(zz.clone()));
+        apply(&mut writer, &index, watcher::Event::Init);
+        apply(&mut writer, &index, watcher::Event::InitApply(aa.clone()));
+        apply(&mut writer, &index, watcher::Event::InitApply(zz.clone()));
+        apply(&mut writer, &index, watcher::Event::InitDone);
+        assert!(index.seen_order(&zz) < index.seen_order(&aa));
+        // Recreated: a new uid, a new place at the end.
+        apply(&mut writer, &index, watcher::Event::Delete(zz.clone()));
+        let mut again = zz.clone();
+        again.metadata.uid = Some("uid-a-zz-2".into());
+        apply(&mut writer, &index, watcher::Event::Apply(again.clone()));
+        assert!(index.seen_order(&again) > index.seen_order(&aa));
+        assert_eq!(index.seen_order(&zz), u64::MAX);
     }
 }

@@ -57,6 +57,8 @@ pub struct Context {
     pub holder_pods: PodScope,
     /// The heartbeats of `targetlease run`.
     pub heartbeats: heartbeat::Heartbeats,
+    /// What this process measured of each tenure, on its monotonic clock.
+    pub measurements: decide::Measurements,
     /// Whether this replica may act; checked before every store call and status write.
     pub leadership: election::Leadership,
     /// The shortest `ttlSeconds` this controller accepts.
@@ -129,7 +131,10 @@ fn error_policy(lease: Arc<TargetLease>, error: &Error, ctx: Arc<Context>) -> Ac
         debug!(lease = %lease.name_any(), retry_in_ms = wait.as_millis() as u64, "status write refused: the object changed since it was read");
         return Action::requeue(wait);
     }
-    let until_expiry = decide::look_again_by_expiry(lease.status.as_ref(), jiff::Timestamp::now());
+    let valid_for = ctx
+        .measurements
+        .valid_for(&lease, std::time::Instant::now());
+    let until_expiry = decide::look_again_by_expiry(lease.status.as_ref(), valid_for);
     let wait = until_expiry.map_or(backoff(n), |u| backoff(n).min(u));
     warn!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, retry_in_ms = wait.as_millis() as u64, "reconcile failed");
     Action::requeue(wait)
@@ -186,6 +191,7 @@ pub async fn run(
         holders: holders.clone(),
         holder_pods: settings.holder_pods.clone(),
         heartbeats: heartbeat::Heartbeats::default(),
+        measurements: decide::Measurements::default(),
         leadership,
         shortest_ttl: settings.shortest_ttl,
         failures: Mutex::default(),

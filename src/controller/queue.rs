@@ -1,5 +1,8 @@
-//! Fair hand-over: the claims waiting for a target get it in the order they started waiting
-//! (creation time, then name), unless `spec.priority` puts one ahead (higher first). A claim
+//! Fair hand-over: the claims waiting for a target get it in the order they were created, unless
+//! `spec.priority` puts one ahead (higher first). `creationTimestamp` has a resolution of one
+//! second; within one second the order is the one the controller's watch first delivered the
+//! claims in ([`TargetIndex::seen_order`](super::index::TargetIndex::seen_order)), then the name.
+//! A claim
 //! only asks the store for the target when no claim that goes before it is still waiting, so a
 //! stream of new claims can never starve an old one, and on a release the next claim in line
 //! takes the target instead of whichever reconciles first.
@@ -15,13 +18,15 @@ use kube::ResourceExt;
 
 use crate::api::{Phase, TargetLease};
 
-/// Where a claim stands in line: higher priority first, then older, then by name.
-type Place = (Reverse<i32>, Option<Timestamp>, String);
+/// Where a claim stands in line: higher priority first, then older, then first seen, then by
+/// name.
+type Place = (Reverse<i32>, Option<Timestamp>, u64, String);
 
-fn place(lease: &TargetLease) -> Place {
+fn place(lease: &TargetLease, seen: &impl Fn(&TargetLease) -> u64) -> Place {
     (
         Reverse(lease.spec.priority.unwrap_or(0)),
         lease.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        seen(lease),
         lease.name_any(),
     )
 }
@@ -40,15 +45,21 @@ fn in_line(lease: &TargetLease) -> bool {
         && !matches!(phase, Some(Phase::Held | Phase::Released | Phase::Failed))
 }
 
-/// The claim in line before `me` on the same target, if any: then `me` waits its turn.
-pub fn ahead_of(me: &TargetLease, on_target: &[Arc<TargetLease>]) -> Option<Arc<TargetLease>> {
-    let mine = place(me);
+/// The claim in line before `me` on the same target, if any: then `me` waits its turn. `seen`
+/// gives each claim's place in the order the controller first saw them.
+pub fn ahead_of(
+    me: &TargetLease,
+    on_target: &[Arc<TargetLease>],
+    seen: impl Fn(&TargetLease) -> u64,
+) -> Option<Arc<TargetLease>> {
+    let mine = place(me, &seen);
     on_target
         .iter()
         .filter(|other| other.uid() != me.uid() && in_line(other))
-        .filter(|other| place(other) < mine)
-        .min_by_key(|other| place(other))
-        .cloned()
+        .map(|other| (place(other, &seen), other))
+        .filter(|(theirs, _)| *theirs < mine)
+        .min_by(|a, b| a.0.cmp(&b.0))
+        .map(|(_, other)| other.clone())
 }
 
 #[cfg(test)]
@@ -93,6 +104,21 @@ mod tests {
         of.map(|l| l.name_any())
     }
 
+    /// Seen in the order of `names`; others last.
+    fn seen_in(names: &[&str]) -> impl Fn(&TargetLease) -> u64 {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        move |l: &TargetLease| {
+            names
+                .iter()
+                .position(|n| *n == l.name_any())
+                .map_or(u64::MAX, |i| i as u64)
+        }
+    }
+
+    fn ahead_of(me: &TargetLease, all: &[Arc<TargetLease>]) -> Option<Arc<TargetLease>> {
+        super::ahead_of(me, all, |_| 0)
+    }
+
     #[test]
     fn waiters_go_in_creation_order_and_new_ones_never_jump() {
         let old = claim("old", 0, None, Some(Phase::Waiting));
@@ -102,11 +128,26 @@ mod tests {
         assert_eq!(names(ahead_of(&old, &all)), None);
         assert_eq!(names(ahead_of(&mid, &all)), Some("old".into()));
         assert_eq!(names(ahead_of(&new, &all)), Some("old".into()));
-        // Same second: by name.
+        // Same second: in the order first seen, whatever the names.
         let twin = claim("a-twin", 1, None, Some(Phase::Waiting));
+        let both = [mid.clone(), twin.clone()];
+        let mid_first = seen_in(&["mid", "a-twin"]);
+        assert_eq!(names(super::ahead_of(&mid, &both, &mid_first)), None);
         assert_eq!(
-            names(ahead_of(&mid, &[mid.clone(), twin])),
-            Some("a-twin".into())
+            names(super::ahead_of(&twin, &both, &mid_first)),
+            Some("mid".into())
+        );
+        // Seen in the same place (not seen at all): by name.
+        assert_eq!(names(ahead_of(&mid, &both)), Some("a-twin".into()));
+        // An older second goes first, whenever it was seen.
+        let late_seen = seen_in(&["mid", "old"]);
+        assert_eq!(
+            names(super::ahead_of(
+                &mid,
+                &[old.clone(), mid.clone()],
+                &late_seen
+            )),
+            Some("old".into())
         );
     }
 

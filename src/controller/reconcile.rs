@@ -15,7 +15,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::decide::{self, Facts, Plan};
+use super::decide::{self, Facts, Measured, Plan, Reading};
 use super::heartbeat::stale_after;
 use super::holders::{Fate, fate_of};
 use super::queue;
@@ -84,19 +84,20 @@ impl<'a> Claim<'a> {
     }
 
     /// Writes the status for `observed` if it is a transition; publishes `event` with it.
+    /// Answers the TargetLease as the API server wrote it, when it wrote.
     async fn settle(
         &self,
         ctx: &Context,
         observed: Observed,
         event: Option<(Reason, String)>,
-    ) -> Result<(), Error> {
-        if !write_status(ctx, &self.api, self.lease, observed).await? {
-            return Ok(());
-        }
+    ) -> Result<Option<TargetLease>, Error> {
+        let Some(written) = write_status(ctx, &self.api, self.lease, observed).await? else {
+            return Ok(None);
+        };
         if let Some((reason, note)) = event {
             self.publish(ctx, reason, note).await;
         }
-        Ok(())
+        Ok(Some(written))
     }
 
     async fn publish(&self, ctx: &Context, reason: Reason, note: String) {
@@ -123,7 +124,8 @@ impl<'a> Claim<'a> {
 
     /// Records a store failure in the status (once) and returns it as the reconcile's error.
     async fn fail(&self, ctx: &Context, error: StoreError) -> Error {
-        let observed = Observed::store_failed(self.status, &error, Timestamp::now());
+        let valid_for = ctx.measurements.valid_for(self.lease, Instant::now());
+        let observed = Observed::store_failed(self.status, &error, valid_for);
         if let Err(e) = self.settle(ctx, observed, None).await {
             warn!(error = %e, "could not record the store failure in the status");
         }
@@ -131,17 +133,18 @@ impl<'a> Claim<'a> {
     }
 }
 
-/// Writes `observed` as the status of `lease` when it is a transition; answers whether it wrote.
+/// Writes `observed` as the status of `lease` when it is a transition; answers the TargetLease
+/// as the API server wrote it, when it wrote.
 async fn write_status(
     ctx: &Context,
     api: &Api<TargetLease>,
     lease: &TargetLease,
     observed: Observed,
-) -> Result<bool, Error> {
+) -> Result<Option<TargetLease>, Error> {
     let old = lease.status.as_ref();
     let new = observed.into_status(lease.metadata.generation, old, Timestamp::now());
     if !is_transition(old, &new) {
-        return Ok(false);
+        return Ok(None);
     }
     let phase_changed = old.map(|s| s.phase) != Some(new.phase);
     ctx.leadership.check()?;
@@ -153,16 +156,17 @@ async fn write_status(
         "metadata": {"resourceVersion": lease.resource_version()},
         "status": new,
     });
-    api.patch_status(
-        &lease.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    let written = api
+        .patch_status(
+            &lease.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
     let phase_name = format!("{:?}", new.phase);
     ctx.metrics
         .status_written(phase_changed.then_some(phase_name.as_str()));
-    Ok(true)
+    Ok(Some(written))
 }
 
 /// A TargetLease the store cannot take (a target or namespace it refuses) gets a Failed status
@@ -170,12 +174,32 @@ async fn write_status(
 async fn refuse_claim(lease: &TargetLease, ctx: &Context, error: StoreError) -> Error {
     if let Some(ns) = lease.namespace() {
         let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
-        let observed = Observed::store_failed(lease.status.as_ref(), &error, Timestamp::now());
+        // Nothing was measured of a claim the store cannot even take.
+        let observed = Observed::store_failed(lease.status.as_ref(), &error, Duration::ZERO);
         if let Err(e) = write_status(ctx, &api, lease, observed).await {
             warn!(error = %e, lease = %lease.name_any(), "could not record the refusal in the status");
         }
     }
     Error::Store(error)
+}
+
+/// The store's answer to one call, with when it was sent and answered on this process's
+/// monotonic clock.
+struct Answer<T> {
+    result: Result<T, StoreError>,
+    sent: Instant,
+    answered: Instant,
+}
+
+impl<T> Answer<T> {
+    /// The store's clock `server_ms` in this answer, placed on this process's clock.
+    fn reading(&self, server_ms: u64) -> Reading {
+        Reading {
+            sent: self.sent,
+            answered: self.answered,
+            server_ms,
+        }
+    }
 }
 
 /// Makes one store call, if this replica may still act, and times it for the metrics. The outer
@@ -184,73 +208,115 @@ async fn store_call<T>(
     ctx: &Context,
     op: &'static str,
     call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<Result<T, StoreError>, Error> {
+) -> Result<Answer<T>, Error> {
     ctx.leadership.check()?;
-    let start = Instant::now();
+    let sent = Instant::now();
     let result = call.await;
+    let answered = Instant::now();
     let kind = result.as_ref().err().map(|e| e.kind().as_str());
-    ctx.metrics.store_call(op, start.elapsed(), kind);
-    Ok(result)
+    ctx.metrics.store_call(op, answered - sent, kind);
+    Ok(Answer {
+        result,
+        sent,
+        answered,
+    })
 }
 
-async fn holder_done(
-    lease: &TargetLease,
-    holder: &HolderRef,
-    ctx: &Context,
-) -> Result<bool, Error> {
+/// What the controller knows of a holder pod.
+#[derive(Debug, PartialEq)]
+enum PodFate {
+    /// Not tracked here, or alive.
+    Kept,
+    /// Gone, finished or another pod of that name.
+    Done,
+    /// It could not be read: nothing is known of it.
+    Unreadable,
+}
+
+async fn holder_fate(lease: &TargetLease, holder: &HolderRef, ctx: &Context) -> PodFate {
     let ns = lease.namespace().unwrap_or_default();
     if !ctx.holder_pods.covers(&ns) {
         // Not tracked here (no right to read these pods): the heartbeat of `targetlease run`
         // and the garbage collection of TargetLeases owned by deleted pods still apply.
-        return Ok(false);
+        return PodFate::Kept;
     }
     let uid = holder.uid.as_deref();
+    let done = |fate: Option<Fate>| {
+        if fate.is_none_or(|fate| fate == Fate::Done) {
+            PodFate::Done
+        } else {
+            PodFate::Kept
+        }
+    };
     if let Some(fate) = ctx
         .holders
         .register(ObjectRef::from_obj(lease), &ns, &holder.name, uid)
     {
-        return Ok(fate == Fate::Done);
+        return done(Some(fate));
     }
     // The watch has not seen the pod (yet): read it once.
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let pod = pods.get_opt(&holder.name).await?;
+    let pod = match pods.get_opt(&holder.name).await {
+        Ok(pod) => pod,
+        Err(e) => {
+            // A failed read says nothing of the holder: the lease is kept (renewed) rather than
+            // lost, and the status says the holder is not tracked (see `holder_unknown`).
+            warn!(error = %e, lease = %lease.name_any(), pod = %holder.name, "could not read the holder pod");
+            return PodFate::Unreadable;
+        }
+    };
     let fate = match &pod {
         Some(pod) => fate_of(pod),
         None => Fate::Done,
     };
     let pod_uid = pod.as_ref().and_then(|p| p.metadata.uid.clone());
     ctx.holders.record(&ns, &holder.name, fate, pod_uid);
-    Ok(ctx
-        .holders
-        .register(ObjectRef::from_obj(lease), &ns, &holder.name, uid)
-        .is_none_or(|fate| fate == Fate::Done))
+    done(
+        ctx.holders
+            .register(ObjectRef::from_obj(lease), &ns, &holder.name, uid),
+    )
 }
 
-/// Why the holder is gone, if it is: its pod is gone, finished or another pod of the same name,
-/// or the heartbeat of its `targetlease run` has been `silent` for half the TTL (see
-/// [`heartbeat`](super::heartbeat)).
-async fn holder_gone(
+/// What is known of the claim's holder: why it is gone, if it is (its pod is gone, finished or
+/// another pod of the same name, or the heartbeat of its `targetlease run` has been `silent`
+/// for half the TTL, see [`heartbeat`](super::heartbeat)), else why its fate is unknown, if it
+/// is (its pod could not be read).
+async fn holder_facts(
     claim: &Claim<'_>,
     ctx: &Context,
     silent: Option<Duration>,
-) -> Result<Option<String>, Error> {
+) -> (Option<String>, Option<String>) {
     let lease = claim.lease;
-    if let Some(holder) = &lease.spec.holder_ref
-        && holder_done(lease, holder, ctx).await?
-    {
-        return Ok(Some(format!(
-            "holder pod {} is gone, has finished or is another pod of that name",
-            holder.name
-        )));
+    let mut unknown = None;
+    if let Some(holder) = &lease.spec.holder_ref {
+        match holder_fate(lease, holder, ctx).await {
+            PodFate::Done => {
+                let gone = format!(
+                    "holder pod {} is gone, has finished or is another pod of that name",
+                    holder.name
+                );
+                return (Some(gone), None);
+            }
+            PodFate::Unreadable => {
+                unknown = Some(format!(
+                    "holder pod {} could not be read (details in the controller's log): the \
+                     lease is renewed, but the pod's end is not noticed until it can be read \
+                     again; check the controller's rights to read pods in this namespace",
+                    holder.name
+                ));
+            }
+            PodFate::Kept => {}
+        }
     }
     let limit = stale_after(claim.ttl());
-    Ok(silent.filter(|s| *s >= limit).map(|s| {
+    let gone = silent.filter(|s| *s >= limit).map(|s| {
         format!(
             "the heartbeat of targetlease run stopped {} s ago (limit {} ms, half the TTL)",
             s.as_secs(),
             limit.as_millis()
         )
-    }))
+    });
+    (gone, unknown)
 }
 
 async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
@@ -260,12 +326,18 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
         Err(e) => return Err(e),
     };
     let silent = ctx.heartbeats.silent_for(lease, Instant::now());
+    let (holder_gone, holder_unknown) = holder_facts(&claim, ctx, silent).await;
     let facts = Facts {
-        holder_gone: holder_gone(&claim, ctx, silent).await?,
+        holder_gone,
         in_line_after: in_line_after(&claim, ctx),
+        holder_unknown,
         shortest_ttl: ctx.shortest_ttl,
-        now: Timestamp::now(),
+        server_now: ctx
+            .measurements
+            .of(lease)
+            .map(|m| m.reading.latest_server_time(Instant::now())),
     };
+    let unknown = facts.holder_unknown.as_deref();
     let next = match decide::plan(&claim, &facts) {
         Plan::GiveUp { reason, message } => return give_up(&claim, ctx, reason, message).await,
         Plan::Settle { observed, next } => {
@@ -275,8 +347,8 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
                 None => return Ok(Action::await_change()),
             }
         }
-        Plan::Renew(handle) => renew(&claim, ctx, handle).await?,
-        Plan::Acquire => acquire(&claim, ctx).await?,
+        Plan::Renew(handle) => renew(&claim, ctx, handle, unknown).await?,
+        Plan::Acquire => acquire(&claim, ctx, unknown).await?,
     };
     Ok(Action::requeue(decide::next_look(&claim, next, silent)))
 }
@@ -287,7 +359,7 @@ fn in_line_after(claim: &Claim<'_>, ctx: &Context) -> Option<(String, String)> {
     let on_target =
         ctx.targets
             .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target());
-    let ahead = queue::ahead_of(claim.lease, &on_target)?;
+    let ahead = queue::ahead_of(claim.lease, &on_target, |l| ctx.targets.seen_order(l))?;
     let holder = on_target
         .iter()
         .find(|l| l.status.as_ref().is_some_and(|s| s.phase == Phase::Held))
@@ -295,22 +367,43 @@ fn in_line_after(claim: &Claim<'_>, ctx: &Context) -> Option<(String, String)> {
     Some((ahead.name_any(), holder))
 }
 
-/// Renews the lease; answers when to look at the claim again.
-async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<Duration, Error> {
+/// Renews the lease; answers when to look at the claim again. `holder_unknown` says why the
+/// holder's fate is unknown, if it is.
+async fn renew(
+    claim: &Claim<'_>,
+    ctx: &Context,
+    handle: LeaseHandle,
+    holder_unknown: Option<&str>,
+) -> Result<Duration, Error> {
     let request = RenewRequest {
         lease: handle,
         ttl: claim.lease_ttl,
         request_id: RequestId::random(),
     };
-    let outcome = match store_call(ctx, "renew", ctx.store.renew(&request)).await? {
+    let answer = store_call(ctx, "renew", ctx.store.renew(&request)).await?;
+    let outcome = match &answer.result {
         Ok(outcome) => outcome,
-        Err(e) => return Err(claim.fail(ctx, e).await),
+        Err(e) => return Err(claim.fail(ctx, e.clone()).await),
     };
-    let step = decide::after_renew(claim, &request.lease, &outcome, Timestamp::now());
-    if let RenewOutcome::Lost { reason } = &outcome {
-        info!(lease = %claim.lease.name_any(), target = %claim.target, reason = ?reason, "lease lost");
+    match outcome {
+        RenewOutcome::Renewed {
+            server_time_ms,
+            expires_in_ms,
+        } => ctx.measurements.record(
+            claim.lease,
+            Measured {
+                token: request.lease.token.get(),
+                reading: answer.reading(*server_time_ms),
+                granted_until_ms: server_time_ms.saturating_add(*expires_in_ms),
+            },
+        ),
+        RenewOutcome::Lost { reason } => {
+            info!(lease = %claim.lease.name_any(), target = %claim.target, reason = ?reason, "lease lost");
+        }
     }
-    claim.settle(ctx, step.observed, step.event).await?;
+    let step = decide::after_renew(claim, &request.lease, outcome);
+    let observed = step.observed.holder_unknown(holder_unknown);
+    claim.settle(ctx, observed, step.event).await?;
     Ok(step.next)
 }
 
@@ -319,46 +412,88 @@ async fn renew(claim: &Claim<'_>, ctx: &Context, handle: LeaseHandle) -> Result<
 ///
 /// Statuses are written by whoever has `targetleases/status` rights: a value that no store can
 /// have issued (above 2^53-1, which the CRD also refuses, or more than
-/// [`MAX_TOKEN_LEAD_MICROS`] ahead of the clock, which the store refuses as a floor) is ignored
-/// with a warning rather than allowed to refuse every acquire on the target. Ignoring a real
-/// token is safe: the store starts a target without a fence above every token it issued.
-fn min_token(claim: &Claim<'_>, ctx: &Context) -> u64 {
-    let now_us = u64::try_from(jiff::Timestamp::now().as_microsecond()).unwrap_or(0);
-    let possible = MAX_TOKEN.min(now_us.saturating_add(MAX_TOKEN_LEAD_MICROS));
-    ctx.targets
-        .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target())
+/// [`MAX_TOKEN_LEAD_MICROS`] ahead of the store's clock, which the store refuses as a floor) is
+/// ignored with a warning rather than allowed to refuse every acquire on the target. The store's
+/// clock is the earliest it can read by the latest answer measured on the target (the
+/// controller's wall clock is never used: one that runs ahead would let a forged token through);
+/// when none was measured, the target is inspected once to read it. Ignoring a real token is
+/// safe: the store starts a target without a fence above every token it issued.
+async fn min_token(claim: &Claim<'_>, ctx: &Context) -> Result<u64, Error> {
+    let on_target =
+        ctx.targets
+            .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target());
+    let tokens: Vec<u64> = on_target
         .iter()
         .filter_map(|other| other.status.as_ref().and_then(|s| s.fencing_token))
         .chain(claim.last_token())
+        .collect();
+    if tokens.is_empty() {
+        return Ok(0);
+    }
+    let measured = on_target
+        .iter()
+        .filter_map(|other| ctx.measurements.of(other))
+        .map(|m| m.reading)
+        .max_by_key(|r| r.answered);
+    let reading = match measured {
+        Some(reading) => reading,
+        None => {
+            let answer = store_call(ctx, "inspect", ctx.store.inspect(&claim.target)).await?;
+            let reading = match &answer.result {
+                Ok(seen) => answer.reading(seen.server_time_ms),
+                Err(e) => return Err(claim.fail(ctx, e.clone()).await),
+            };
+            ctx.measurements.record_clock(claim.lease, reading);
+            reading
+        }
+    };
+    let clock_us = reading
+        .earliest_server_ms(Instant::now())
+        .saturating_mul(1000);
+    let possible = MAX_TOKEN.min(clock_us.saturating_add(MAX_TOKEN_LEAD_MICROS));
+    Ok(tokens
+        .into_iter()
         .filter(|token| {
             let issued = *token <= possible;
             if !issued {
-                warn!(target = %claim.target, token, "ignoring a status fencing token no store can have issued (above 2^53-1 or more than an hour ahead of the clock)");
+                warn!(target = %claim.target, token, "ignoring a status fencing token no store can have issued (above 2^53-1 or more than an hour ahead of the store's clock)");
             }
             issued
         })
         .max()
-        .unwrap_or(0)
+        .unwrap_or(0))
 }
 
 /// Asks the store for the target (the claim's turn has come); answers when to look again.
-async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Duration, Error> {
+/// `holder_unknown` says why the holder's fate is unknown, if it is.
+async fn acquire(
+    claim: &Claim<'_>,
+    ctx: &Context,
+    holder_unknown: Option<&str>,
+) -> Result<Duration, Error> {
     let request = AcquireRequest {
         target: claim.target.clone(),
         lease_id: claim.lease_id.clone(),
         owner: claim.owner.clone(),
         ttl: claim.lease_ttl,
-        min_token: min_token(claim, ctx),
+        min_token: min_token(claim, ctx).await?,
         request_id: RequestId::random(),
     };
-    let outcome = match store_call(ctx, "acquire", ctx.store.acquire(&request)).await? {
+    let answer = store_call(ctx, "acquire", ctx.store.acquire(&request)).await?;
+    let outcome = match &answer.result {
         Ok(outcome) => outcome,
-        Err(e) => return Err(claim.fail(ctx, e).await),
+        Err(e) => return Err(claim.fail(ctx, e.clone()).await),
     };
-    let step = decide::after_acquire(claim, &outcome);
+    if let AcquireOutcome::Acquired(grant) = outcome {
+        let reading = answer.reading(grant.server_time_ms);
+        ctx.measurements
+            .record(claim.lease, Measured::granted(grant, reading));
+    }
+    let step = decide::after_acquire(claim, outcome);
     let handover = decide::is_handover(claim);
-    claim.settle(ctx, step.observed, step.event).await?;
-    if let AcquireOutcome::Acquired(grant) = &outcome {
+    let observed = step.observed.holder_unknown(holder_unknown);
+    claim.settle(ctx, observed, step.event).await?;
+    if let AcquireOutcome::Acquired(grant) = outcome {
         info!(lease = %claim.lease.name_any(), target = %claim.target, token = grant.token, "acquired");
         if handover {
             ctx.metrics.handover();
@@ -371,36 +506,51 @@ async fn acquire(claim: &Claim<'_>, ctx: &Context) -> Result<Duration, Error> {
     Ok(step.next)
 }
 
-/// Releases the lease (when this resource holds it) and settles in Released.
+/// Settles in Released and releases the lease (when this resource holds it).
+///
+/// A claim that shows Held leaves Held in its status before the store lets the lease go: the
+/// status write carries the resourceVersion it was decided on, and when it is refused (409, the
+/// object changed since it was read) nothing has been released yet, so a Held status never
+/// stands beside a released lease (which a waiter could take while the holder's `run` still
+/// trusts its Held). If the release then fails, the next reconcile releases by lease id. A
+/// claim that does not show Held releases first, then settles, so a store that keeps failing
+/// costs no status write per retry.
 async fn give_up(
     claim: &Claim<'_>,
     ctx: &Context,
     reason: Reason,
     message: String,
 ) -> Result<Action, Error> {
-    let was_held = claim.held_handle().is_some();
-    release_in_store(claim, ctx).await?;
-    let event = was_held.then(|| {
-        (
-            Reason::Released,
-            format!("released {}: {message}", claim.target),
-        )
-    });
-    claim
-        .settle(
-            ctx,
-            Observed::released(reason, message, claim.last_token()),
-            event,
-        )
-        .await?;
+    let handle = claim.held_handle();
+    let observed = Observed::released(reason, message.clone(), claim.last_token());
+    if handle.is_none() {
+        release_in_store(claim, ctx, None).await?;
+        claim.settle(ctx, observed, None).await?;
+        return Ok(Action::await_change());
+    }
+    let event = (
+        Reason::Released,
+        format!("released {}: {message}", claim.target),
+    );
+    let written = claim.settle(ctx, observed, Some(event)).await?;
+    match written.as_ref().map(|w| Claim::new(w, ctx)).transpose()? {
+        // Failures are recorded on the status just written.
+        Some(released) => release_in_store(&released, ctx, handle).await?,
+        None => release_in_store(claim, ctx, handle).await?,
+    }
     Ok(Action::await_change())
 }
 
-/// Releases whatever this resource holds in the store and wakes the target's waiters. When the
-/// status does not say Held (a crash between acquire and the status write), the store is asked
-/// whether this lease id holds the target, so nothing is left behind.
-async fn release_in_store(claim: &Claim<'_>, ctx: &Context) -> Result<(), Error> {
-    match claim.held_handle() {
+/// Releases `handle`, or whatever this resource holds in the store, and wakes the target's
+/// waiters. Without a handle (the status does not say Held: a crash between acquire and the
+/// status write), the store is asked whether this lease id holds the target, so nothing is left
+/// behind. Failures are recorded on `claim`'s status.
+async fn release_in_store(
+    claim: &Claim<'_>,
+    ctx: &Context,
+    handle: Option<LeaseHandle>,
+) -> Result<(), Error> {
+    match handle {
         Some(handle) => release_handle(claim, ctx, handle, true).await,
         None => release_by_lease_id(claim, ctx).await,
     }
@@ -408,7 +558,10 @@ async fn release_in_store(claim: &Claim<'_>, ctx: &Context) -> Result<(), Error>
 
 /// Asks the store what this lease id holds on the target and releases it.
 async fn release_by_lease_id(claim: &Claim<'_>, ctx: &Context) -> Result<(), Error> {
-    let handle = match store_call(ctx, "inspect", ctx.store.inspect(&claim.target)).await? {
+    let handle = match store_call(ctx, "inspect", ctx.store.inspect(&claim.target))
+        .await?
+        .result
+    {
         Ok(seen) => seen
             .lease
             .filter(|l| l.lease_id == claim.lease_id)
@@ -441,7 +594,10 @@ async fn release_handle(
         lease: handle,
         request_id: RequestId::random(),
     };
-    match store_call(ctx, "release", ctx.store.release(&request)).await? {
+    match store_call(ctx, "release", ctx.store.release(&request))
+        .await?
+        .result
+    {
         Ok(ReleaseOutcome::Released) => {
             info!(lease = %claim.lease.name_any(), target = %claim.target, "released");
             wake_waiters(claim, ctx);
@@ -490,9 +646,10 @@ async fn cleanup(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
     let claim = Claim::new(lease, ctx)?;
     // A store outage returns an error here: the finalizer stays and the error policy retries
     // with backoff, so no lease is forgotten.
-    release_in_store(&claim, ctx).await?;
+    release_in_store(&claim, ctx, claim.held_handle()).await?;
     ctx.holders.unregister(&ObjectRef::from_obj(lease));
     ctx.heartbeats.forget(&ObjectRef::from_obj(lease));
+    ctx.measurements.forget(&ObjectRef::from_obj(lease));
     if claim.held_handle().is_some() {
         claim
             .publish(

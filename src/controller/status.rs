@@ -107,11 +107,14 @@ impl Observed {
         }
     }
 
-    /// The store failed at `now`. What the status said stays true for as long as the controller
-    /// knows it is: a claim that shows Held keeps Held (not ready, the failure as the reason)
-    /// until its published expiry, whatever the failure, so a one-second ACL or network blip
-    /// changes no phase and kills no `targetlease run`. Past that expiry it cannot tell whether
-    /// the lease still exists: the phase becomes Lost and the `Held` condition `Unknown`. Other
+    /// The store failed while the lease of a Held claim is still known to be valid for
+    /// `valid_for` (see [`known_valid_for`](super::decide::known_valid_for): measured on the
+    /// controller's monotonic clock, never by comparing its wall clock with the store's). What
+    /// the status said stays true for as long as the controller knows it is: a claim that shows
+    /// Held keeps Held (not ready, the failure as the reason) while `valid_for` is not zero,
+    /// whatever the failure, so a one-second ACL or network blip changes no phase and kills no
+    /// `targetlease run`. Past that it cannot tell whether the lease still exists: the phase
+    /// becomes Lost and the `Held` condition `Unknown`. Other
     /// claims keep their phase through transient failures and move to Failed on failures that
     /// need a person (corrupt record, access denied, TLS, a configuration the server cannot
     /// serve, a refused request). A corrupt record or a refused request fails a Held claim at
@@ -119,7 +122,7 @@ impl Observed {
     pub fn store_failed(
         previous: Option<&TargetLeaseStatus>,
         error: &StoreError,
-        now: Timestamp,
+        valid_for: std::time::Duration,
     ) -> Self {
         use crate::store::ErrorKind;
         let kind = error.kind();
@@ -138,7 +141,7 @@ impl Observed {
         let mut held_unknown = false;
         let phase = match previous.phase {
             Phase::Held if about_the_data => Phase::Failed,
-            Phase::Held if previous.expires_at.is_some_and(|e| now < e) => Phase::Held,
+            Phase::Held if !valid_for.is_zero() => Phase::Held,
             Phase::Held => {
                 held_unknown = true;
                 message = format!(
@@ -170,6 +173,18 @@ impl Observed {
             message,
             held_unknown,
         }
+    }
+
+    /// A Held claim whose holder pod could not be read (`why`): the lease is kept and renewed,
+    /// since a failed read says nothing of the holder, but the status is not ready and says
+    /// that the holder is not tracked until its pod can be read again. Other phases are kept.
+    pub fn holder_unknown(mut self, why: Option<&str>) -> Self {
+        if let (Phase::Held, Some(why)) = (self.phase, why) {
+            self.ready = false;
+            self.reason = Reason::HolderUnknown;
+            self.message = why.to_owned();
+        }
+        self
     }
 
     /// Builds the status for generation `generation`, keeping each condition's transition time
@@ -296,6 +311,8 @@ pub fn is_transition(old: Option<&TargetLeaseStatus>, new: &TargetLeaseStatus) -
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn grant(token: u64) -> Grant {
@@ -393,7 +410,7 @@ mod tests {
             endpoint: "x:1".into(),
             cause: "refused".into(),
         };
-        let s = Observed::store_failed(Some(&held), &down, Timestamp::UNIX_EPOCH).into_status(
+        let s = Observed::store_failed(Some(&held), &down, VALID).into_status(
             Some(1),
             Some(&held),
             Timestamp::UNIX_EPOCH,
@@ -404,7 +421,7 @@ mod tests {
             Some("BackendUnavailable")
         );
         let corrupt = StoreError::Corrupt { detail: "x".into() };
-        let s = Observed::store_failed(Some(&held), &corrupt, Timestamp::UNIX_EPOCH).into_status(
+        let s = Observed::store_failed(Some(&held), &corrupt, VALID).into_status(
             Some(1),
             None,
             Timestamp::UNIX_EPOCH,
@@ -438,7 +455,7 @@ mod tests {
             StoreError::InvalidConfig("cannot read /etc/secret/10.9.8.7".into()),
         ];
         for error in failures {
-            let s = Observed::store_failed(None, &error, Timestamp::UNIX_EPOCH).into_status(
+            let s = Observed::store_failed(None, &error, VALID).into_status(
                 Some(1),
                 None,
                 Timestamp::UNIX_EPOCH,
@@ -450,6 +467,9 @@ mod tests {
             assert!(shown.contains("controller's log"), "{shown}");
         }
     }
+
+    /// A lease still known to be valid for a millisecond.
+    const VALID: Duration = Duration::from_millis(1);
 
     fn at(ms: i64) -> Timestamp {
         Timestamp::from_millisecond(ms).expect("timestamp")
@@ -476,7 +496,7 @@ mod tests {
             cause: "handshake".into(),
         };
         for error in [denied, tls] {
-            let s = Observed::store_failed(Some(&held), &error, at(29_999)).into_status(
+            let s = Observed::store_failed(Some(&held), &error, VALID).into_status(
                 Some(1),
                 Some(&held),
                 at(29_999),
@@ -504,7 +524,7 @@ mod tests {
             endpoint: "x:1".into(),
             after_ms: 2_000,
         };
-        let s = Observed::store_failed(Some(&held), &down, at(30_000)).into_status(
+        let s = Observed::store_failed(Some(&held), &down, Duration::ZERO).into_status(
             Some(1),
             Some(&held),
             at(30_000),
@@ -522,7 +542,7 @@ mod tests {
             Some("Unknown")
         );
         assert!(s.conditions.iter().all(|c| !c.message.contains("x:1")));
-        let again = Observed::store_failed(Some(&s), &down, at(40_000)).into_status(
+        let again = Observed::store_failed(Some(&s), &down, Duration::ZERO).into_status(
             Some(1),
             Some(&s),
             at(40_000),
@@ -532,11 +552,29 @@ mod tests {
             condition(&again, "Held").map(|c| c.status.as_str()),
             Some("Unknown")
         );
-        // A claim without a published expiry (written by an older version) is past it.
-        let mut old = held.clone();
-        old.expires_at = None;
-        let s = Observed::store_failed(Some(&old), &down, at(1)).into_status(Some(1), None, at(1));
-        assert_eq!(s.phase, Phase::Lost);
+    }
+
+    /// An unreadable holder pod makes a Held claim not ready, with the reason and the message,
+    /// and keeps everything else; other phases are left alone.
+    #[test]
+    fn an_unknown_holder_keeps_held_but_not_ready() {
+        let held = Observed::held(&grant(7), "w");
+        let s = held
+            .clone()
+            .holder_unknown(Some("pod p could not be read"))
+            .into_status(Some(1), None, at(0));
+        assert_eq!((s.phase, s.fencing_token), (Phase::Held, Some(7)));
+        assert_eq!(
+            condition(&s, "Ready").map(|c| (c.status.as_str(), c.reason.as_str())),
+            Some(("False", "HolderUnknown"))
+        );
+        assert_eq!(
+            condition(&s, "Held").map(|c| c.status.as_str()),
+            Some("True")
+        );
+        assert_eq!(held.clone().holder_unknown(None), held);
+        let waiting = Observed::waiting("other", None);
+        assert_eq!(waiting.clone().holder_unknown(Some("x")), waiting);
     }
 
     /// The published expiry moves only when it would come within one and a half renewal

@@ -2,8 +2,11 @@
 //! TargetLeases created and deleted at random, holders writing to a fenced store, and faults
 //! injected at random: controller SIGKILL, leader change, Valkey SIGKILL with and without its
 //! data, connection cuts and stalls, API server crash, the leader partitioned from the API
-//! server (a proxy per replica holds its bytes). An independent checker, sharing no code
-//! with the controller's decision logic, watches every status and owns the fenced store.
+//! server (a proxy per replica holds its bytes), the leader Lease deleted, a failover to a
+//! replica that missed the newest writes, and `targetlease run` holders partitioned from the
+//! API server. An independent checker, sharing no code with the controller's decision logic,
+//! watches every status, owns the fenced store, and reads the timestamps the `run` holders'
+//! commands write while they run: two commands on one target must never run at the same time.
 //!
 //! `TARGETLEASE_CHAOS_SECONDS` sets the length of the fault phase (default 150 s).
 
@@ -24,6 +27,7 @@ use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use targetlease::api::{Phase, TargetLease};
+use tokio::process::{Child, Command};
 
 use support::kube::{Cluster, ControllerProcess};
 use support::proxy::{Mode, Proxy};
@@ -208,9 +212,12 @@ enum Fault {
     ConnectionStall,
     ApiServerCrash,
     LeaderPartition,
+    LeaderLeaseDeleted,
+    ValkeyFailoverToLaggingReplica,
+    RunPartition,
 }
 
-const FAULTS: [Fault; 8] = [
+const FAULTS: [Fault; 11] = [
     Fault::ControllerKill,
     Fault::LeaderChange,
     Fault::ValkeyRestartWithData,
@@ -219,13 +226,30 @@ const FAULTS: [Fault; 8] = [
     Fault::ConnectionStall,
     Fault::ApiServerCrash,
     Fault::LeaderPartition,
+    Fault::LeaderLeaseDeleted,
+    Fault::ValkeyFailoverToLaggingReplica,
+    Fault::RunPartition,
 ];
+
+/// The `run` holders alive now: their serial number and their proxy to the API server.
+type RunSlots = Arc<Mutex<Vec<(u64, Arc<Proxy>)>>>;
+
+/// Targets held by `targetlease run` processes, two at a time on each.
+const RUN_TARGETS: usize = 2;
+const RUNS_PER_TARGET: usize = 2;
 
 struct World {
     cluster: Arc<Cluster>,
     client: Client,
     valkey: Server,
+    /// A replica of `valkey` with its own AOF: promoted, after being detached while `valkey`
+    /// keeps granting, by the failover fault.
+    standby: Server,
     proxy: Proxy,
+    /// The `run` holders alive now, each with the proxy between it and the API server.
+    runs: RunSlots,
+    /// When each fault that loses Valkey data happened.
+    data_lost: Arc<Mutex<Vec<Instant>>>,
     /// One proxy per replica between it and the API server: a partition holds its bytes.
     api_proxies: Vec<Proxy>,
     replicas: Vec<Option<ControllerProcess>>,
@@ -294,6 +318,7 @@ impl World {
                 self.valkey.restart();
             }
             Fault::ValkeyRestartDataLost => {
+                self.data_lost.lock().unwrap().push(Instant::now());
                 self.valkey.kill();
                 for entry in std::fs::read_dir(self.valkey.dir())
                     .expect("valkey dir")
@@ -315,6 +340,49 @@ impl World {
                 self.proxy.set(Mode::Pass);
             }
             Fault::ApiServerCrash => self.cluster.restart("kube-apiserver", true),
+            Fault::LeaderLeaseDeleted => {
+                let leases: Api<Lease> = Api::namespaced(self.client.clone(), NS);
+                let _ = leases
+                    .delete("targetlease-controller", &DeleteParams::default())
+                    .await;
+            }
+            Fault::ValkeyFailoverToLaggingReplica => {
+                // The standby has every write; detached, it misses what the primary grants
+                // from now on, until the primary dies and every client is sent to it.
+                if !self
+                    .standby
+                    .wait_in_sync_with(&self.valkey, Duration::from_secs(10))
+                {
+                    eprintln!("    the standby did not catch up: failover skipped");
+                    return;
+                }
+                self.standby.promote();
+                self.data_lost.lock().unwrap().push(Instant::now());
+                tokio::time::sleep(Duration::from_millis(rng.random_range(300..1500))).await;
+                self.valkey.kill();
+                self.proxy.retarget(self.standby.port);
+                self.proxy.cut();
+                let fresh = durable_valkey(Some(&self.standby));
+                self.valkey = std::mem::replace(&mut self.standby, fresh);
+            }
+            Fault::RunPartition => {
+                // One `run` loses the API server (its node is partitioned) for longer than it
+                // may trust its lease, while the `run` waiting behind it does not: the first must
+                // stop its command before the controller gives the target to the second.
+                let slots: Vec<Arc<Proxy>> = self
+                    .runs
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|(_, p)| p.clone())
+                    .collect();
+                let Some(proxy) = slots.choose(rng).cloned() else {
+                    return;
+                };
+                proxy.set(Mode::Stall);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(4000..8000))).await;
+                proxy.set(Mode::Pass);
+            }
             Fault::LeaderPartition => {
                 // The leader loses the API server (its requests hang), not Valkey; longer than
                 // the election's 3 s, so the other replica takes over while it is cut off.
@@ -329,6 +397,16 @@ impl World {
             }
         }
     }
+}
+
+/// A Valkey 9.1 that fsyncs its AOF on every write; a replica of `primary` when given.
+fn durable_valkey(primary: Option<&Server>) -> Server {
+    let port = primary.map(|p| p.port.to_string());
+    let mut args = vec!["--appendonly", "yes", "--appendfsync", "always"];
+    if let Some(port) = &port {
+        args.extend(["--replicaof", "127.0.0.1", port]);
+    }
+    Server::start_with(ServerKind::Valkey91, &args)
 }
 
 /// Targets that have live resources but no resource whose status says Held.
@@ -414,6 +492,191 @@ async fn workload(api: Api<TargetLease>, until: Instant, ops: Arc<AtomicU64>, se
     }
 }
 
+/// The `targetlease run` holders: on each run target, up to two `run`s at a time (each through a
+/// proxy of its own to the API server, listed in `slots`), each running a command that appends
+/// its token once and then the time in nanoseconds every 50 ms for 2 to 10 s (longer than the
+/// controller's heartbeat bound, so a cut-off holder's command outlives it unless `run` stops
+/// it), to a file of its own in `dir`.
+async fn run_holders(
+    cluster: Arc<Cluster>,
+    slots: RunSlots,
+    dir: std::path::PathBuf,
+    until: Instant,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x7275);
+    let mut running: Vec<(usize, u64, Child)> = Vec::new();
+    let mut serial = 0u64;
+    let alive = |running: &mut Vec<(usize, u64, Child)>| {
+        running.retain_mut(|(_, _, child)| matches!(child.try_wait(), Ok(None)));
+        let live: HashSet<u64> = running.iter().map(|(_, n, _)| *n).collect();
+        slots.lock().unwrap().retain(|(n, _)| live.contains(n));
+    };
+    while Instant::now() < until {
+        alive(&mut running);
+        for target in 0..RUN_TARGETS {
+            if running.iter().filter(|(t, _, _)| *t == target).count() >= RUNS_PER_TARGET {
+                continue;
+            }
+            serial += 1;
+            let proxy = Arc::new(Proxy::start(cluster.apiserver_port()).await);
+            let kubeconfig = cluster.kubeconfig_via(proxy.port);
+            let file = dir.join(format!("run-{target}-{serial}.log"));
+            let ticks = rng.random_range(40..200);
+            let script = format!(
+                "echo \"token $TARGETLEASE_TOKEN\" >> {f}; n=0; while [ $n -lt {ticks} ]; do date +%s%N >> {f}; sleep 0.05; n=$((n+1)); done",
+                f = file.display()
+            );
+            // Each `run` in a UTS namespace of its own, named like a pod of its own: one host
+            // runs one `run` per target (the TargetLease is named after the host).
+            let child = Command::new("unshare")
+                .args(["--uts", "sh", "-c", "hostname \"$0\" && exec \"$@\""])
+                .arg(format!("runner-{serial}"))
+                .arg(support::kube::targetlease_bin())
+                .args(["run", "-n", NS, "--target", &format!("run-{target}")])
+                .args([
+                    "--holder",
+                    &format!("runner-{serial}"),
+                    "--ttl",
+                    &format!("{TTL_SECONDS}s"),
+                ])
+                .args([
+                    "--grace",
+                    "1s",
+                    "--wait-timeout",
+                    "120s",
+                    "--",
+                    "sh",
+                    "-c",
+                    &script,
+                ])
+                .envs(cluster.envs())
+                .env("KUBECONFIG", &kubeconfig)
+                .env("TARGETLEASE_LOG", "warn")
+                .env_remove("POD_NAME")
+                .env_remove("POD_UID")
+                .env_remove("POD_NAMESPACE")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .spawn();
+            match child {
+                Ok(child) => {
+                    running.push((target, serial, child));
+                    slots.lock().unwrap().push((serial, proxy));
+                }
+                Err(e) => eprintln!("    run could not start: {e}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(300..1500))).await;
+    }
+    // Let the last commands end under their leases, then stop what is left.
+    let deadline = Instant::now() + Duration::from_secs(TTL_SECONDS + 20);
+    while Instant::now() < deadline && !running.is_empty() {
+        alive(&mut running);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (_, _, child) in running.iter_mut() {
+        let _ = child.start_kill();
+    }
+}
+
+/// One `run` holder's command, as its file tells: the token it ran with, and the first and
+/// last moments it was seen running (nanoseconds since the epoch).
+struct Ran {
+    file: String,
+    token: u64,
+    first: u128,
+    last: u128,
+}
+
+/// Reads every command's file in `dir`, per run target, in the order the commands started.
+fn commands_ran(dir: &std::path::Path) -> BTreeMap<usize, Vec<Ran>> {
+    let mut by_target: BTreeMap<usize, Vec<Ran>> = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).expect("run folder").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(target) = name
+            .strip_prefix("run-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|t| t.parse().ok())
+        else {
+            continue;
+        };
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let token = text
+            .lines()
+            .find_map(|l| l.strip_prefix("token "))
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
+        let times: Vec<u128> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if let (Some(&first), Some(&last)) = (times.iter().min(), times.iter().max()) {
+            by_target.entry(target).or_default().push(Ran {
+                file: name,
+                token,
+                first,
+                last,
+            });
+        }
+    }
+    for ran in by_target.values_mut() {
+        ran.sort_by_key(|r| r.first);
+    }
+    by_target
+}
+
+/// Invariant 4: on one target, a command starts only after every command that started before
+/// it was last seen running, and with a larger token. The bound is zero: both times come from
+/// the commands themselves on one clock, and a stopped command writes nothing, so any measured
+/// overlap is a real one. After a fault that lost Valkey data (the new holder's grant cannot
+/// see the old lease), the old holder runs on until its next renewal finds the lease gone:
+/// such an overlap is allowed up to [`DATA_LOSS_OVERLAP`], with a larger token.
+fn check_commands(
+    checker: &Checker,
+    dir: &std::path::Path,
+    data_lost: &[std::time::SystemTime],
+) -> usize {
+    let mut count = 0;
+    for (target, ran) in commands_ran(dir) {
+        count += ran.len();
+        for (i, later) in ran.iter().enumerate() {
+            for earlier in &ran[..i] {
+                if later.token <= earlier.token {
+                    checker.violation(format!(
+                        "run-{target}: {} ran with token {}, not above {} of {} before it",
+                        later.file, later.token, earlier.token, earlier.file
+                    ));
+                }
+                if later.first > earlier.last {
+                    continue;
+                }
+                let overlap = Duration::from_nanos((earlier.last - later.first) as u64);
+                let at = std::time::UNIX_EPOCH + Duration::from_nanos(later.first as u64);
+                let after_loss = data_lost.iter().any(|lost| {
+                    *lost <= at
+                        && at.duration_since(*lost).unwrap_or_default()
+                            < Duration::from_secs(2 * TTL_SECONDS)
+                });
+                if !(after_loss && overlap <= DATA_LOSS_OVERLAP) {
+                    checker.violation(format!(
+                        "run-{target}: {} (token {}) started while {} (token {}) ran: {overlap:?} together{}",
+                        later.file,
+                        later.token,
+                        earlier.file,
+                        earlier.token,
+                        if after_loss { " after a data loss" } else { "" }
+                    ));
+                }
+            }
+        }
+    }
+    count
+}
+
+/// How long an old holder's command may run beside the next one after Valkey lost the old
+/// lease: until the controller's next renewal finds it gone (a third of the TTL), the call's
+/// deadline (1 s), the status write and `run`'s watch seeing it (1 s), and the command's SIGTERM.
+const DATA_LOSS_OVERLAP: Duration = Duration::from_secs(TTL_SECONDS / 3 + 3);
+
 /// Length of the fault phase: `TARGETLEASE_CHAOS_SECONDS`, 150 s by default.
 /// How long two resources on one target may both show Held: the new holder's grant wakes the
 /// old one, whose renewal finds it lost; a few reconciles under load.
@@ -430,11 +693,10 @@ async fn chaos(cluster: Arc<Cluster>) {
     let seconds = fault_seconds();
     cluster.kubectl_ok(&["create", "namespace", NS]);
     let client = cluster.client().await;
-    let valkey = Server::start_with(
-        ServerKind::Valkey91,
-        &["--appendonly", "yes", "--appendfsync", "always"],
-    );
+    let valkey = durable_valkey(None);
+    let standby = durable_valkey(Some(&valkey));
     let proxy = Proxy::start(valkey.port).await;
+    let runs_dir = tempfile::tempdir().expect("run folder");
     let api_proxies = vec![
         Proxy::start(cluster.apiserver_port()).await,
         Proxy::start(cluster.apiserver_port()).await,
@@ -443,7 +705,10 @@ async fn chaos(cluster: Arc<Cluster>) {
         cluster: cluster.clone(),
         client: client.clone(),
         valkey,
+        standby,
         proxy,
+        runs: RunSlots::default(),
+        data_lost: Arc::new(Mutex::new(Vec::new())),
         api_proxies,
         replicas: Vec::new(),
     };
@@ -463,14 +728,33 @@ async fn chaos(cluster: Arc<Cluster>) {
         .unwrap_or_else(|| rand::rng().random());
     println!("chaos seed {seed} (TARGETLEASE_CHAOS_SEED={seed} repeats the same choices)");
     let load = tokio::spawn(workload(api.clone(), fault_phase_end, ops.clone(), seed));
+    let runs = tokio::spawn(run_holders(
+        cluster.clone(),
+        world.runs.clone(),
+        runs_dir.path().to_owned(),
+        fault_phase_end,
+        seed,
+    ));
 
+    // `TARGETLEASE_CHAOS_FAULTS=RunPartition,LeaderLeaseDeleted` injects only those.
+    let faults: Vec<Fault> = match std::env::var("TARGETLEASE_CHAOS_FAULTS") {
+        Ok(names) => FAULTS
+            .into_iter()
+            .filter(|f| names.split(',').any(|n| n.trim() == format!("{f:?}")))
+            .collect(),
+        Err(_) => FAULTS.to_vec(),
+    };
+    assert!(
+        !faults.is_empty(),
+        "TARGETLEASE_CHAOS_FAULTS names no fault"
+    );
     let mut rng = StdRng::seed_from_u64(seed);
     let mut injected: BTreeMap<Fault, u32> = BTreeMap::new();
     let mut longest_recovery = Duration::ZERO;
     let mut unrecovered = Vec::new();
     tokio::time::sleep(Duration::from_secs(5)).await;
     while Instant::now() + Duration::from_secs(20) < fault_phase_end {
-        let fault = *FAULTS.choose(&mut rng).expect("faults");
+        let fault = *faults.choose(&mut rng).expect("faults");
         eprintln!(
             "[{:>5.1}s] fault: {fault:?}",
             (Instant::now() + Duration::from_secs(seconds) - fault_phase_end).as_secs_f64()
@@ -484,6 +768,7 @@ async fn chaos(cluster: Arc<Cluster>) {
         tokio::time::sleep(Duration::from_millis(rng.random_range(2000..5000))).await;
     }
     let _ = load.await;
+    let _ = runs.await;
 
     // Faults and churn have stopped: within TTL + 10 s every target with waiters has a holder and
     // no lease is left in Valkey for a deleted resource.
@@ -514,6 +799,19 @@ async fn chaos(cluster: Arc<Cluster>) {
         ));
     }
 
+    // Wall-clock times of the data losses, to compare with the commands' own timestamps.
+    let lost_at: Vec<std::time::SystemTime> = {
+        let (now, wall) = (Instant::now(), std::time::SystemTime::now());
+        world
+            .data_lost
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|at| wall - (now - *at))
+            .collect()
+    };
+    let commands = check_commands(&checker, runs_dir.path(), &lost_at);
+
     let violations = checker.violations.lock().unwrap().clone();
     println!(
         "chaos summary ({seconds} s of faults, 2 controller replicas, {TARGETS} targets, ttl {TTL_SECONDS} s):"
@@ -534,6 +832,7 @@ async fn chaos(cluster: Arc<Cluster>) {
         checker.accepted.load(Ordering::Relaxed),
         checker.refused.load(Ordering::Relaxed)
     );
+    println!("  run holders' commands: {commands}");
     println!("  longest recovery after a fault: {longest_recovery:?}");
     println!("  settled after the faults in {:?}", settle.elapsed());
     println!("  violations: {}", violations.len());
@@ -541,6 +840,10 @@ async fn chaos(cluster: Arc<Cluster>) {
     assert!(
         checker.accepted.load(Ordering::Relaxed) > 0,
         "no holder ever committed: the run proves nothing"
+    );
+    assert!(
+        commands >= 4,
+        "only {commands} run holders' commands ran: the run proves nothing"
     );
     assert!(
         violations.is_empty(),

@@ -95,8 +95,9 @@ pub struct TargetLeaseSpec {
     pub release: bool,
 
     /// Order among the claims waiting for the target: a higher priority gets it first; equal
-    /// priorities go in the order the claims were created (then by name), so a new claim never
-    /// jumps an older one. Default 0.
+    /// priorities go in the order the claims were created, so a new claim never jumps an older
+    /// one (within the one second of creationTimestamp, in the order the controller saw them
+    /// created; by name for claims it found already there when it started). Default 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = -1000, max = 1000))]
     pub priority: Option<i32>,

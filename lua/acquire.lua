@@ -40,8 +40,6 @@ if cached then
   end
   local fence, fence_err = read_fence(KEYS[2])
   if not fence then return fence_err end
-  local denied = may_write({'PEXPIRE', KEYS[3], '1'}, {'SET', KEYS[2], '1'})
-  if denied then return denied end
   -- Every path that answers 'acquired' writes, a replayed reply too: the client's WAITAOF (the
   -- durability option) waits for this connection's last write, and a retry may arrive on a new
   -- connection that has written nothing yet. Refreshing the cache entry orders a write after
@@ -61,10 +59,6 @@ if not fence then return fence_err end
 -- TIME only where a token or a time is answered: the `held` refusal above does not need it.
 local now_us, now_ms = server_now()
 local now = int(now_ms)
--- Every write below, checked before the first (see may_write).
-local denied = may_write({'HSET', KEYS[1], 'token', '1'}, {'PEXPIRE', KEYS[1], '1'},
-  {'SET', KEYS[2], '1'}, {'SET', KEYS[4], '1'}, {'SET', KEYS[3], '1'})
-if denied then return denied end
 
 if lease then
   -- Already ours (a retry after the cache expired, or a controller that lost its status write):
@@ -76,6 +70,8 @@ if lease then
     local issued, refused = next_token(fence, min_token, now_us)
     if not issued then return refused end
     token = int(issued)
+    -- Stopped after the HSET (a refused SET), the lease keeps its new token above the fence,
+    -- which its next renewal raises: never unreadable, never below a token issued.
     redis.call('HSET', KEYS[1], 'token', token)
     redis.call('SET', KEYS[2], token)
     redis.call('SET', KEYS[4], ARGV[6])
@@ -102,10 +98,16 @@ end
 local issued, refused = next_token(fence, min_token, now_us)
 if not issued then return refused end
 local token = int(issued)
+-- The lease hash and its expiry must be written together: a hash left without one by a refused
+-- PEXPIRE would fail every later call on the target as corrupt.
+local denied = may_run('PEXPIRE', KEYS[1], ARGV[3])
+if denied then return denied end
+-- The fence and the spent request id first: stopped after them, the target is free with a
+-- higher fence, which a later grant simply goes above.
+redis.call('SET', KEYS[2], token)
+redis.call('SET', KEYS[4], ARGV[6])
 redis.call('HSET', KEYS[1], 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner', ARGV[2],
   'token', token, 'acquired_ms', now)
 redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('SET', KEYS[2], token)
-redis.call('SET', KEYS[4], ARGV[6])
 return remember(KEYS[3], bound, 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. now,
   reply_ttl)

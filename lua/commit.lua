@@ -27,9 +27,6 @@ if token > fence then
     int(fence) .. '; 0 means none, or the store lost its data)')
 end
 
-local denied = may_write({'HSET', KEYS[2], 'token', '1'}, {'SET', KEYS[3], '1'})
-if denied then return denied end
-
 local last = redis.pcall('HMGET', KEYS[2], 'token', 'sequence', 'value')
 if type(last) == 'table' and last.err then return read_error(last, 'guarded record at ' .. KEYS[2] .. ' is not a hash') end
 if last[1] then

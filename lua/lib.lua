@@ -67,41 +67,46 @@ local function exhausted(fence, min_token)
 end
 
 -- How far ahead of the server clock (in microseconds) every token is issued: one hour. Every
--- token is at least (server clock + MAX_LEAD) when it is issued, on every acquire, and a floor
--- further ahead than that is refused, so no token is more than MAX_LEAD ahead of the clock of
--- the server that issued it (plus one per grant within one microsecond). A server that serves a
--- target after others did (a promoted replica that missed the newest grants, a restart from an
--- older snapshot or without data) therefore issues above every token they issued, as long as its
--- clock is past theirs at the moment they issued them: failovers take seconds, clocks agree to
--- milliseconds. docs/store.md ("The token rule") says what is assumed of clocks.
+-- token is at least (server clock + MAX_LEAD) when it is issued, on every acquire, not only on a
+-- target's first. A server that serves a target after others did (a promoted replica that
+-- missed the newest grants, a restart from an older snapshot or without data) therefore issues
+-- above every token they issued that no floor pushed further, as long as its clock is past
+-- theirs at the moment they issued them: failovers take seconds, clocks agree to milliseconds.
 local MAX_LEAD = 3600000000
+
+-- How far ahead of the server clock a floor may be: the lead plus one hour, for a server whose
+-- clock is behind the one that issued the floor's token (after a failover). A floor further
+-- ahead did not come from a store. docs/store.md ("The token rule") says what is assumed of
+-- clocks.
+local MAX_FLOOR_LEAD = 7200000000
+
+local function floor_too_far(min_token, now_us)
+  return invalid('floor ' .. int(min_token) .. ' is more than two hours ahead of the server ' ..
+    'clock (' .. int(now_us) .. ' microseconds): no token a store issues is that large, so it ' ..
+    'came from another store, or from a server whose clock was more than an hour ahead of ' ..
+    'this one')
+end
 
 -- The next token: above the fence, above the caller's floor, and at least the server clock in
 -- microseconds plus MAX_LEAD. Returns the token, or (nil, error_reply) for a floor too far
 -- ahead or a token that would pass MAX_TOKEN.
 local function next_token(fence, min_token, now_us)
-  if min_token > now_us + MAX_LEAD then
-    return nil, invalid('floor ' .. int(min_token) .. ' is more than an hour ahead of the server ' ..
-      'clock (' .. int(now_us) .. ' microseconds): no token this store issues is that large, so ' ..
-      'it came from another store, or from a server whose clock was ahead of this one')
-  end
+  if min_token > now_us + MAX_FLOOR_LEAD then return nil, floor_too_far(min_token, now_us) end
   local token = math.max(fence + 1, min_token + 1, now_us + MAX_LEAD)
   if token > MAX_TOKEN then return nil, exhausted(fence, min_token) end
   return token
 end
 
--- Valkey keeps the writes a script made before an error. A script that an ACL rule would stop
--- half-way (a user without PEXPIRE, or a key pattern that misses one key) must stop before its
--- first write instead, or it leaves a lease without expiry, or a lease without its fence. Each
--- argument is a command with its key, checked with the arguments it will be run with.
-local function may_write(...)
-  for _, call in ipairs({...}) do
-    if not redis.acl_check_cmd(unpack(call)) then
-      return redis.error_reply('NOPERM this user has no permissions to run the \'' ..
-        string.lower(call[1]) .. '\' command on ' .. call[2] .. ' (checked before any write)')
-    end
-  end
-  return nil
+-- Valkey keeps the writes a script made before an error, so the scripts order their writes so
+-- that a refusal (an ACL rule without a command, a key pattern that misses a key) at any write
+-- leaves nothing a later call reads as corrupt. The one pair that cannot be ordered so, a lease
+-- hash and its expiry, is checked before the first write: `may_run(command, key, args...)`
+-- answers the refusal the command would get, or nil.
+local function may_run(...)
+  if redis.acl_check_cmd(...) then return nil end
+  local call = {...}
+  return redis.error_reply('NOPERM this user has no permissions to run the \'' ..
+    string.lower(call[1]) .. '\' command on ' .. call[2] .. ' (checked before any write)')
 end
 
 -- What a request id is bound to: the operation and every argument that identifies the call

@@ -18,7 +18,5 @@ if lease_err then return lease_err end
 if not lease or lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2] or lease.token_text ~= ARGV[3] then
   return 'not_holder'
 end
-local denied = may_write({'DEL', KEYS[1]}, {'SET', KEYS[2], '1'})
-if denied then return denied end
 redis.call('DEL', KEYS[1])
 return remember(KEYS[2], bound, 'released', reply_ttl)

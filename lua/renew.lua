@@ -26,10 +26,9 @@ end
 local fence, fence_err = read_fence(KEYS[2])
 if not fence then return fence_err end
 if lease.token < fence then return 'lost not_holder' end
+-- A fence lost (or lowered) while the lease survived is raised again, on a retry too.
+if fence < lease.token then redis.call('SET', KEYS[2], lease.token_text) end
 if cached then return cached end
 local _, now_ms = server_now()
-local denied = may_write({'SET', KEYS[2], '1'}, {'PEXPIRE', KEYS[1], '1'}, {'SET', KEYS[3], '1'})
-if denied then return denied end
-if fence < lease.token then redis.call('SET', KEYS[2], lease.token_text) end
 redis.call('PEXPIRE', KEYS[1], ttl)
 return remember(KEYS[3], bound, 'renewed ' .. ARGV[4] .. ' ' .. int(now_ms), reply_ttl)

@@ -1,7 +1,7 @@
 -- repair: the operator's way out of a record that fails closed. A lease record that cannot be
 -- read is deleted (nobody can renew it anyway); a fence that is not a token is replaced by the
 -- largest of the operator's floor, the readable lease token and the server clock in
--- microseconds plus MAX_LEAD (where a target without a fence starts), so the next token is
+-- microseconds plus MAX_LEAD (where every new token starts), so the next token is
 -- still above every token this store could have issued. Readable records are left alone.
 -- KEYS: lease, fence
 -- ARGV: floor
@@ -10,11 +10,11 @@ local floor = arg_int(ARGV[1])
 if not floor or floor >= MAX_TOKEN then return invalid('floor must be an integer from 0 to 2^53-2') end
 local repaired = {}
 local lease_token = 0
+-- Everything is read first and written last: a script refused at a write (an ACL rule without
+-- SET) has then deleted nothing the operator's floor was meant to replace.
 local lease, lease_err = read_lease(KEYS[1])
 if lease_err then
   if not string.find(lease_err.err, 'TLCORRUPT', 1, true) then return lease_err end
-  redis.call('DEL', KEYS[1])
-  table.insert(repaired, 'deleted the unreadable lease record')
 elseif lease then
   lease_token = lease.token
 end
@@ -22,14 +22,15 @@ local fence, fence_err = read_fence(KEYS[2])
 if not fence then
   if not string.find(fence_err.err, 'TLCORRUPT', 1, true) then return fence_err end
   local now_us = server_now()
-  if floor > now_us + MAX_LEAD then
-    return invalid('floor ' .. int(floor) .. ' is more than an hour ahead of the server clock (' ..
-      int(now_us) .. ' microseconds): no token this store issues is that large')
-  end
+  if floor > now_us + MAX_FLOOR_LEAD then return floor_too_far(floor, now_us) end
   fence = math.max(floor, lease_token, now_us + MAX_LEAD)
-  redis.call('DEL', KEYS[2])
+  -- SET replaces a value of any type: no DEL first.
   redis.call('SET', KEYS[2], int(fence))
   table.insert(repaired, 'reset the fence')
+end
+if lease_err then
+  redis.call('DEL', KEYS[1])
+  table.insert(repaired, 1, 'deleted the unreadable lease record')
 end
 if #repaired == 0 then return 'intact ' .. int(fence) end
 return 'repaired ' .. int(fence) .. ' ' .. table.concat(repaired, '; ')

@@ -17,15 +17,17 @@ use targetlease::redact::Secret;
 use targetlease::store::valkey::scripts::SCRIPTS;
 use targetlease::store::valkey::{PasswordSource, ValkeyStore};
 use targetlease::store::{
-    CheckOutcome, CommitOutcome, ErrorKind, LeaseStore, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS,
-    ReleaseOutcome, RenewOutcome, RepairOutcome, RequestId, StoreError, Token,
+    CheckOutcome, CommitOutcome, ErrorKind, LeaseStore, MAX_FLOOR_LEAD_MICROS, MAX_TOKEN,
+    MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, RenewOutcome, RepairOutcome, RequestId, StoreError,
+    Token,
 };
 
 use support::contract_cases::{
     Harness, TTL, a_retry_never_answers_for_an_ended_grant, acquire_req, acquired, commit_req,
     guarded, handle, plain_variants, release_req, renew_req,
-    scripts_refused_half_way_write_nothing, target, token_of, tokens_grow_past_a_promoted_replica,
-    tokens_grow_past_a_restored_snapshot, trials_of, valkey_config,
+    scripts_refused_half_way_leave_nothing_unreadable, target, token_of,
+    tokens_grow_past_a_promoted_replica, tokens_grow_past_a_restored_snapshot, trials_of,
+    valkey_config,
 };
 use support::server::{Server, ServerKind};
 use support::suite;
@@ -169,17 +171,23 @@ async fn last_token_is_issued_once(h: Harness) {
     );
 }
 
-// 2c. A floor more than an hour ahead of the store's clock (a hostile TargetLease status, a
-//     typo) did not come from a store: it is refused, so it can neither exhaust a target nor
-//     push tokens past what a target that lost its data would start above.
+// 2c. A floor more than two hours ahead of the store's clock (a hostile TargetLease status, a
+//     typo) did not come from a store: it is refused, so it cannot exhaust a target. One up to
+//     an hour beyond the lead is a token from a server whose clock was ahead of this one (a
+//     failover to a server whose clock is behind): taken, and the token issued is above it.
 async fn floor_far_ahead_of_the_clock_is_refused(h: Harness) {
     let t = target("far-ahead");
     let mut req = acquire_req(&t, "lease-a", "alice", TTL);
-    req.min_token = h.clock_micros() + MAX_TOKEN_LEAD_MICROS + 600_000_000;
+    req.min_token = h.clock_micros() + MAX_FLOOR_LEAD_MICROS + 600_000_000;
     refused(h.store.acquire(&req).await, "ahead of the server clock");
     assert_eq!(h.store.inspect(&t).await.expect("inspect").fence, 0);
-    // Just inside the lead it is a floor like any other.
-    req.min_token = h.clock_micros() + MAX_TOKEN_LEAD_MICROS - 600_000_000;
+    // Just inside the bound it is a floor like any other.
+    req.min_token = h.clock_micros() + MAX_FLOOR_LEAD_MICROS - 600_000_000;
+    assert!(acquired(&*h.store, &req).await.token > req.min_token);
+    // A token issued by a server whose clock runs 30 minutes ahead of this one's.
+    let behind = target("clock-behind");
+    let mut req = acquire_req(&behind, "lease-a", "alice", TTL);
+    req.min_token = h.clock_micros() + MAX_TOKEN_LEAD_MICROS + 1_800_000_000;
     assert!(acquired(&*h.store, &req).await.token > req.min_token);
 }
 
@@ -321,7 +329,7 @@ async fn unparseable_fence_fails_closed_and_repairs(h: Harness) {
     assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
     assert!(e.to_string().contains("repair"), "{e}");
     // A floor further ahead than any store issues is refused here too.
-    let hostile = h.clock_micros() + MAX_TOKEN_LEAD_MICROS + 600_000_000;
+    let hostile = h.clock_micros() + MAX_FLOOR_LEAD_MICROS + 600_000_000;
     refused(
         h.store.repair(&t, hostile).await,
         "ahead of the server clock",
@@ -762,7 +770,7 @@ fn main() {
         Store tokens_grow_past_a_promoted_replica,
         Store tokens_grow_past_a_restored_snapshot,
         Store a_retry_never_answers_for_an_ended_grant,
-        Admin scripts_refused_half_way_write_nothing,
+        Admin scripts_refused_half_way_leave_nothing_unreadable,
     ];
     suite::run("adversarial", trials_of(&plain_variants(), &cases));
 }

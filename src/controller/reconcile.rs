@@ -23,7 +23,7 @@ use super::status::{Observed, is_transition};
 use super::{Context, Error};
 use crate::api::{FIELD_MANAGER, FINALIZER, HolderRef, Phase, Reason, TargetLease};
 use crate::store::{
-    AcquireOutcome, AcquireRequest, LeaseHandle, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, Owner,
+    AcquireOutcome, AcquireRequest, LeaseHandle, MAX_FLOOR_LEAD_MICROS, MAX_TOKEN, Owner,
     ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError, Token,
 };
 
@@ -412,7 +412,7 @@ async fn renew(
 ///
 /// Statuses are written by whoever has `targetleases/status` rights: a value that no store can
 /// have issued (above 2^53-1, which the CRD also refuses, or more than
-/// [`MAX_TOKEN_LEAD_MICROS`] ahead of the store's clock, which the store refuses as a floor) is
+/// [`MAX_FLOOR_LEAD_MICROS`] ahead of the store's clock, which the store refuses as a floor) is
 /// ignored with a warning rather than allowed to refuse every acquire on the target. The store's
 /// clock is the earliest it can read by the latest answer measured on the target (the
 /// controller's wall clock is never used: one that runs ahead would let a forged token through);
@@ -450,13 +450,13 @@ async fn min_token(claim: &Claim<'_>, ctx: &Context) -> Result<u64, Error> {
     let clock_us = reading
         .earliest_server_ms(Instant::now())
         .saturating_mul(1000);
-    let possible = MAX_TOKEN.min(clock_us.saturating_add(MAX_TOKEN_LEAD_MICROS));
+    let possible = MAX_TOKEN.min(clock_us.saturating_add(MAX_FLOOR_LEAD_MICROS));
     Ok(tokens
         .into_iter()
         .filter(|token| {
             let issued = *token <= possible;
             if !issued {
-                warn!(target = %claim.target, token, "ignoring a status fencing token no store can have issued (above 2^53-1 or more than an hour ahead of the store's clock)");
+                warn!(target = %claim.target, token, "ignoring a status fencing token no store can have issued (above 2^53-1 or more than two hours ahead of the store's clock)");
             }
             issued
         })

@@ -11,8 +11,9 @@ use async_trait::async_trait;
 use super::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
     Grant, GuardedKey, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseStore, LeaseView,
-    LossReason, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, ReleaseRequest, RenewOutcome,
-    RenewRequest, RepairOutcome, RequestId, StoreError, TargetRef, Token, check_token,
+    LossReason, MAX_FLOOR_LEAD_MICROS, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, ReleaseOutcome,
+    ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId, StoreError, TargetRef,
+    Token, check_token,
 };
 
 /// A source of time for the in-memory backend, in microseconds since the Unix epoch.
@@ -204,7 +205,15 @@ impl MemoryStore {
         let entry = state.targets.entry(target.clone()).or_default();
         entry.expire(now);
         if let Some(reply) = cached {
-            return Ok(replay(entry, reply));
+            let answer = replay(entry, reply);
+            // A replayed grant is cached anew, as the scripts do (they refresh the entry so the
+            // durability wait covers the grant): its retries keep finding it.
+            if matches!(answer, Reply::Acquire(AcquireOutcome::Acquired(_)))
+                && let Some(entry) = state.replies.get_mut(&cache_key)
+            {
+                entry.expires_us = now.saturating_add(self.reply_ttl_us);
+            }
+            return Ok(answer);
         }
         let (reply, changed) = op(entry, now)?;
         if changed {
@@ -297,15 +306,15 @@ fn unexpected(op: &str) -> StoreError {
 }
 
 /// The next token: above the fence and the floor, and at least the clock in microseconds plus
-/// [`MAX_TOKEN_LEAD_MICROS`], on every grant (docs/store.md, "The token rule"). A floor further
-/// ahead of the clock than that lead was not issued by a store and is refused.
+/// [`MAX_TOKEN_LEAD_MICROS`], on every grant (docs/store.md, "The token rule"). A floor more
+/// than [`MAX_FLOOR_LEAD_MICROS`] ahead of the clock was not issued by a store and is refused.
 fn next_token(fence: u64, min_token: u64, now_us: u64) -> Result<u64, StoreError> {
     let lead = now_us.saturating_add(MAX_TOKEN_LEAD_MICROS);
-    if min_token > lead {
+    if min_token > now_us.saturating_add(MAX_FLOOR_LEAD_MICROS) {
         return Err(StoreError::InvalidRequest(format!(
-            "floor {min_token} is more than an hour ahead of the server clock ({now_us} \
-             microseconds): no token this store issues is that large, so it came from another \
-             store, or from a server whose clock was ahead of this one"
+            "floor {min_token} is more than two hours ahead of the server clock ({now_us} \
+             microseconds): no token a store issues is that large, so it came from another \
+             store, or from a server whose clock was more than an hour ahead of this one"
         )));
     }
     let token = fence

@@ -16,8 +16,8 @@ pub use error::{ErrorKind, StoreError};
 pub use protocol::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
     Grant, GuardedKey, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseView, LossReason,
-    MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, Owner, ReleaseOutcome, ReleaseRequest, RenewOutcome,
-    RenewRequest, RepairOutcome, RequestId, TargetRef, Token, Ttl, check_token,
+    MAX_FLOOR_LEAD_MICROS, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, Owner, ReleaseOutcome, ReleaseRequest,
+    RenewOutcome, RenewRequest, RepairOutcome, RequestId, TargetRef, Token, Ttl, check_token,
 };
 
 /// A backend that keeps leases and fencing tokens.

@@ -21,11 +21,16 @@ pub const DEFAULT_REPLY_TTL: Duration = Duration::from_secs(60);
 /// clients that read it). Tokens, floors and stored fences above it are refused.
 pub const MAX_TOKEN: u64 = (1 << 53) - 1;
 
-/// How far ahead of the store's clock a token may be, in microseconds (one hour). A floor
-/// further ahead is refused, and a target without a fence starts this far ahead of the clock:
-/// every token is at most (the clock when it was issued + this lead), so a target whose fence
-/// was lost with the rest of the data starts above every token it issued before.
+/// How far ahead of the store's clock every token is issued, in microseconds (one hour): every
+/// token is at least (the clock when it was issued + this lead), on every grant, and at most
+/// that unless a floor pushed it higher, so a server that lost the newest grants (a promoted
+/// replica, an older snapshot, no data) still issues above every token they carried.
 pub const MAX_TOKEN_LEAD_MICROS: u64 = 3_600_000_000;
+
+/// How far ahead of the store's clock a floor may be, in microseconds (two hours): the lead plus
+/// one hour for a server whose clock is behind the one that issued the floor's token. A floor
+/// further ahead did not come from a store and is refused.
+pub const MAX_FLOOR_LEAD_MICROS: u64 = 2 * MAX_TOKEN_LEAD_MICROS;
 
 /// Checks a token (or a floor) given by a caller: at most [`MAX_TOKEN`], and non-zero where
 /// `positive` is set.

@@ -62,7 +62,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{MAX_TOKEN, MAX_TOKEN_LEAD_MICROS};
+    use crate::store::{MAX_FLOOR_LEAD_MICROS, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS};
 
     /// The bounds the scripts enforce are the ones the memory backend and the controller use.
     #[test]
@@ -71,6 +71,7 @@ mod tests {
         for (line, value) in [
             ("local MAX_TOKEN = ", MAX_TOKEN),
             ("local MAX_LEAD = ", MAX_TOKEN_LEAD_MICROS),
+            ("local MAX_FLOOR_LEAD = ", MAX_FLOOR_LEAD_MICROS),
         ] {
             let expected = format!("{line}{value}\n");
             assert!(

@@ -376,13 +376,13 @@ fn one_leader_and_metrics_served() {
         SYSTEM_NS,
         Duration::from_secs(60),
         || {
-            let lease = w.kubectl_json(&[
-                "get",
-                "lease",
-                &format!("{RELEASE}-targetlease-controller"),
-                "-n",
-                SYSTEM_NS,
-            ]);
+            // On a fresh install the Lease does not exist yet: a replica creates a missing
+            // leader Lease only after seeing it missing for the whole election duration.
+            let name = format!("{RELEASE}-targetlease-controller");
+            let out = w
+                .cluster
+                .kubectl(&["get", "lease", &name, "-n", SYSTEM_NS, "-o", "json"]);
+            let lease: Value = serde_json::from_slice(&out.stdout).ok()?;
             lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
         },
     );

@@ -102,12 +102,12 @@ local token = int(issued)
 -- PEXPIRE would fail every later call on the target as corrupt.
 local denied = may_run('PEXPIRE', KEYS[1], ARGV[3])
 if denied then return denied end
--- The fence and the spent request id first: stopped after them, the target is free with a
--- higher fence, which a later grant simply goes above.
-redis.call('SET', KEYS[2], token)
-redis.call('SET', KEYS[4], ARGV[6])
+-- The lease first: a user without HSET is stopped before anything is written; stopped after
+-- it (a refused SET), the lease holds a token above the fence, which its next renewal raises.
 redis.call('HSET', KEYS[1], 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner', ARGV[2],
   'token', token, 'acquired_ms', now)
 redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('SET', KEYS[2], token)
+redis.call('SET', KEYS[4], ARGV[6])
 return remember(KEYS[3], bound, 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. now,
   reply_ttl)

@@ -2,8 +2,9 @@
 //! floors and fences that a re-entrant acquire must respect, tokens that were never issued,
 //! replays that arrive after their cached reply expired, lease records without a TTL, lost
 //! fences, servers that evict keys, workloads with the controller's credentials and two
-//! installations on one prefix. One test per numbered item of the store-safety issue, each
-//! written to fail on the store as it was before and to pass now, run on every backend of the
+//! installations on one prefix; stale servers (a promoted replica that missed grants, an older
+//! snapshot restored), retries of grants that ended, scripts stopped half-way by an ACL rule.
+//! Each test was written to fail on the store as it was before and to pass now, run on every backend of the
 //! contract suite that offers what the test needs (memory, Valkey 9.1, Valkey 8.1, Redis 7.0).
 //! Prints a closing `adversarial: N passed, N failed` line.
 

@@ -1,4 +1,4 @@
-# Prototype layouts for issue 15, server CPU per acquire+release cycle (pipelined, INFO cpu):
+# Prototype store layouts, server CPU per acquire+release cycle (pipelined, INFO cpu):
 # the baselines b and f, a one-record layout without a reply cache, with reply-cache keys, with
 # reply-cache fields under field expiry (HSETEX, Valkey >= 9.0 only), each as EVALSHA and as FCALL,
 # and layout version 1's own scripts. Usage: python3 layouts.py PORT [N]  (a server on 127.0.0.1:PORT;

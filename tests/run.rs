@@ -535,6 +535,34 @@ fn death_of(pid: i32) -> tokio::task::JoinHandle<SystemTime> {
 }
 
 /// Seconds from `a` to `b` (negative when `b` is earlier).
+/// Waits (up to `limit`) for the second command to start and for the first to end (`ended`),
+/// prints both relative to `since` (what happened to the first: `what`), and asserts that the
+/// second started only after the first ended. Returns when the first ended.
+async fn assert_handed_over_after(
+    what: &str,
+    since: SystemTime,
+    dir: &Path,
+    limit: Duration,
+    ended: tokio::task::JoinHandle<SystemTime>,
+) -> SystemTime {
+    let second_started = started_at(dir, "second", limit).await;
+    let first_ended = tokio::time::timeout(30 * SEC, ended)
+        .await
+        .expect("the first command never ended")
+        .expect("watch");
+    eprintln!(
+        "{what}: first command ended {:.2} s after it, second started {:.2} s after it",
+        secs_between(since, first_ended),
+        secs_between(since, second_started)
+    );
+    assert!(
+        second_started > first_ended,
+        "both commands ran for {:.2} s",
+        secs_between(second_started, first_ended)
+    );
+    first_ended
+}
+
 fn secs_between(a: SystemTime, b: SystemTime) -> f64 {
     match b.duration_since(a) {
         Ok(d) => d.as_secs_f64(),
@@ -592,21 +620,7 @@ async fn partitioned_run_stops_before_the_target_is_handed_over(s: Scenario) {
     let ended = death_of(first_pid);
     let cut = SystemTime::now();
     proxy.set(Mode::Stall);
-    let second_started = started_at(dir.path(), "second", 30 * SEC).await;
-    let first_ended = tokio::time::timeout(30 * SEC, ended)
-        .await
-        .expect("the first command never ended")
-        .expect("watch");
-    eprintln!(
-        "TTL 8 s, API server cut: first command ended {:.2} s after the cut, second started {:.2} s after it",
-        secs_between(cut, first_ended),
-        secs_between(cut, second_started)
-    );
-    assert!(
-        second_started > first_ended,
-        "both commands ran for {:.2} s",
-        secs_between(second_started, first_ended)
-    );
+    assert_handed_over_after("TTL 8 s, API server cut", cut, dir.path(), 30 * SEC, ended).await;
     assert_eq!(exits(&mut first, 30 * SEC).await, Some(EXIT_LOST));
     proxy.set(Mode::Pass);
     signal(&second, Signal::SIGTERM);
@@ -632,21 +646,8 @@ async fn long_grace_keeps_the_lease_until_the_command_ends(s: Scenario) {
     let ended = death_of(first_pid);
     let stopped = SystemTime::now();
     signal(&first, Signal::SIGTERM);
-    let second_started = started_at(dir.path(), "second", 40 * SEC).await;
-    let first_ended = tokio::time::timeout(30 * SEC, ended)
-        .await
-        .expect("the first command never ended")
-        .expect("watch");
-    eprintln!(
-        "TTL 4 s, grace 12 s, SIGTERM: first command ended {:.2} s after it, second started {:.2} s after it",
-        secs_between(stopped, first_ended),
-        secs_between(stopped, second_started)
-    );
-    assert!(
-        second_started > first_ended,
-        "both commands ran for {:.2} s",
-        secs_between(second_started, first_ended)
-    );
+    let what = "TTL 4 s, grace 12 s, SIGTERM";
+    let first_ended = assert_handed_over_after(what, stopped, dir.path(), 40 * SEC, ended).await;
     // The grace was not cut: the API server kept confirming the lease.
     assert!(
         secs_between(stopped, first_ended) >= 11.5,

@@ -729,17 +729,7 @@ mod tests {
             let lease = fixture(test_spec("t", "w"), None);
             let claim = Claim::new(&lease).expect("claim");
             // Sent at 0 ms, answered at 40 ms: the store read its clock in between.
-            let answer = store
-                .acquire(&AcquireRequest {
-                    target: claim.target.clone(),
-                    lease_id: claim.lease_id.clone(),
-                    owner: claim.owner.clone(),
-                    ttl: claim.lease_ttl,
-                    min_token: 0,
-                    request_id: RequestId::random(),
-                })
-                .await
-                .expect("acquire");
+            let answer = store.acquire(&acquire_of(&claim)).await.expect("acquire");
             let AcquireOutcome::Acquired(grant) = &answer else {
                 panic!("{answer:?}");
             };
@@ -843,6 +833,18 @@ mod tests {
         );
     }
 
+    /// The acquire the controller sends for `claim`, without a floor.
+    fn acquire_of(claim: &Claim<'_>) -> AcquireRequest {
+        AcquireRequest {
+            target: claim.target.clone(),
+            lease_id: claim.lease_id.clone(),
+            owner: claim.owner.clone(),
+            ttl: claim.lease_ttl,
+            min_token: 0,
+            request_id: RequestId::random(),
+        }
+    }
+
     /// The store's real answers, on a manual clock, mapped to statuses: a grant, renewals that
     /// move `expiresAt` every second time, a loss after the lease expired unrenewed.
     #[tokio::test]
@@ -851,17 +853,7 @@ mod tests {
         let store = MemoryStore::with_clock(Arc::new(clock.clone()), Duration::from_secs(60));
         let lease = fixture(test_spec("t", "w"), None);
         let claim = Claim::new(&lease).expect("claim");
-        let answer = store
-            .acquire(&AcquireRequest {
-                target: claim.target.clone(),
-                lease_id: claim.lease_id.clone(),
-                owner: claim.owner.clone(),
-                ttl: claim.lease_ttl,
-                min_token: 0,
-                request_id: RequestId::random(),
-            })
-            .await
-            .expect("acquire");
+        let answer = store.acquire(&acquire_of(&claim)).await.expect("acquire");
         let step = after_acquire(&claim, &answer);
         assert_eq!(step.observed.phase, Phase::Held);
         assert_eq!(step.next, Duration::from_secs(10));

@@ -1,7 +1,9 @@
 //! A TCP proxy on a loopback port, between a client and a server, that can misbehave on
 //! command: stall (hold bytes in both directions), delay (add latency to every chunk), cut
-//! (reset every open connection), refuse (close new connections at once) and drop replies (the
-//! server executes what it receives, but nothing it answers reaches the client).
+//! (reset every open connection), refuse (close new connections at once), drop replies (the
+//! server executes what it receives, but nothing it answers reaches the client) and add latency
+//! (every chunk arrives a fixed time after it was sent, as over a long network path: a slow
+//! server, not a narrow one).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -10,6 +12,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// What the proxy does to traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,8 +21,12 @@ pub enum Mode {
     Pass,
     /// Hold every byte (both directions, open and new connections) until the mode changes.
     Stall,
-    /// Forward every chunk after this delay.
+    /// Forward every chunk after this delay, one chunk at a time: delays add up, so a busy
+    /// connection (a watch) falls further and further behind.
     Delay(Duration),
+    /// Forward every chunk this long after it was read, however many are in flight: a fixed
+    /// latency with the connection's throughput kept (a slow API server, a long network path).
+    Latency(Duration),
     /// Forward requests, discard every reply.
     DropReplies,
     /// Close new connections at once (open ones keep working).
@@ -103,33 +110,55 @@ impl Proxy {
     }
 }
 
-/// Copies one direction, applying the mode to each chunk.
+/// Copies one direction, applying the mode to each chunk. Chunks are read as they come and
+/// written by a second task, so that a latency delays each chunk without holding up the reads.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut mode: watch::Receiver<Mode>,
     replies: bool,
 ) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        // Hold the chunk while stalled.
-        while *mode.borrow_and_update() == Mode::Stall {
-            if mode.changed().await.is_err() {
+    let (chunks, mut pending) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let writer = async move {
+        while let Some((due, chunk)) = pending.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&chunk).await.is_err() {
                 return;
             }
         }
-        let current = *mode.borrow();
-        match current {
-            Mode::Delay(d) => tokio::time::sleep(d).await,
-            Mode::DropReplies if replies => continue,
-            _ => {}
+    };
+    let reader = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            // Hold the chunk while stalled.
+            while *mode.borrow_and_update() == Mode::Stall {
+                if mode.changed().await.is_err() {
+                    return;
+                }
+            }
+            let current = *mode.borrow();
+            let due = match current {
+                Mode::Delay(d) => {
+                    tokio::time::sleep(d).await;
+                    Instant::now()
+                }
+                Mode::Latency(d) => Instant::now() + d,
+                Mode::DropReplies if replies => continue,
+                _ => Instant::now(),
+            };
+            if chunks.send((due, buf[..n].to_vec())).is_err() {
+                return;
+            }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
+    };
+    // The writer drains what was read before the reader ended (a closed connection still
+    // delivers its last, delayed bytes); a failed write ends both.
+    tokio::select! {
+        _ = writer => {}
+        _ = async { reader.await; std::future::pending::<()>().await } => {}
     }
 }

@@ -147,10 +147,12 @@ pub struct TargetLeaseStatus {
     /// When this tenure began (Valkey server time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acquired_at: Option<Timestamp>,
-    /// While Held: the lease is valid at least until then (Valkey server time). The controller
-    /// moves it forward every second renewal, so it stays in the future while renewals succeed;
-    /// a store failure that outlasts it turns Held into Lost. In the past while Held only when no
-    /// controller is running.
+    /// While Held: the lease is valid at least until then (Valkey server time). Always an expiry
+    /// the store granted. The controller moves it forward every second renewal, so it stays in
+    /// the future while renewals succeed and the API server keeps up; a store failure that
+    /// outlasts it turns Held into Lost. In the past while Held only when no controller is
+    /// running or the controller holds refreshes back for a slow API server (the lease is still
+    /// renewed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Timestamp>,
     /// While Waiting: who holds the target.

@@ -84,6 +84,13 @@ pub struct ControllerArgs {
     /// installation claimed, so two installations never share leases by accident.
     #[arg(long, env = "TARGETLEASE_INSTALLATION_ID")]
     installation_id: Option<String>,
+    /// Reconciles running at once, at most (each makes at most one store call and one status
+    /// write; renewals do not wait for them).
+    #[arg(long, env = "TARGETLEASE_RECONCILE_CONCURRENCY", default_value_t = controller::DEFAULT_RECONCILE_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    reconcile_concurrency: u16,
+    /// Renewals of held leases in flight at once, at most.
+    #[arg(long, env = "TARGETLEASE_RENEWAL_CONCURRENCY", default_value_t = controller::renewals::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    renewal_concurrency: u16,
 }
 
 impl ControllerArgs {
@@ -215,6 +222,8 @@ impl ControllerArgs {
             holder_pods,
             identity: self.identity(),
             shortest_ttl: controller::shortest_ttl(self.valkey.valkey_timeout.0, election.as_ref()),
+            reconcile_concurrency: self.reconcile_concurrency,
+            renewal_concurrency: usize::from(self.renewal_concurrency),
         };
         info!(
             shortest_ttl_seconds = settings.shortest_ttl.as_secs(),

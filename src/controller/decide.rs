@@ -14,6 +14,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::Error;
 use super::heartbeat::stale_after;
+use super::renewals::{Standing, State};
 use super::status::{Observed, published_expiry};
 use crate::api::{Phase, Reason, TargetLease, TargetLeaseStatus};
 use crate::store::{
@@ -103,6 +104,8 @@ pub struct Facts {
     /// The latest the store's clock can read now, by this claim's last measured answer
     /// ([`Reading::latest_server_time`]); `None` when this process has not measured it yet.
     pub server_now: Option<Timestamp>,
+    /// What the renewal scheduler keeps for this claim, if anything.
+    pub kept: Option<Standing>,
 }
 
 /// What the reconcile does.
@@ -115,8 +118,14 @@ pub enum Plan {
         /// The condition message.
         message: String,
     },
-    /// Renew the tenure the status records.
-    Renew(LeaseHandle),
+    /// Hand the tenure the status records to the renewal scheduler, which does not keep it yet
+    /// (this process just started or took over): it is renewed at once.
+    Keep(LeaseHandle),
+    /// Write what the renewal scheduler last said of the tenure the status records.
+    Judge(Standing),
+    /// Publish a tenure this process holds and the status does not show (a grant whose status
+    /// write failed or was refused): no second grant is asked for.
+    Publish(Standing),
     /// Ask the store for the target.
     Acquire,
     /// Ask the store nothing: write `observed`, look again after `next` (or on a change).
@@ -135,8 +144,19 @@ pub fn plan(claim: &Claim<'_>, facts: &Facts) -> Plan {
     {
         return Plan::GiveUp { reason, message };
     }
+    let kept = facts.kept.as_ref();
     if let Some(handle) = claim.held_handle() {
-        return Plan::Renew(handle);
+        return match kept {
+            Some(k) if k.handle == handle => Plan::Judge(k.clone()),
+            // A newer grant of this process, for this very lease id and owner.
+            Some(k) if k.state == State::Renewed && same_claim(&k.handle, &handle) => {
+                Plan::Publish(k.clone())
+            }
+            _ => Plan::Keep(handle),
+        };
+    }
+    if let Some(k) = kept.filter(|k| k.state == State::Renewed) {
+        return Plan::Publish(k.clone());
     }
     if claim.ttl() < facts.shortest_ttl {
         // A lease held already is renewed above (its workload runs); a new one is not taken.
@@ -167,6 +187,14 @@ pub fn plan(claim: &Claim<'_>, facts: &Facts) -> Plan {
         };
     }
     Plan::Acquire
+}
+
+/// Whether two handles are tenures of the same claim (lease id and owner), the second newer.
+fn same_claim(newer: &LeaseHandle, older: &LeaseHandle) -> bool {
+    newer.lease_id == older.lease_id
+        && newer.owner == older.owner
+        && newer.target == older.target
+        && newer.token.get() > older.token.get()
 }
 
 /// Why a lease must be given up, if it must. `holder_gone` says why the holder is gone;
@@ -365,7 +393,12 @@ impl Measurements {
 
     /// Records what the store answered for `lease`.
     pub fn record(&self, lease: &TargetLease, measured: Measured) {
-        self.lock().insert(ObjectRef::from_obj(lease), measured);
+        self.record_for(&ObjectRef::from_obj(lease), measured);
+    }
+
+    /// Records what the store answered for the TargetLease `lease` refers to.
+    pub fn record_for(&self, lease: &ObjectRef<TargetLease>, measured: Measured) {
+        self.lock().insert(lease.clone(), measured);
     }
 
     /// Records a reading of the store's clock for `lease` that granted nothing (an inspect), so
@@ -547,6 +580,7 @@ mod tests {
             holder_unknown: None,
             shortest_ttl: Duration::from_secs(6),
             server_now: Some(now),
+            kept: None,
         }
     }
 
@@ -572,7 +606,7 @@ mod tests {
         let lease = fixture(spec.clone(), Some(held_since(0, 7)));
         let claim = Claim::new(&lease).expect("claim");
         match plan(&claim, &facts(at(10))) {
-            Plan::Renew(handle) => assert_eq!(handle.token.get(), 7),
+            Plan::Keep(handle) => assert_eq!(handle.token.get(), 7),
             other => panic!("{other:?}"),
         }
         // Asked to release, or the holder is gone: give up, Held or not.
@@ -638,7 +672,7 @@ mod tests {
         }
         let lease = fixture(short, Some(held_since(0, 7)));
         let claim = Claim::new(&lease).expect("claim");
-        assert!(matches!(plan(&claim, &facts(at(1))), Plan::Renew(_)));
+        assert!(matches!(plan(&claim, &facts(at(1))), Plan::Keep(_)));
     }
 
     #[test]
@@ -649,7 +683,7 @@ mod tests {
         };
         let lease = fixture(bounded.clone(), Some(held_since(0, 7)));
         let claim = Claim::new(&lease).expect("claim");
-        assert!(matches!(plan(&claim, &facts(at(59))), Plan::Renew(_)));
+        assert!(matches!(plan(&claim, &facts(at(59))), Plan::Keep(_)));
         assert!(matches!(
             plan(&claim, &facts(at(60))),
             Plan::GiveUp {
@@ -803,6 +837,65 @@ mod tests {
         }
     }
 
+    /// What the renewal scheduler keeps for `claim`: `token`, in `state`.
+    fn kept(claim: &Claim<'_>, token: u64, state: State) -> Standing {
+        Standing {
+            handle: LeaseHandle {
+                target: claim.target.clone(),
+                lease_id: claim.lease_id.clone(),
+                owner: claim.owner.clone(),
+                token: Token::new(token).expect("token"),
+            },
+            grant: Grant {
+                token,
+                acquired_at_ms: 1_000,
+                server_time_ms: 2_000,
+                expires_in_ms: 30_000,
+            },
+            state,
+        }
+    }
+
+    /// A Held claim is judged by what the renewal scheduler heard, not renewed by the
+    /// reconcile; a grant whose status write failed is published, never asked for again.
+    #[test]
+    fn kept_tenures_are_judged_and_never_granted_twice() {
+        let lease = fixture(test_spec("t", "w"), Some(held_since(0, 7)));
+        let claim = Claim::new(&lease).expect("claim");
+        let with = |standing: Standing| Facts {
+            kept: Some(standing),
+            ..facts(at(1))
+        };
+        assert!(matches!(plan(&claim, &facts(at(1))), Plan::Keep(h) if h.token.get() == 7));
+        let same = kept(&claim, 7, State::Renewed);
+        assert_eq!(plan(&claim, &with(same.clone())), Plan::Judge(same));
+        let lost = kept(&claim, 7, State::Lost(LossReason::Expired));
+        assert_eq!(plan(&claim, &with(lost.clone())), Plan::Judge(lost.clone()));
+        // A newer grant of this process: published.
+        let newer = kept(&claim, 9, State::Renewed);
+        assert_eq!(
+            plan(&claim, &with(newer.clone())),
+            Plan::Publish(newer.clone())
+        );
+        // An older tenure than the status shows (another leader granted since): the status's.
+        let older = kept(&claim, 5, State::Renewed);
+        assert!(matches!(plan(&claim, &with(older)), Plan::Keep(h) if h.token.get() == 7));
+        // The status went Lost (a loss whose write landed, a renewal that failed too long): a
+        // grant this process still renews is published, not acquired anew.
+        let mut gone = held_since(0, 7);
+        gone.phase = Phase::Lost;
+        let lease = fixture(test_spec("t", "w"), Some(gone));
+        let claim = Claim::new(&lease).expect("claim");
+        assert_eq!(plan(&claim, &with(newer.clone())), Plan::Publish(newer));
+        assert_eq!(plan(&claim, &with(lost)), Plan::Acquire);
+        // A release request wins over everything kept.
+        let mut released = fixture(test_spec("t", "w"), Some(held_since(0, 7)));
+        released.spec.release = true;
+        let claim = Claim::new(&released).expect("claim");
+        let same = kept(&claim, 7, State::Renewed);
+        assert!(matches!(plan(&claim, &with(same)), Plan::GiveUp { .. }));
+    }
+
     #[test]
     fn max_hold_waits_for_a_measured_clock() {
         let bounded = TargetLeaseSpec {
@@ -813,7 +906,7 @@ mod tests {
         let claim = Claim::new(&lease).expect("claim");
         let mut unmeasured = facts(at(1000));
         unmeasured.server_now = None;
-        assert!(matches!(plan(&claim, &unmeasured), Plan::Renew(_)));
+        assert!(matches!(plan(&claim, &unmeasured), Plan::Keep(_)));
     }
 
     #[test]
@@ -870,7 +963,7 @@ mod tests {
             let now = granted_at + SignedDuration::from_secs(10 * renewal);
             let lease = fixture(test_spec("t", "w"), Some(status.clone()));
             let claim = Claim::new(&lease).expect("claim");
-            let Plan::Renew(handle) = plan(&claim, &facts(now)) else {
+            let Plan::Keep(handle) = plan(&claim, &facts(now)) else {
                 panic!("a held claim renews");
             };
             let step = renewed(&store, &claim, &handle).await;

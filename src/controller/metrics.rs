@@ -17,6 +17,11 @@ use crate::api::TargetLease;
 
 type Labels = Vec<(&'static str, String)>;
 
+fn lateness_histogram() -> Histogram {
+    // 1 ms .. ~33 s
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
 fn latency_histogram() -> Histogram {
     // 0.25 ms .. ~4 s
     Histogram::new(exponential_buckets(0.000_25, 2.0, 15))
@@ -32,6 +37,9 @@ pub struct Metrics {
     handovers: Counter,
     status_writes: Counter,
     leases: Family<Labels, Gauge>,
+    renewal_lateness: Histogram,
+    kept: Gauge,
+    shed: Family<Labels, Counter>,
     /// 1 while this replica may act (leads, or runs without leader election), 0 otherwise.
     pub leading: Gauge,
     cache: RwLock<Option<Store<TargetLease>>>,
@@ -56,6 +64,9 @@ impl Metrics {
             handovers: Counter::default(),
             status_writes: Counter::default(),
             leases: Family::default(),
+            renewal_lateness: lateness_histogram(),
+            kept: Gauge::default(),
+            shed: Family::default(),
             leading: Gauge::default(),
             cache: RwLock::new(None),
         };
@@ -99,6 +110,21 @@ impl Metrics {
             "TargetLeases known to the controller, by phase",
             metrics.leases.clone(),
         );
+        registry.register(
+            "renewal_lateness_seconds",
+            "How long after it was due each renewal started (the renewal scheduler's backlog)",
+            metrics.renewal_lateness.clone(),
+        );
+        registry.register(
+            "renewed_leases",
+            "Leases the renewal scheduler keeps renewing",
+            metrics.kept.clone(),
+        );
+        registry.register(
+            "writes_shed",
+            "API writes the status budget held back, by kind (refresh: an expiresAt update put off; event: an Event not published)",
+            metrics.shed.clone(),
+        );
         *metrics.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         metrics
     }
@@ -130,6 +156,23 @@ impl Metrics {
                 .get_or_create(&vec![("phase", phase.to_owned())])
                 .inc();
         }
+    }
+
+    /// Records how late a renewal started.
+    pub fn renewal_started(&self, late: Duration) {
+        self.renewal_lateness.observe(late.as_secs_f64());
+    }
+
+    /// Sets how many leases the renewal scheduler keeps.
+    pub fn kept_leases(&self, n: usize) {
+        self.kept.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a write the status budget held back (`refresh` or `event`).
+    pub fn shed(&self, kind: &'static str) {
+        self.shed
+            .get_or_create(&vec![("kind", kind.to_owned())])
+            .inc();
     }
 
     /// Counts a hand-over.

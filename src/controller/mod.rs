@@ -1,6 +1,7 @@
 //! The TargetLease controller: watches TargetLeases, keeps their leases in the store, and writes
 //! status on transitions.
 
+pub mod budget;
 pub mod decide;
 pub mod election;
 mod error;
@@ -11,6 +12,7 @@ pub mod index;
 pub mod metrics;
 pub mod queue;
 mod reconcile;
+pub mod renewals;
 pub mod status;
 
 use std::collections::HashMap;
@@ -58,7 +60,11 @@ pub struct Context {
     /// The heartbeats of `targetlease run`.
     pub heartbeats: heartbeat::Heartbeats,
     /// What this process measured of each tenure, on its monotonic clock.
-    pub measurements: decide::Measurements,
+    pub measurements: Arc<decide::Measurements>,
+    /// Renews every Held lease on its own schedule.
+    pub renewals: renewals::Renewals,
+    /// Which status writes and Events the API server gets, and when.
+    pub budget: budget::StatusBudget,
     /// Whether this replica may act; checked before every store call and status write.
     pub leadership: election::Leadership,
     /// The shortest `ttlSeconds` this controller accepts.
@@ -78,7 +84,17 @@ pub struct Settings {
     pub identity: String,
     /// The shortest `ttlSeconds` this controller can keep (see [`shortest_ttl`]).
     pub shortest_ttl: Duration,
+    /// Reconciles running at once, at most.
+    pub reconcile_concurrency: u16,
+    /// Renewals in flight at once, at most.
+    pub renewal_concurrency: usize,
 }
+
+/// Reconciles running at once by default. Each makes at most one store call and one status
+/// write; bounding them keeps a burst of new TargetLeases from putting thousands of requests in
+/// flight on the API server at once (which then time out together), while renewals do not wait
+/// for reconciles at all.
+pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 64;
 
 /// The shortest TTL this controller can keep a lease for, from its own timings: a renewal
 /// (every TTL/3) must be able to take a whole call timeout before the next one is due, and with
@@ -173,13 +189,24 @@ pub async fn run(
             })
             .applied_objects()
     };
-    let controller = Controller::for_stream(stream, leases.clone());
+    let controller = Controller::for_stream(stream, leases.clone()).with_config(
+        kube::runtime::controller::Config::default().concurrency(settings.reconcile_concurrency),
+    );
     metrics.count_leases_in(Some(leases.clone()));
     let holders = Holders::new(wake.clone());
     let reporter = Reporter {
         controller: FIELD_MANAGER.to_owned(),
         instance: Some(settings.identity.clone()),
     };
+    let measurements = Arc::new(decide::Measurements::default());
+    let (renewals, renewing) = renewals::Renewals::new(renewals::Wiring {
+        store: store.clone(),
+        metrics: metrics.clone(),
+        measurements: measurements.clone(),
+        leadership: leadership.clone(),
+        wake: wake.clone(),
+        concurrency: settings.renewal_concurrency,
+    });
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),
@@ -191,7 +218,9 @@ pub async fn run(
         holders: holders.clone(),
         holder_pods: settings.holder_pods.clone(),
         heartbeats: heartbeat::Heartbeats::default(),
-        measurements: decide::Measurements::default(),
+        measurements,
+        renewals,
+        budget: budget::StatusBudget::default(),
         leadership,
         shortest_ttl: settings.shortest_ttl,
         failures: Mutex::default(),
@@ -202,6 +231,7 @@ pub async fn run(
             .watches(settings.namespace.as_deref())
             .into_iter()
             .map(|namespace| tokio::spawn(holders.clone().watch(client.clone(), namespace)))
+            .chain([tokio::spawn(renewing)])
             .collect(),
         metrics: ctx.metrics.clone(),
     };
@@ -231,8 +261,9 @@ pub async fn run(
     info!("controller stopped");
 }
 
-/// What [`run`] started beside the controller, stopped when it returns or is cancelled (a
-/// controller that could not wind down in time is dropped).
+/// What [`run`] started beside the controller (the pod watches, the renewal scheduler),
+/// stopped when it returns or is cancelled (a controller that could not wind down in time is
+/// dropped).
 struct Watching {
     pods: Vec<tokio::task::JoinHandle<()>>,
     metrics: Arc<Metrics>,

@@ -1,5 +1,7 @@
 //! The reconciler: one watch event -> one decision -> at most one store call -> at most one
-//! status write (only on a transition).
+//! status write (only on a transition). Held leases are renewed by the renewal scheduler
+//! ([`renewals`](super::renewals)), not here: a reconcile of a Held claim reads what the
+//! scheduler last heard from the store and writes the status that follows from it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,17 +17,39 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use super::budget::{Priority, is_overload};
 use super::decide::{self, Facts, Measured, Plan, Reading};
 use super::heartbeat::stale_after;
 use super::holders::{Fate, fate_of};
 use super::queue;
-use super::status::{Observed, is_transition};
+use super::renewals::{Standing, Start, State};
+use super::status::{self, Observed};
 use super::{Context, Error};
 use crate::api::{FIELD_MANAGER, FINALIZER, HolderRef, Phase, Reason, TargetLease};
 use crate::store::{
     AcquireOutcome, AcquireRequest, LeaseHandle, MAX_FLOOR_LEAD_MICROS, MAX_TOKEN, Owner,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError, Token,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RequestId, StoreError, Token,
 };
+
+/// What became of a status write.
+enum Written {
+    /// The API server wrote it; the TargetLease as it wrote it.
+    Wrote(Box<TargetLease>),
+    /// Nothing to write: the status says it already.
+    Unchanged,
+    /// Only `expiresAt` would move and the budget holds refreshes back: try again after this.
+    Deferred(Duration),
+}
+
+impl Written {
+    /// When to look again at the latest, given the plan's `next`.
+    fn next(&self, next: Duration) -> Duration {
+        match self {
+            Written::Deferred(retry) => next.min(*retry),
+            _ => next,
+        }
+    }
+}
 
 /// The longest one reconcile may take. Its store calls are bounded by the Valkey call timeout,
 /// but the Kubernetes client has no deadline of its own: a request to an API server that cannot
@@ -83,24 +107,37 @@ impl<'a> Claim<'a> {
         Ok(Self { view, api })
     }
 
-    /// Writes the status for `observed` if it is a transition; publishes `event` with it.
-    /// Answers the TargetLease as the API server wrote it, when it wrote.
+    /// Writes the status for `observed` if it says something new; publishes `event` with it.
+    /// Tells the renewal scheduler the `expiresAt` it published.
     async fn settle(
         &self,
         ctx: &Context,
         observed: Observed,
         event: Option<(Reason, String)>,
-    ) -> Result<Option<TargetLease>, Error> {
-        let Some(written) = write_status(ctx, &self.api, self.lease, observed).await? else {
-            return Ok(None);
+    ) -> Result<Written, Error> {
+        let written = write_status(ctx, &self.api, self.lease, observed).await?;
+        let Written::Wrote(lease) = &written else {
+            return Ok(written);
         };
+        if let Some(status) = lease.status.as_ref().filter(|s| s.phase == Phase::Held)
+            && let (Some(token), Some(expires)) = (status.fencing_token, status.expires_at)
+        {
+            let published = u64::try_from(expires.as_millisecond()).unwrap_or(0);
+            ctx.renewals
+                .published(&ObjectRef::from_obj(self.lease), token, published);
+        }
         if let Some((reason, note)) = event {
             self.publish(ctx, reason, note).await;
         }
-        Ok(Some(written))
+        Ok(written)
     }
 
+    /// Publishes an Event, if the status budget has room for it (Events go last).
     async fn publish(&self, ctx: &Context, reason: Reason, note: String) {
+        let Some(admitted) = ctx.budget.admit(Priority::Event, Instant::now()) else {
+            ctx.metrics.shed("event");
+            return;
+        };
         let type_ = if matches!(reason, Reason::Lost | Reason::Expired) {
             EventType::Warning
         } else {
@@ -113,41 +150,61 @@ impl<'a> Claim<'a> {
             action: reason.as_str().to_owned(),
             secondary: None,
         };
-        if let Err(e) = ctx
+        let result = ctx
             .recorder
             .publish(&event, &self.lease.object_ref(&()))
-            .await
-        {
+            .await;
+        admitted.done(
+            Instant::now(),
+            result.as_ref().err().is_some_and(is_overload),
+        );
+        if let Err(e) = result {
             warn!(error = %e, lease = %self.lease.name_any(), "could not publish event");
         }
     }
 
     /// Records a store failure in the status (once) and returns it as the reconcile's error.
     async fn fail(&self, ctx: &Context, error: StoreError) -> Error {
-        let valid_for = ctx.measurements.valid_for(self.lease, Instant::now());
-        let observed = Observed::store_failed(self.status, &error, valid_for);
-        if let Err(e) = self.settle(ctx, observed, None).await {
-            warn!(error = %e, "could not record the store failure in the status");
-        }
+        self.record_failure(ctx, &error).await;
         Error::Store(error)
+    }
+
+    /// Records a store failure in the status (once); answers whether the status still says
+    /// Held (it does until the lease's measured expiry, see `Observed::store_failed`).
+    async fn record_failure(&self, ctx: &Context, error: &StoreError) -> bool {
+        let valid_for = ctx.measurements.valid_for(self.lease, Instant::now());
+        let observed = Observed::store_failed(self.status, error, valid_for);
+        let held = observed.phase == Phase::Held;
+        match self.settle(ctx, observed, None).await {
+            Ok(_) => held,
+            Err(e) => {
+                warn!(error = %e, "could not record the store failure in the status");
+                self.status.is_some_and(|s| s.phase == Phase::Held)
+            }
+        }
     }
 }
 
-/// Writes `observed` as the status of `lease` when it is a transition; answers the TargetLease
-/// as the API server wrote it, when it wrote.
+/// Writes `observed` as the status of `lease` when it says something new and the status budget
+/// admits it (a refresh of `expiresAt` may be put off; see [`budget`](super::budget)).
 async fn write_status(
     ctx: &Context,
     api: &Api<TargetLease>,
     lease: &TargetLease,
     observed: Observed,
-) -> Result<Option<TargetLease>, Error> {
+) -> Result<Written, Error> {
     let old = lease.status.as_ref();
     let new = observed.into_status(lease.metadata.generation, old, Timestamp::now());
-    if !is_transition(old, &new) {
-        return Ok(None);
-    }
+    let Some(priority) = status::priority(old, &new) else {
+        return Ok(Written::Unchanged);
+    };
     let phase_changed = old.map(|s| s.phase) != Some(new.phase);
     ctx.leadership.check()?;
+    let now = Instant::now();
+    let Some(admitted) = ctx.budget.admit(priority, now) else {
+        ctx.metrics.shed("refresh");
+        return Ok(Written::Deferred(ctx.budget.retry_after(now)));
+    };
     // The resourceVersion the status was decided on is a precondition: a write based on a stale
     // read (a cut-off leader's late write, a cache behind) is refused with 409, not applied.
     let patch = json!({
@@ -156,17 +213,22 @@ async fn write_status(
         "metadata": {"resourceVersion": lease.resource_version()},
         "status": new,
     });
-    let written = api
+    let result = api
         .patch_status(
             &lease.name_any(),
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&patch),
         )
-        .await?;
+        .await;
+    admitted.done(
+        Instant::now(),
+        result.as_ref().err().is_some_and(is_overload),
+    );
+    let written = result?;
     let phase_name = format!("{:?}", new.phase);
     ctx.metrics
         .status_written(phase_changed.then_some(phase_name.as_str()));
-    Ok(Some(written))
+    Ok(Written::Wrote(Box::new(written)))
 }
 
 /// A TargetLease the store cannot take (a target or namespace it refuses) gets a Failed status
@@ -325,9 +387,11 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
         Err(Error::Store(e)) => return Err(refuse_claim(lease, ctx, e).await),
         Err(e) => return Err(e),
     };
+    let key = ObjectRef::from_obj(lease);
     let silent = ctx.heartbeats.silent_for(lease, Instant::now());
     let (holder_gone, holder_unknown) = holder_facts(&claim, ctx, silent).await;
     let facts = Facts {
+        kept: ctx.renewals.standing(&key),
         holder_gone,
         in_line_after: in_line_after(&claim, ctx),
         holder_unknown,
@@ -338,16 +402,49 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
             .map(|m| m.reading.latest_server_time(Instant::now())),
     };
     let unknown = facts.holder_unknown.as_deref();
-    let next = match decide::plan(&claim, &facts) {
+    let plan = decide::plan(&claim, &facts);
+    if facts.kept.is_some() && matches!(plan, Plan::Settle { .. } | Plan::Acquire) {
+        // Kept for a tenure the status left (it went Lost or Unknown): renewed no more.
+        ctx.renewals.stop(&key);
+    }
+    let next = match plan {
         Plan::GiveUp { reason, message } => return give_up(&claim, ctx, reason, message).await,
         Plan::Settle { observed, next } => {
-            claim.settle(ctx, observed, None).await?;
+            let written = claim.settle(ctx, observed, None).await?;
             match next {
-                Some(next) => next,
+                Some(next) => written.next(next),
                 None => return Ok(Action::await_change()),
             }
         }
-        Plan::Renew(handle) => renew(&claim, ctx, handle, unknown).await?,
+        Plan::Keep(handle) => {
+            let acquired_at_ms = claim
+                .status
+                .and_then(|s| s.acquired_at)
+                .and_then(|t| u64::try_from(t.as_millisecond()).ok())
+                .unwrap_or(0);
+            let published_ms = claim
+                .status
+                .and_then(|s| s.expires_at)
+                .and_then(|t| u64::try_from(t.as_millisecond()).ok());
+            ctx.renewals.keep(
+                &key,
+                handle,
+                claim.lease_ttl,
+                published_ms,
+                Start::FromStatus { acquired_at_ms },
+            );
+            // The scheduler renews it at once and wakes this claim with the answer.
+            decide::renew_interval(claim.ttl())
+        }
+        Plan::Judge(standing) => judge(&claim, ctx, standing, unknown).await?,
+        Plan::Publish(standing) => {
+            let step = decide::after_acquire(&claim, &AcquireOutcome::Acquired(standing.grant));
+            let observed = step.observed.holder_unknown(unknown);
+            claim
+                .settle(ctx, observed, step.event)
+                .await?
+                .next(step.next)
+        }
         Plan::Acquire => acquire(&claim, ctx, unknown).await?,
     };
     Ok(Action::requeue(decide::next_look(&claim, next, silent)))
@@ -367,44 +464,39 @@ fn in_line_after(claim: &Claim<'_>, ctx: &Context) -> Option<(String, String)> {
     Some((ahead.name_any(), holder))
 }
 
-/// Renews the lease; answers when to look at the claim again. `holder_unknown` says why the
-/// holder's fate is unknown, if it is.
-async fn renew(
+/// Writes what the renewal scheduler last heard of the tenure the status records; answers when
+/// to look again. `holder_unknown` says why the holder's fate is unknown, if it is.
+async fn judge(
     claim: &Claim<'_>,
     ctx: &Context,
-    handle: LeaseHandle,
+    standing: Standing,
     holder_unknown: Option<&str>,
 ) -> Result<Duration, Error> {
-    let request = RenewRequest {
-        lease: handle,
-        ttl: claim.lease_ttl,
-        request_id: RequestId::random(),
-    };
-    let answer = store_call(ctx, "renew", ctx.store.renew(&request)).await?;
-    let outcome = match &answer.result {
-        Ok(outcome) => outcome,
-        Err(e) => return Err(claim.fail(ctx, e.clone()).await),
-    };
-    match outcome {
-        RenewOutcome::Renewed {
-            server_time_ms,
-            expires_in_ms,
-        } => ctx.measurements.record(
-            claim.lease,
-            Measured {
-                token: request.lease.token.get(),
-                reading: answer.reading(*server_time_ms),
-                granted_until_ms: server_time_ms.saturating_add(*expires_in_ms),
-            },
-        ),
-        RenewOutcome::Lost { reason } => {
-            info!(lease = %claim.lease.name_any(), target = %claim.target, reason = ?reason, "lease lost");
+    let key = ObjectRef::from_obj(claim.lease);
+    let outcome = match standing.state {
+        // The scheduler wakes this claim with its first answer.
+        State::Unconfirmed => return Ok(decide::renew_interval(claim.ttl())),
+        State::Failing(error) => {
+            if !claim.record_failure(ctx, &error).await {
+                // The status left Held: the tenure is claimed anew once the store answers.
+                ctx.renewals.stop(&key);
+            }
+            return Err(Error::Store(error));
         }
-    }
-    let step = decide::after_renew(claim, &request.lease, outcome);
+        State::Renewed => RenewOutcome::Renewed {
+            server_time_ms: standing.grant.server_time_ms,
+            expires_in_ms: standing.grant.expires_in_ms,
+        },
+        State::Lost(reason) => RenewOutcome::Lost { reason },
+    };
+    let step = decide::after_renew(claim, &standing.handle, &outcome);
     let observed = step.observed.holder_unknown(holder_unknown);
-    claim.settle(ctx, observed, step.event).await?;
-    Ok(step.next)
+    let written = claim.settle(ctx, observed, step.event).await?;
+    if matches!(outcome, RenewOutcome::Lost { .. }) {
+        // Written Lost: the next reconcile claims the target again.
+        ctx.renewals.stop(&key);
+    }
+    Ok(written.next(step.next))
 }
 
 /// The highest token any TargetLease status has shown for this target: the floor for the next
@@ -488,6 +580,24 @@ async fn acquire(
         let reading = answer.reading(grant.server_time_ms);
         ctx.measurements
             .record(claim.lease, Measured::granted(grant, reading));
+        // Renewed from now on whatever becomes of the status write below: if it fails, the
+        // next reconcile publishes this grant instead of asking for another.
+        let handle = LeaseHandle {
+            target: claim.target.clone(),
+            lease_id: claim.lease_id.clone(),
+            owner: claim.owner.clone(),
+            token: Token::new(grant.token)?,
+        };
+        ctx.renewals.keep(
+            &ObjectRef::from_obj(claim.lease),
+            handle,
+            claim.lease_ttl,
+            None,
+            Start::Granted {
+                grant: grant.clone(),
+                reading,
+            },
+        );
     }
     let step = decide::after_acquire(claim, outcome);
     let handover = decide::is_handover(claim);
@@ -523,7 +633,9 @@ async fn give_up(
 ) -> Result<Action, Error> {
     let handle = claim.held_handle();
     let observed = Observed::released(reason, message.clone(), claim.last_token());
+    let key = ObjectRef::from_obj(claim.lease);
     if handle.is_none() {
+        ctx.renewals.stop(&key);
         release_in_store(claim, ctx, None).await?;
         claim.settle(ctx, observed, None).await?;
         return Ok(Action::await_change());
@@ -532,8 +644,13 @@ async fn give_up(
         Reason::Released,
         format!("released {}: {message}", claim.target),
     );
-    let written = claim.settle(ctx, observed, Some(event)).await?;
-    match written.as_ref().map(|w| Claim::new(w, ctx)).transpose()? {
+    let written = match claim.settle(ctx, observed, Some(event)).await? {
+        Written::Wrote(lease) => Some(lease),
+        _ => None,
+    };
+    // The status no longer says Held: the lease is renewed no more, then released.
+    ctx.renewals.stop(&key);
+    match written.as_deref().map(|w| Claim::new(w, ctx)).transpose()? {
         // Failures are recorded on the status just written.
         Some(released) => release_in_store(&released, ctx, handle).await?,
         None => release_in_store(claim, ctx, handle).await?,
@@ -644,6 +761,7 @@ fn wake_others(claim: &Claim<'_>, ctx: &Context, pick: impl Fn(&TargetLease) -> 
 
 async fn cleanup(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
     let claim = Claim::new(lease, ctx)?;
+    ctx.renewals.stop(&ObjectRef::from_obj(lease));
     // A store outage returns an error here: the finalizer stays and the error policy retries
     // with backoff, so no lease is forgotten.
     release_in_store(&claim, ctx, claim.held_handle()).await?;

@@ -3,6 +3,7 @@
 
 use jiff::Timestamp;
 
+use super::budget::Priority;
 use super::error::{store_message, store_reason};
 use crate::api::{Condition, ConditionType, Phase, Reason, TargetLeaseStatus};
 use crate::store::{Grant, StoreError};
@@ -277,14 +278,29 @@ pub fn published_expiry(
 /// Whether `new` says something `old` did not: only then is a status write worth it. A renewal
 /// keeps the published `expiresAt` (see [`published_expiry`]) until it must move.
 pub fn is_transition(old: Option<&TargetLeaseStatus>, new: &TargetLeaseStatus) -> bool {
-    let Some(old) = old else { return true };
+    priority(old, new).is_some()
+}
+
+/// How much a write of `new` over `old` matters ([`Priority`]): a refresh when only `expiresAt`
+/// moves, else a transition; `None` when `new` says nothing `old` did not.
+pub fn priority(old: Option<&TargetLeaseStatus>, new: &TargetLeaseStatus) -> Option<Priority> {
+    let Some(old) = old else {
+        return Some(Priority::Transition);
+    };
+    if says_the_same(old, new) {
+        return (old.expires_at != new.expires_at).then_some(Priority::Refresh);
+    }
+    Some(Priority::Transition)
+}
+
+/// Whether two statuses say the same but perhaps for `expiresAt`.
+fn says_the_same(old: &TargetLeaseStatus, new: &TargetLeaseStatus) -> bool {
     let key = |s: &TargetLeaseStatus| {
         (
             s.phase,
             s.owner.clone(),
             s.fencing_token,
             s.acquired_at,
-            s.expires_at,
             s.held_by.clone(),
             s.observed_generation,
             s.max_hold_spent_generation,
@@ -306,7 +322,7 @@ pub fn is_transition(old: Option<&TargetLeaseStatus>, new: &TargetLeaseStatus) -
         c.sort();
         c
     };
-    key(old) != key(new) || conditions(old) != conditions(new)
+    key(old) == key(new) && conditions(old) == conditions(new)
 }
 
 #[cfg(test)]

@@ -1,0 +1,571 @@
+//! Renewals on their own schedule. Every lease this controller holds for a TargetLease is
+//! renewed in the store every TTL/3 by this one scheduler, whatever the reconcile queue, the API
+//! server and the status writes are doing: a lease is lost only when the store says so (expired,
+//! another holder), never because an API request was slow.
+//!
+//! The reconciler hands a tenure over ([`Renewals::keep`]) when it acquires, or when it finds a
+//! Held status this process is not renewing yet (a restart, a new leader), and takes it back
+//! ([`Renewals::stop`]) when it gives the lease up. It reads the latest answer
+//! ([`Renewals::standing`]) instead of calling the store itself, and it is woken when that answer
+//! needs a status write: the lease was lost, the store started or stopped failing, or the
+//! published `expiresAt` must move forward (see [`needs_publishing`]). The scheduler never talks
+//! to the API server.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinSet;
+use tracing::{debug, info};
+
+use super::decide::{Measured, Measurements, Reading, renew_interval};
+use super::election::Leadership;
+use super::metrics::Metrics;
+use crate::api::TargetLease;
+use crate::store::{
+    Grant, LeaseHandle, LeaseStore, LossReason, RenewOutcome, RenewRequest, RequestId, StoreError,
+    Ttl,
+};
+
+/// Renewals in flight at once, at most. A renewal is one short script on the store; this
+/// bounds what a burst of due renewals (a new leader taking over every lease at once) asks of
+/// the store's connection pool, and what it leaves for acquires and releases.
+pub const DEFAULT_CONCURRENCY: u16 = 64;
+
+/// How soon a renewal that failed is tried again: often enough to keep a lease through a short
+/// store outage, never more than a few times per call timeout.
+fn retry_after_failure(ttl: Duration) -> Duration {
+    (renew_interval(ttl) / 4).clamp(Duration::from_millis(200), Duration::from_secs(2))
+}
+
+/// Whether the published `expiresAt` (`published_ms`, the store's clock) must move forward now
+/// that the store's clock read `server_ms` and the lease was renewed: when less than one and a
+/// half renewal intervals are left on it, it would pass before the renewal after next. So a held
+/// lease costs one expiry write per two renewals.
+pub fn needs_publishing(published_ms: Option<u64>, server_ms: u64, ttl: Duration) -> bool {
+    let margin = u64::try_from(renew_interval(ttl).as_millis() * 3 / 2).unwrap_or(u64::MAX);
+    published_ms.is_none_or(|p| p.saturating_sub(server_ms) <= margin)
+}
+
+/// What the store last said of a kept tenure.
+#[derive(Clone, Debug)]
+pub enum State {
+    /// Handed over from a status this process has not confirmed yet: the first renewal is due
+    /// at once.
+    Unconfirmed,
+    /// Granted or renewed; the grant's times are those of the latest answer.
+    Renewed,
+    /// The store said the tenure ended (it is no longer renewed).
+    Lost(LossReason),
+    /// The latest renewal failed (renewals go on).
+    Failing(StoreError),
+}
+
+impl PartialEq for State {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Unconfirmed, Self::Unconfirmed) | (Self::Renewed, Self::Renewed) => true,
+            (Self::Lost(a), Self::Lost(b)) => a == b,
+            (Self::Failing(a), Self::Failing(b)) => {
+                a.kind() == b.kind() && a.to_string() == b.to_string()
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A tenure as the scheduler keeps it: its handle, its grant as of the latest answer, and what
+/// that answer said.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Standing {
+    /// The tenure renewed.
+    pub handle: LeaseHandle,
+    /// The grant, with `server_time_ms` and `expires_in_ms` of the latest answer that renewed it
+    /// (of the status when unconfirmed).
+    pub grant: Grant,
+    /// What the latest answer said.
+    pub state: State,
+}
+
+/// How the first renewal of a tenure handed to [`Renewals::keep`] is scheduled.
+pub enum Start {
+    /// The store granted it now: `grant` as measured by `reading`; the first renewal is one
+    /// interval after the call was sent.
+    Granted {
+        /// The grant.
+        grant: Grant,
+        /// The acquire's answer on this process's clock.
+        reading: Reading,
+    },
+    /// Taken from a status (`acquired_at_ms` its start): renew at once, since nothing is known
+    /// of when it was last renewed.
+    FromStatus {
+        /// The tenure's start, in the store's clock.
+        acquired_at_ms: u64,
+    },
+}
+
+struct Kept {
+    standing: Standing,
+    ttl: Ttl,
+    /// The `expiresAt` the status publishes, in the store's clock.
+    published_ms: Option<u64>,
+    /// Bumped at every hand-over, so that a late answer for an earlier one is dropped.
+    epoch: u64,
+    /// Its place in the schedule, while one is scheduled.
+    slot: Option<(Instant, u64)>,
+}
+
+#[derive(Default)]
+struct Book {
+    kept: HashMap<ObjectRef<TargetLease>, Kept>,
+    schedule: BTreeMap<(Instant, u64), ObjectRef<TargetLease>>,
+    next_epoch: u64,
+}
+
+impl Book {
+    fn unschedule(&mut self, key: &ObjectRef<TargetLease>) {
+        if let Some(slot) = self.kept.get_mut(key).and_then(|k| k.slot.take()) {
+            self.schedule.remove(&slot);
+        }
+    }
+
+    fn schedule(&mut self, key: &ObjectRef<TargetLease>, due: Instant) {
+        self.unschedule(key);
+        self.next_epoch += 1;
+        let slot = (due, self.next_epoch);
+        if let Some(kept) = self.kept.get_mut(key) {
+            kept.slot = Some(slot);
+            self.schedule.insert(slot, key.clone());
+        }
+    }
+}
+
+struct Shared {
+    book: Mutex<Book>,
+    changed: Notify,
+    store: Arc<dyn LeaseStore>,
+    metrics: Arc<Metrics>,
+    measurements: Arc<Measurements>,
+    leadership: Leadership,
+    wake: UnboundedSender<ObjectRef<TargetLease>>,
+    in_flight: Arc<Semaphore>,
+}
+
+/// The renewal scheduler's handle, shared by the reconciles. Cheap to clone.
+#[derive(Clone)]
+pub struct Renewals {
+    shared: Arc<Shared>,
+}
+
+/// What [`Renewals::new`] needs.
+pub struct Wiring {
+    /// The lease store.
+    pub store: Arc<dyn LeaseStore>,
+    /// Where renewals are counted and timed.
+    pub metrics: Arc<Metrics>,
+    /// Where each answer is recorded (the reconciles judge expiries from it).
+    pub measurements: Arc<Measurements>,
+    /// Checked before every renewal.
+    pub leadership: Leadership,
+    /// Schedules a reconcile of a TargetLease whose standing needs a status write.
+    pub wake: UnboundedSender<ObjectRef<TargetLease>>,
+    /// Renewals in flight at most.
+    pub concurrency: usize,
+}
+
+impl Renewals {
+    /// The scheduler, and the loop that runs it (spawn it; dropping it stops every renewal).
+    pub fn new(wiring: Wiring) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let shared = Arc::new(Shared {
+            book: Mutex::default(),
+            changed: Notify::new(),
+            store: wiring.store,
+            metrics: wiring.metrics,
+            measurements: wiring.measurements,
+            leadership: wiring.leadership,
+            wake: wiring.wake,
+            in_flight: Arc::new(Semaphore::new(wiring.concurrency.max(1))),
+        });
+        let renewals = Self {
+            shared: shared.clone(),
+        };
+        (renewals, run(shared))
+    }
+
+    fn book(&self) -> MutexGuard<'_, Book> {
+        self.shared.book.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Renews `handle` from now on (replacing whatever was kept for `lease`), unless that very
+    /// tenure is kept already; `published_ms` is the `expiresAt` its status shows.
+    pub fn keep(
+        &self,
+        lease: &ObjectRef<TargetLease>,
+        handle: LeaseHandle,
+        ttl: Ttl,
+        published_ms: Option<u64>,
+        start: Start,
+    ) {
+        let mut book = self.book();
+        if let Some(kept) = book.kept.get_mut(lease)
+            && kept.standing.handle == handle
+        {
+            kept.published_ms = published_ms.or(kept.published_ms);
+            return;
+        }
+        let (grant, state, due) = match start {
+            Start::Granted { grant, reading } => (
+                grant,
+                State::Renewed,
+                reading.sent + renew_interval(ttl.duration()),
+            ),
+            Start::FromStatus { acquired_at_ms } => (
+                Grant {
+                    token: handle.token.get(),
+                    acquired_at_ms,
+                    server_time_ms: acquired_at_ms,
+                    expires_in_ms: 0,
+                },
+                State::Unconfirmed,
+                Instant::now(),
+            ),
+        };
+        book.unschedule(lease);
+        book.next_epoch += 1;
+        let epoch = book.next_epoch;
+        book.kept.insert(
+            lease.clone(),
+            Kept {
+                standing: Standing {
+                    handle,
+                    grant,
+                    state,
+                },
+                ttl,
+                published_ms,
+                epoch,
+                slot: None,
+            },
+        );
+        book.schedule(lease, due);
+        let kept = book.kept.len();
+        drop(book);
+        self.shared.metrics.kept_leases(kept);
+        self.shared.changed.notify_one();
+    }
+
+    /// Records the `expiresAt` a status write published for `token`.
+    pub fn published(&self, lease: &ObjectRef<TargetLease>, token: u64, published_ms: u64) {
+        if let Some(kept) = self.book().kept.get_mut(lease)
+            && kept.standing.handle.token.get() == token
+        {
+            kept.published_ms = Some(published_ms);
+        }
+    }
+
+    /// What the store last said of the tenure kept for `lease`, if one is.
+    pub fn standing(&self, lease: &ObjectRef<TargetLease>) -> Option<Standing> {
+        self.book().kept.get(lease).map(|k| k.standing.clone())
+    }
+
+    /// Stops renewing whatever is kept for `lease`. A renewal in flight may still reach the
+    /// store; its answer is dropped.
+    pub fn stop(&self, lease: &ObjectRef<TargetLease>) {
+        let mut book = self.book();
+        book.unschedule(lease);
+        book.kept.remove(lease);
+        let kept = book.kept.len();
+        drop(book);
+        self.shared.metrics.kept_leases(kept);
+    }
+}
+
+/// One renewal taken off the schedule.
+struct Due {
+    key: ObjectRef<TargetLease>,
+    handle: LeaseHandle,
+    ttl: Ttl,
+    epoch: u64,
+    due: Instant,
+}
+
+/// The scheduler: takes each renewal off the schedule when it is due and runs it, at most
+/// [`Wiring::concurrency`] at once. Stopped by dropping it (the renewals in flight with it).
+async fn run(shared: Arc<Shared>) {
+    let mut running = JoinSet::new();
+    loop {
+        while running.try_join_next().is_some() {}
+        let next = shared
+            .book
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .schedule
+            .first_key_value()
+            .map(|(slot, _)| slot.0);
+        match next {
+            Some(due) if due <= Instant::now() => {}
+            Some(due) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due.into()) => {}
+                    _ = shared.changed.notified() => {}
+                    Some(_) = running.join_next(), if !running.is_empty() => {}
+                }
+                continue;
+            }
+            None => {
+                tokio::select! {
+                    _ = shared.changed.notified() => {}
+                    Some(_) = running.join_next(), if !running.is_empty() => {}
+                }
+                continue;
+            }
+        }
+        // A permit first, so that a renewal waits here (and its lateness is measured) rather
+        // than in the store's pool.
+        let Ok(permit) = shared.in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(due) = take_due(&shared) else {
+            continue;
+        };
+        let shared = shared.clone();
+        running.spawn(async move {
+            renew_one(&shared, due).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Takes the earliest due renewal off the schedule, if one is due.
+fn take_due(shared: &Shared) -> Option<Due> {
+    let mut book = shared.book.lock().unwrap_or_else(|e| e.into_inner());
+    let (&slot, _) = book.schedule.first_key_value()?;
+    if slot.0 > Instant::now() {
+        return None;
+    }
+    let key = book.schedule.remove(&slot)?;
+    let kept = book.kept.get_mut(&key)?;
+    kept.slot = None;
+    Some(Due {
+        handle: kept.standing.handle.clone(),
+        ttl: kept.ttl,
+        epoch: kept.epoch,
+        due: slot.0,
+        key,
+    })
+}
+
+/// Renews one tenure and records the answer; wakes the reconcile when the answer needs a status
+/// write.
+async fn renew_one(shared: &Shared, due: Due) {
+    if shared.leadership.check().is_err() {
+        // Not leading: this controller is stopping. A successor renews from the statuses.
+        return;
+    }
+    let started = Instant::now();
+    shared
+        .metrics
+        .renewal_started(started.saturating_duration_since(due.due));
+    let request = RenewRequest {
+        lease: due.handle.clone(),
+        ttl: due.ttl,
+        request_id: RequestId::random(),
+    };
+    let result = shared.store.renew(&request).await;
+    let answered = Instant::now();
+    let kind = result.as_ref().err().map(|e| e.kind().as_str());
+    shared.metrics.store_call("renew", answered - started, kind);
+    let ttl = due.ttl.duration();
+    let mut book = shared.book.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(kept) = book.kept.get_mut(&due.key).filter(|k| k.epoch == due.epoch) else {
+        // Stopped or handed over anew while the call ran.
+        return;
+    };
+    let was_failing = matches!(kept.standing.state, State::Failing(_));
+    let (wake, next) = match result {
+        Ok(RenewOutcome::Renewed {
+            server_time_ms,
+            expires_in_ms,
+        }) => {
+            let reading = Reading {
+                sent: started,
+                answered,
+                server_ms: server_time_ms,
+            };
+            shared.measurements.record_for(
+                &due.key,
+                Measured {
+                    token: due.handle.token.get(),
+                    reading,
+                    granted_until_ms: server_time_ms.saturating_add(expires_in_ms),
+                },
+            );
+            let first = kept.standing.state == State::Unconfirmed;
+            kept.standing.grant.server_time_ms = server_time_ms;
+            kept.standing.grant.expires_in_ms = expires_in_ms;
+            kept.standing.state = State::Renewed;
+            let publish = needs_publishing(kept.published_ms, server_time_ms, ttl);
+            (
+                was_failing || first || publish,
+                Some(started + renew_interval(ttl)),
+            )
+        }
+        Ok(RenewOutcome::Lost { reason }) => {
+            info!(lease = %due.key.name, target = %due.handle.target, reason = ?reason, "lease lost");
+            kept.standing.state = State::Lost(reason);
+            (true, None)
+        }
+        Err(error) => {
+            let changed =
+                !matches!(&kept.standing.state, State::Failing(e) if e.kind() == error.kind());
+            debug!(lease = %due.key.name, error = %error, "renewal failed; trying again");
+            kept.standing.state = State::Failing(error);
+            (changed, Some(answered + retry_after_failure(ttl)))
+        }
+    };
+    if let Some(next) = next {
+        book.schedule(&due.key, next);
+    }
+    drop(book);
+    if wake {
+        let _ = shared.wake.send(due.key);
+    }
+    shared.changed.notify_one();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{AcquireOutcome, AcquireRequest, LeaseId, Owner, TargetRef};
+
+    #[test]
+    fn publishing_every_second_renewal() {
+        let ttl = Duration::from_secs(30);
+        // Published at a grant at 0 (expiry 30 s): renewals at 10 and 20 s.
+        assert!(!needs_publishing(Some(30_000), 10_000, ttl));
+        assert!(needs_publishing(Some(30_000), 20_000, ttl));
+        assert!(needs_publishing(None, 0, ttl));
+        // An expiry already passed.
+        assert!(needs_publishing(Some(30_000), 40_000, ttl));
+    }
+
+    #[test]
+    fn retries_after_failures_are_bounded() {
+        assert_eq!(
+            retry_after_failure(Duration::from_secs(1)),
+            Duration::from_millis(200)
+        );
+        assert_eq!(
+            retry_after_failure(Duration::from_secs(30)),
+            Duration::from_millis(2_500).min(Duration::from_secs(2))
+        );
+    }
+
+    fn key(name: &str) -> ObjectRef<TargetLease> {
+        ObjectRef::new(name).within("ns")
+    }
+
+    async fn granted(store: &MemoryStore, name: &str, ttl: Ttl) -> (LeaseHandle, Grant) {
+        let request = AcquireRequest {
+            target: TargetRef::new("ns", name).expect("target"),
+            lease_id: LeaseId::new(format!("uid-{name}")).expect("lease id"),
+            owner: Owner::new("w").expect("owner"),
+            ttl,
+            min_token: 0,
+            request_id: RequestId::random(),
+        };
+        let AcquireOutcome::Acquired(grant) = store.acquire(&request).await.expect("acquire")
+        else {
+            panic!("not acquired");
+        };
+        let handle = LeaseHandle {
+            target: request.target,
+            lease_id: request.lease_id,
+            owner: request.owner,
+            token: crate::store::Token::new(grant.token).expect("token"),
+        };
+        (handle, grant)
+    }
+
+    /// Renewals run on their own: kept leases outlive many TTLs without any reconcile, a lost
+    /// one wakes its reconcile and is renewed no more, and a stopped one is left alone. Real
+    /// time (the scheduler reads the monotonic clock), a TTL of one second.
+    #[tokio::test]
+    async fn kept_leases_are_renewed_without_reconciles() {
+        let store = Arc::new(MemoryStore::new());
+        let (wake, mut woken) = tokio::sync::mpsc::unbounded_channel();
+        let (renewals, scheduler) = Renewals::new(Wiring {
+            store: store.clone(),
+            metrics: Arc::new(Metrics::new()),
+            measurements: Arc::default(),
+            leadership: Leadership::unconditional(),
+            wake,
+            concurrency: 2,
+        });
+        let _scheduler = tokio::spawn(scheduler);
+        let ttl = Ttl::new(Duration::from_secs(1)).expect("ttl");
+        let mut handles = Vec::new();
+        for name in ["a", "b", "c"] {
+            let (handle, grant) = granted(&store, name, ttl).await;
+            let now = Instant::now();
+            let reading = Reading {
+                sent: now,
+                answered: now,
+                server_ms: grant.server_time_ms,
+            };
+            renewals.keep(
+                &key(name),
+                handle.clone(),
+                ttl,
+                Some(grant.expires_at_ms()),
+                Start::Granted { grant, reading },
+            );
+            handles.push(handle);
+        }
+        // Four TTLs.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        for (name, handle) in ["a", "b", "c"].iter().zip(&handles) {
+            let standing = renewals.standing(&key(name)).expect("kept");
+            assert_eq!(standing.state, State::Renewed, "{name}");
+            let seen = store.inspect(&handle.target).await.expect("inspect");
+            assert_eq!(
+                seen.lease.map(|l| l.token),
+                Some(handle.token.get()),
+                "{name}"
+            );
+        }
+        // Woken to publish (nothing publishes here, so at every renewal from the second on),
+        // never for a loss.
+        let wakes = std::iter::from_fn(|| woken.try_recv().ok()).count();
+        assert!(wakes >= 3, "{wakes} wakes");
+        // "b" is released behind the scheduler's back: its next renewal says lost, wakes, and
+        // it is renewed no more. "c" is stopped: its lease runs out.
+        store
+            .release(&crate::store::ReleaseRequest {
+                lease: handles[1].clone(),
+                request_id: RequestId::random(),
+            })
+            .await
+            .expect("release");
+        renewals.stop(&key("c"));
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert!(matches!(
+            renewals.standing(&key("b")).map(|s| s.state),
+            Some(State::Lost(_))
+        ));
+        assert!(renewals.standing(&key("c")).is_none());
+        let woken_for: Vec<_> = std::iter::from_fn(|| woken.try_recv().ok()).collect();
+        assert!(woken_for.contains(&key("b")));
+        let seen = store.inspect(&handles[2].target).await.expect("inspect");
+        assert!(seen.lease.is_none(), "a stopped lease was renewed");
+        assert_eq!(
+            renewals.standing(&key("a")).map(|s| s.state),
+            Some(State::Renewed)
+        );
+    }
+}

@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use targetlease::api::{Phase, TargetLease};
@@ -26,52 +26,6 @@ use support::scenario::{SEC, Scenario, run_suite};
 const EXIT_LOST: i32 = 76;
 const EXIT_DELETED: i32 = 79;
 const EXIT_SIGTERM: i32 = 143;
-
-/// `targetlease run -n NS --target T EXTRA... -- sh -c SCRIPT` with the cluster's environment.
-fn run_cmd(s: &Scenario, target: &str, extra: &[&str], script: &str) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_targetlease"));
-    command
-        .args(["run", "-n", &s.ns, "--target", target])
-        .args(extra)
-        .args(["--", "sh", "-c", script])
-        .envs(s.cluster.envs())
-        .env_remove("POD_NAME")
-        .env_remove("POD_UID")
-        .env_remove("POD_NAMESPACE")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    command
-}
-
-/// The TargetLease a `run` made for `target`, once `pred` holds for it.
-async fn run_lease(
-    s: &Scenario,
-    target: &str,
-    limit: Duration,
-    pred: impl Fn(&TargetLease) -> bool,
-) -> TargetLease {
-    let deadline = Instant::now() + limit;
-    loop {
-        let items = s
-            .api()
-            .list(&ListParams::default())
-            .await
-            .expect("list")
-            .items;
-        if let Some(lease) = items
-            .into_iter()
-            .find(|l| l.spec.target == target && pred(l))
-        {
-            return lease;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no TargetLease of a run on {target} got there within {limit:?}\ncontroller log:\n{}",
-            s.controller.as_ref().map(|c| c.logs()).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 fn held(lease: &TargetLease) -> bool {
     phase_of(lease) == Some(Phase::Held)
@@ -150,15 +104,15 @@ async fn pod(s: &Scenario, name: &str) -> String {
 //    that ignores SIGTERM within the grace, and `run` exits "lost".
 async fn delete_stops_command_and_grandchildren(s: Scenario) {
     let dir = tempfile::tempdir().expect("dir");
-    let mut run = run_cmd(
-        &s,
-        "deleted-target",
-        &["--grace", "2s"],
-        &family_script(dir.path()),
-    )
-    .spawn()
-    .expect("run");
-    let lease = run_lease(&s, "deleted-target", 30 * SEC, held).await;
+    let mut run = s
+        .run_command(
+            "deleted-target",
+            &["--grace", "2s"],
+            &family_script(dir.path()),
+        )
+        .spawn()
+        .expect("run");
+    let lease = s.run_lease("deleted-target", 30 * SEC, held).await;
     let child = pid_in(&dir.path().join("child")).await;
     let grandchild = pid_in(&dir.path().join("grandchild")).await;
     let start = Instant::now();
@@ -177,13 +131,13 @@ async fn sigkilled_run_frees_the_target(s: Scenario) {
     for with_pod in [false, true] {
         let target = format!("killed-{}", if with_pod { "pod" } else { "host" });
         let dir = tempfile::tempdir().expect("dir");
-        let mut command = run_cmd(&s, &target, &["--ttl", "4s"], &family_script(dir.path()));
+        let mut command = s.run_command(&target, &["--ttl", "4s"], &family_script(dir.path()));
         if with_pod {
             let uid = pod(&s, "killed-pod").await;
             command.env("POD_NAME", "killed-pod").env("POD_UID", uid);
         }
         let mut run = command.spawn().expect("run");
-        run_lease(&s, &target, 30 * SEC, held).await;
+        s.run_lease(&target, 30 * SEC, held).await;
         let child = pid_in(&dir.path().join("child")).await;
         let grandchild = pid_in(&dir.path().join("grandchild")).await;
         s.apply("waiter", &target, "waiter", "ttlSeconds: 4");
@@ -211,18 +165,17 @@ async fn restarted_run_adopts_its_lease(s: Scenario) {
             .env("POD_NAME", "restarted-pod")
             .env("POD_UID", &uid);
     };
-    let mut first = run_cmd(&s, "restart-target", &[], &family_script(dir.path()));
+    let mut first = s.run_command("restart-target", &[], &family_script(dir.path()));
     in_pod(&mut first);
     let mut first = first.spawn().expect("run");
-    let held_before = run_lease(&s, "restart-target", 30 * SEC, held).await;
+    let held_before = s.run_lease("restart-target", 30 * SEC, held).await;
     let grandchild = pid_in(&dir.path().join("grandchild")).await;
     first.start_kill().expect("SIGKILL");
     let _ = first.wait().await;
 
     let marker = dir.path().join("second");
     let start = Instant::now();
-    let mut second = run_cmd(
-        &s,
+    let mut second = s.run_command(
         "restart-target",
         &[],
         &format!("echo \"$TARGETLEASE_TOKEN\" > {}", marker.display()),
@@ -250,17 +203,17 @@ async fn restarted_run_adopts_its_lease(s: Scenario) {
 //    not the holder.
 async fn holder_name_in_a_pod_gets_the_lease(s: Scenario) {
     let uid = pod(&s, "named-pod").await;
-    let status = run_cmd(
-        &s,
-        "named-target",
-        &["--holder", "nightly-export", "--wait-timeout", "20s"],
-        "test \"$TARGETLEASE_OWNER\" = nightly-export",
-    )
-    .env("POD_NAME", "named-pod")
-    .env("POD_UID", &uid)
-    .status()
-    .await
-    .expect("run");
+    let status = s
+        .run_command(
+            "named-target",
+            &["--holder", "nightly-export", "--wait-timeout", "20s"],
+            "test \"$TARGETLEASE_OWNER\" = nightly-export",
+        )
+        .env("POD_NAME", "named-pod")
+        .env("POD_UID", &uid)
+        .status()
+        .await
+        .expect("run");
     assert!(status.success(), "{status}");
 }
 
@@ -268,13 +221,15 @@ async fn holder_name_in_a_pod_gets_the_lease(s: Scenario) {
 async fn delete_while_waiting(s: Scenario) {
     s.apply("holder", "busy-target", "someone", "");
     s.wait_phase("holder", Phase::Held, 30 * SEC).await;
-    let mut run = run_cmd(&s, "busy-target", &["--wait-timeout", "1h"], "true")
+    let mut run = s
+        .run_command("busy-target", &["--wait-timeout", "1h"], "true")
         .spawn()
         .expect("run");
-    let waiting = run_lease(&s, "busy-target", 30 * SEC, |l| {
-        phase_of(l) == Some(Phase::Waiting)
-    })
-    .await;
+    let waiting = s
+        .run_lease("busy-target", 30 * SEC, |l| {
+            phase_of(l) == Some(Phase::Waiting)
+        })
+        .await;
     let mut wait = Command::new(env!("CARGO_BIN_EXE_targetlease"))
         .args(["wait", &waiting.name_any(), "-n", &s.ns, "--timeout", "1h"])
         .envs(s.cluster.envs())
@@ -292,13 +247,15 @@ async fn delete_while_waiting(s: Scenario) {
 async fn sigterm_while_waiting_and_running(s: Scenario) {
     s.apply("holder", "term-target", "someone", "");
     s.wait_phase("holder", Phase::Held, 30 * SEC).await;
-    let mut run = run_cmd(&s, "term-target", &[], "true")
+    let mut run = s
+        .run_command("term-target", &[], "true")
         .spawn()
         .expect("run");
-    let waiting = run_lease(&s, "term-target", 30 * SEC, |l| {
-        l.spec.holder != "someone" && phase_of(l) == Some(Phase::Waiting)
-    })
-    .await;
+    let waiting = s
+        .run_lease("term-target", 30 * SEC, |l| {
+            l.spec.holder != "someone" && phase_of(l) == Some(Phase::Waiting)
+        })
+        .await;
     signal(&run, Signal::SIGTERM);
     assert_eq!(exits(&mut run, 15 * SEC).await, Some(EXIT_SIGTERM));
     s.wait_gone(&waiting.name_any(), 30 * SEC).await;
@@ -309,10 +266,11 @@ async fn sigterm_while_waiting_and_running(s: Scenario) {
         "trap 'echo term > {}; exit 0' TERM; while :; do sleep 0.1; done",
         got.display()
     );
-    let mut run = run_cmd(&s, "term-running", &[], &script)
+    let mut run = s
+        .run_command("term-running", &[], &script)
         .spawn()
         .expect("run");
-    let lease = run_lease(&s, "term-running", 30 * SEC, held).await;
+    let lease = s.run_lease("term-running", 30 * SEC, held).await;
     tokio::time::sleep(SEC).await;
     signal(&run, Signal::SIGTERM);
     assert_eq!(exits(&mut run, 15 * SEC).await, Some(EXIT_SIGTERM));
@@ -355,16 +313,16 @@ async fn unreachable_api_server_stops_the_command(s: Scenario) {
     let (_, api_port) = kubeconfig_via(&s, 0, dir.path());
     let proxy = Proxy::start(api_port).await;
     let (kubeconfig, _) = kubeconfig_via(&s, proxy.port, dir.path());
-    let mut run = run_cmd(
-        &s,
-        "cut-target",
-        &["--ttl", "4s", "--grace", "1s"],
-        &family_script(dir.path()),
-    )
-    .env("KUBECONFIG", &kubeconfig)
-    .spawn()
-    .expect("run");
-    run_lease(&s, "cut-target", 30 * SEC, held).await;
+    let mut run = s
+        .run_command(
+            "cut-target",
+            &["--ttl", "4s", "--grace", "1s"],
+            &family_script(dir.path()),
+        )
+        .env("KUBECONFIG", &kubeconfig)
+        .spawn()
+        .expect("run");
+    s.run_lease("cut-target", 30 * SEC, held).await;
     let child = pid_in(&dir.path().join("child")).await;
     let grandchild = pid_in(&dir.path().join("grandchild")).await;
     tokio::time::sleep(SEC).await;
@@ -400,7 +358,8 @@ async fn lost_lease_exit_status_and_basics(s: Scenario) {
         "echo \"$TARGETLEASE_TOKEN $TARGETLEASE_OWNER $TARGETLEASE_TARGET\" > {}",
         out_file.display()
     );
-    let status = run_cmd(&s, "run-target", &["--holder", "job-1"], &script)
+    let status = s
+        .run_command("run-target", &["--holder", "job-1"], &script)
         .status()
         .await
         .expect("run");
@@ -423,7 +382,8 @@ async fn lost_lease_exit_status_and_basics(s: Scenario) {
         assert!(Instant::now() < deadline, "the lease was not released");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let status = run_cmd(&s, "run-target", &["--holder", "job-2"], "exit 3")
+    let status = s
+        .run_command("run-target", &["--holder", "job-2"], "exit 3")
         .status()
         .await
         .expect("run");
@@ -435,10 +395,11 @@ async fn lost_lease_exit_status_and_basics(s: Scenario) {
         "trap 'echo term > {}; exit 0' TERM; while true; do sleep 0.1; done",
         term_file.display()
     );
-    let mut run = run_cmd(&s, "lost-target", &["--ttl", "3"], &script)
+    let mut run = s
+        .run_command("lost-target", &["--ttl", "3"], &script)
         .spawn()
         .expect("run");
-    let lease = run_lease(&s, "lost-target", 30 * SEC, held).await;
+    let lease = s.run_lease("lost-target", 30 * SEC, held).await;
     let keys = TargetKeys::new("tl", &s.target("lost-target"));
     s.valkey.raw(&["DEL", &keys.lease()]);
     assert_eq!(
@@ -459,10 +420,11 @@ async fn lost_lease_exit_status_and_basics(s: Scenario) {
 // TTL 4 s for 6 s. Heartbeats come every TTL/6 (0.67 s) and each wakes one reconcile, which
 // renews the lease once in Valkey; renewals also come every TTL/3 on their own.
 async fn heartbeat_cost(s: Scenario) {
-    let mut run = run_cmd(&s, "beat-target", &["--ttl", "4s"], "sleep 9")
+    let mut run = s
+        .run_command("beat-target", &["--ttl", "4s"], "sleep 9")
         .spawn()
         .expect("run");
-    run_lease(&s, "beat-target", 30 * SEC, held).await;
+    s.run_lease("beat-target", 30 * SEC, held).await;
     let http = s.controller.as_ref().expect("controller").http.clone();
     let page = || http_get(&http, "/metrics").expect("metrics").1;
     let before = page();
@@ -574,17 +536,17 @@ fn secs_between(a: SystemTime, b: SystemTime) -> f64 {
 /// TargetLease name than a `run` on this host), recording as `second` in `dir`.
 async fn second_run(s: &Scenario, target: &str, ttl: &str, dir: &Path) -> Child {
     let uid = pod(s, &format!("{target}-second")).await;
-    let run = run_cmd(
-        s,
-        target,
-        &["--ttl", ttl],
-        &recording_script(dir, "second", false),
-    )
-    .env("POD_NAME", format!("{target}-second"))
-    .env("POD_UID", uid)
-    .spawn()
-    .expect("second run");
-    run_lease(s, target, 30 * SEC, |l| {
+    let run = s
+        .run_command(
+            target,
+            &["--ttl", ttl],
+            &recording_script(dir, "second", false),
+        )
+        .env("POD_NAME", format!("{target}-second"))
+        .env("POD_UID", uid)
+        .spawn()
+        .expect("second run");
+    s.run_lease(target, 30 * SEC, |l| {
         l.spec.holder.ends_with("-second") && phase_of(l) == Some(Phase::Waiting)
     })
     .await;
@@ -605,16 +567,16 @@ async fn partitioned_run_stops_before_the_target_is_handed_over(s: Scenario) {
     let (_, api_port) = kubeconfig_via(&s, 0, dir.path());
     let proxy = Proxy::start(api_port).await;
     let (kubeconfig, _) = kubeconfig_via(&s, proxy.port, dir.path());
-    let mut first = run_cmd(
-        &s,
-        "split-target",
-        &["--ttl", "8s", "--grace", "1s"],
-        &recording_script(dir.path(), "first", false),
-    )
-    .env("KUBECONFIG", &kubeconfig)
-    .spawn()
-    .expect("run");
-    run_lease(&s, "split-target", 30 * SEC, held).await;
+    let mut first = s
+        .run_command(
+            "split-target",
+            &["--ttl", "8s", "--grace", "1s"],
+            &recording_script(dir.path(), "first", false),
+        )
+        .env("KUBECONFIG", &kubeconfig)
+        .spawn()
+        .expect("run");
+    s.run_lease("split-target", 30 * SEC, held).await;
     let first_pid = pid_in(&dir.path().join("first.pid")).await;
     let mut second = second_run(&s, "split-target", "8s", dir.path()).await;
     let ended = death_of(first_pid);
@@ -632,15 +594,15 @@ async fn partitioned_run_stops_before_the_target_is_handed_over(s: Scenario) {
 //     command was killed.
 async fn long_grace_keeps_the_lease_until_the_command_ends(s: Scenario) {
     let dir = tempfile::tempdir().expect("dir");
-    let mut first = run_cmd(
-        &s,
-        "grace-target",
-        &["--ttl", "4s", "--grace", "12s"],
-        &recording_script(dir.path(), "first", true),
-    )
-    .spawn()
-    .expect("run");
-    run_lease(&s, "grace-target", 30 * SEC, held).await;
+    let mut first = s
+        .run_command(
+            "grace-target",
+            &["--ttl", "4s", "--grace", "12s"],
+            &recording_script(dir.path(), "first", true),
+        )
+        .spawn()
+        .expect("run");
+    s.run_lease("grace-target", 30 * SEC, held).await;
     let first_pid = pid_in(&dir.path().join("first.pid")).await;
     let mut second = second_run(&s, "grace-target", "4s", dir.path()).await;
     let ended = death_of(first_pid);
@@ -664,15 +626,15 @@ async fn long_grace_keeps_the_lease_until_the_command_ends(s: Scenario) {
 //     signals nothing, and runs its command only once the first one is done.
 async fn run_in_another_pid_namespace_does_not_adopt(s: Scenario) {
     let dir = tempfile::tempdir().expect("dir");
-    let mut first = run_cmd(
-        &s,
-        "twin-target",
-        &[],
-        &recording_script(dir.path(), "first", false),
-    )
-    .spawn()
-    .expect("run");
-    let lease = run_lease(&s, "twin-target", 30 * SEC, held).await;
+    let mut first = s
+        .run_command(
+            "twin-target",
+            &[],
+            &recording_script(dir.path(), "first", false),
+        )
+        .spawn()
+        .expect("run");
+    let lease = s.run_lease("twin-target", 30 * SEC, held).await;
     let first_pid = pid_in(&dir.path().join("first.pid")).await;
     let mut twin = Command::new("unshare");
     twin.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
@@ -724,15 +686,11 @@ async fn run_in_another_pid_namespace_does_not_adopt(s: Scenario) {
 //     which is no reason to give it a fresh silence window.
 async fn dead_runs_claim_stays_released_after_a_controller_restart(mut s: Scenario) {
     let dir = tempfile::tempdir().expect("dir");
-    let mut run = run_cmd(
-        &s,
-        "restart-ctl",
-        &["--ttl", "8s"],
-        &family_script(dir.path()),
-    )
-    .spawn()
-    .expect("run");
-    let lease = run_lease(&s, "restart-ctl", 30 * SEC, held).await;
+    let mut run = s
+        .run_command("restart-ctl", &["--ttl", "8s"], &family_script(dir.path()))
+        .spawn()
+        .expect("run");
+    let lease = s.run_lease("restart-ctl", 30 * SEC, held).await;
     run.start_kill().expect("SIGKILL");
     let _ = run.wait().await;
     s.wait_phase(&lease.name_any(), Phase::Released, 15 * SEC)
@@ -773,15 +731,14 @@ async fn run_replaces_a_dead_twins_lease_once_released(s: Scenario) {
         .stdin(Stdio::null())
         .kill_on_drop(true);
     let mut twin = twin.spawn().expect("unshare");
-    let old = run_lease(&s, "reborn", 30 * SEC, held).await;
+    let old = s.run_lease("reborn", 30 * SEC, held).await;
     twin.start_kill().expect("SIGKILL");
     let _ = twin.wait().await;
     let died = Instant::now();
     let marker = dir.path().join("token");
     let status = tokio::time::timeout(
         20 * SEC,
-        run_cmd(
-            &s,
+        s.run_command(
             "reborn",
             &["--ttl", "4s"],
             &format!("echo \"$TARGETLEASE_TOKEN\" > {}", marker.display()),
@@ -806,13 +763,15 @@ async fn run_replaces_a_dead_twins_lease_once_released(s: Scenario) {
         .expect("token");
     assert!(token > token_of(&old));
     // A heartbeat of the dead twin (its uid) cannot land on a TargetLease of that name now.
-    let mut retry = run_cmd(&s, "reborn", &["--ttl", "4s"], "sleep 30")
+    let mut retry = s
+        .run_command("reborn", &["--ttl", "4s"], "sleep 30")
         .spawn()
         .expect("run");
-    let new = run_lease(&s, "reborn", 30 * SEC, |l| {
-        held(l) && l.metadata.deletion_timestamp.is_none() && l.uid() != old.uid()
-    })
-    .await;
+    let new = s
+        .run_lease("reborn", 30 * SEC, |l| {
+            held(l) && l.metadata.deletion_timestamp.is_none() && l.uid() != old.uid()
+        })
+        .await;
     assert_eq!(new.name_any(), old.name_any());
     let stale = serde_json::json!({"metadata": {
         "uid": old.uid(),
@@ -846,15 +805,15 @@ async fn run_replaces_a_dead_twins_lease_once_released(s: Scenario) {
 //     while no controller ran within half the TTL of the new one's start.
 async fn controller_restart_keeps_a_live_run_and_frees_a_dead_one(mut s: Scenario) {
     let dir = tempfile::tempdir().expect("dir");
-    let mut run = run_cmd(
-        &s,
-        "failover-target",
-        &["--ttl", "4s"],
-        &family_script(dir.path()),
-    )
-    .spawn()
-    .expect("run");
-    let lease = run_lease(&s, "failover-target", 30 * SEC, held).await;
+    let mut run = s
+        .run_command(
+            "failover-target",
+            &["--ttl", "4s"],
+            &family_script(dir.path()),
+        )
+        .spawn()
+        .expect("run");
+    let lease = s.run_lease("failover-target", 30 * SEC, held).await;
     let child = pid_in(&dir.path().join("child")).await;
     s.controller = None;
     s.controller = Some(s.start_controller(&[]));

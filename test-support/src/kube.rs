@@ -509,7 +509,8 @@ pub fn metric(page: &str, series: &str) -> f64 {
                 .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
         })
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
+        // Not `sum()`: an empty f64 sum is -0.0, which prints as "-0".
+        .fold(0.0, |total, sample| total + sample)
 }
 
 /// A TargetLease manifest; `extra` lines go under `spec`.

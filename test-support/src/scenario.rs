@@ -7,14 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::Client;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use libtest_mimic::Arguments;
 use targetlease::api::{Phase, TargetLease};
 use targetlease::redact::SecretUrl;
 use targetlease::store::TargetRef;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 
-use super::kube::{Cluster, ControllerProcess, await_lease, lease_yaml, phase_of};
+use super::kube::{Cluster, ControllerProcess, await_lease, lease_yaml, phase_of, targetlease_bin};
 use super::server::{Server, ServerKind};
 use super::suite;
 
@@ -144,6 +144,62 @@ impl Scenario {
     /// A target in this namespace.
     pub fn target(&self, target: &str) -> TargetRef {
         TargetRef::new(&self.ns, target).expect("target")
+    }
+
+    /// `targetlease run -n NS --target T EXTRA... -- sh -c SCRIPT` with the cluster's environment
+    /// (reaching the API server directly) and no pod identity; killed on drop.
+    pub fn run_command(
+        &self,
+        target: &str,
+        extra: &[&str],
+        script: &str,
+    ) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(targetlease_bin());
+        command
+            .args(["run", "-n", &self.ns, "--target", target])
+            .args(extra)
+            .args(["--", "sh", "-c", script])
+            .envs(self.cluster.envs())
+            .env_remove("POD_NAME")
+            .env_remove("POD_UID")
+            .env_remove("POD_NAMESPACE")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        command
+    }
+
+    /// The TargetLease a `run` made for `target`, once `pred` holds for it (polled: its name is
+    /// `run`'s to choose).
+    pub async fn run_lease(
+        &self,
+        target: &str,
+        limit: Duration,
+        pred: impl Fn(&TargetLease) -> bool,
+    ) -> TargetLease {
+        let deadline = Instant::now() + limit;
+        loop {
+            let items = self
+                .api()
+                .list(&ListParams::default())
+                .await
+                .expect("list")
+                .items;
+            if let Some(lease) = items
+                .into_iter()
+                .find(|l| l.spec.target == target && pred(l))
+            {
+                return lease;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no TargetLease of a run on {target} got there within {limit:?}\ncontroller log:\n{}",
+                self.controller
+                    .as_ref()
+                    .map(|c| c.logs())
+                    .unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Deletes a TargetLease.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use targetlease::api::{Phase, TargetLease};
 use targetlease::store::{LeaseStore, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS};
@@ -1491,6 +1491,279 @@ async fn same_second_claims_go_in_creation_order(s: Scenario) {
     assert_eq!(next.name_any(), older);
 }
 
+// ---- A slow API server ----
+
+/// Faults seen while a check runs, each (what, of whom) recorded once, with when it was first
+/// seen: the test goes on measuring after the first one, so the report says how far it went.
+#[derive(Default)]
+struct Faults {
+    seen: std::collections::BTreeSet<(String, &'static str)>,
+    lines: Vec<String>,
+}
+
+impl Faults {
+    fn note(&mut self, who: &str, what: &'static str, at: Duration, detail: String) {
+        if self.seen.insert((who.to_owned(), what)) {
+            let detail = if detail.is_empty() {
+                detail
+            } else {
+                format!(": {detail}")
+            };
+            self.lines
+                .push(format!("{who}: {what} at {at:.1?}{detail}"));
+        }
+    }
+}
+
+/// Why `lease` (whose target's store view is `seen`) does not show the truth about its tenure
+/// with `token`: Held with that token, and an `expiresAt` that the store's clock has not passed
+/// and that the store's lease lasts at least until. `None` when it does.
+fn untrue_status(
+    lease: &TargetLease,
+    token: u64,
+    seen: &targetlease::store::Inspection,
+) -> Option<String> {
+    let Some(status) = lease.status.as_ref() else {
+        return Some("no status".to_owned());
+    };
+    let shown = status.fencing_token;
+    if status.phase != Phase::Held || shown != Some(token) {
+        return Some(format!(
+            "{:?} with token {shown:?}, held with {token}",
+            status.phase
+        ));
+    }
+    let Some(view) = seen.lease.as_ref().filter(|v| v.token == token) else {
+        return Some(format!(
+            "the store holds {:?}, not token {token}",
+            seen.lease
+        ));
+    };
+    let Some(expires) = status.expires_at.map(|e| e.as_millisecond()) else {
+        return Some("no expiresAt".to_owned());
+    };
+    let now = i64::try_from(seen.server_time_ms).expect("server time in range");
+    let store_until = now + i64::try_from(view.expires_in_ms).expect("ttl in range");
+    // Both sides are whole milliseconds of the store's clock, each rounded once.
+    if expires <= now || expires > store_until + 2 {
+        return Some(format!(
+            "expiresAt {expires} ms, the store's time {now} ms, its lease until {store_until} ms"
+        ));
+    }
+    None
+}
+
+// Every byte of the controller's API connection arrives 5 s late (a proxy's fixed latency,
+// throughput kept: a slow API server, not a partition) for four TTLs, while ten TargetLeases
+// (TTL 6 s, a renewal every 2 s) and one `targetlease run` (its own API connection direct) hold
+// their targets; Valkey stays fast. Holding must not wait for the API server: no TargetLease
+// leaves Held or changes token; in Valkey every lease keeps its token and never has less than a
+// renewal interval left (which would mean a renewal a whole interval late); no Lost transition
+// is counted; the `run` keeps its command to the end and exits 0 (its heartbeats reach the
+// controller late on the slow watch, which is not a silent holder); and within two TTLs after the
+// latency ends every status is true again: Held, the same token, an expiresAt the store's clock
+// has not passed and the store's lease lasts until.
+async fn slow_api_server_loses_no_lease(mut s: Scenario) {
+    const LEASES: usize = 10;
+    const TTL: Duration = Duration::from_secs(6);
+    const RUN_TARGET: &str = "slow-run-target";
+    let latency = 5 * SEC;
+    let slow_for = 4 * TTL;
+    let floor_ms = u64::try_from(TTL.as_millis() / 3).expect("small");
+
+    // Only the controller reaches the API server through the proxy; this test's client and the
+    // `run` go direct.
+    s.controller().terminate();
+    let proxy = Proxy::start(s.cluster.apiserver_port()).await;
+    let via_proxy = s.cluster.kubeconfig_via(proxy.port);
+    s.controller = Some(s.start_controller_as(&via_proxy, &[]));
+    let http = s.controller().http.clone();
+
+    let names: Vec<String> = (0..LEASES).map(|i| format!("slow-{i}")).collect();
+    let yaml: Vec<String> = names
+        .iter()
+        .map(|n| lease_yaml(&s.ns, n, &format!("{n}-target"), "worker", "ttlSeconds: 6"))
+        .collect();
+    s.cluster.apply(&yaml.join("---\n"));
+    // (name, target, token) of every tenure that must last.
+    let mut tenures = Vec::new();
+    for name in &names {
+        let held = s.wait_phase(name, Phase::Held, 30 * SEC).await;
+        tenures.push((name.clone(), format!("{name}-target"), token_of(&held)));
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let d = dir.path().display();
+    let script = format!(
+        "echo \"$TARGETLEASE_TOKEN\" > {d}/token; while [ ! -e {d}/stop ]; do \
+         date +%s%N >> {d}/ticks; sleep 0.2; done; echo done > {d}/done"
+    );
+    let mut run = s
+        .run_command(RUN_TARGET, &["--ttl", "6s"], &script)
+        .spawn()
+        .expect("run");
+    let run_held = s
+        .run_lease(RUN_TARGET, 30 * SEC, |l| phase_of(l) == Some(Phase::Held))
+        .await;
+    let run_name = run_held.name_any();
+    let deadline = Instant::now() + 30 * SEC;
+    while !dir.path().join("ticks").exists() {
+        assert!(Instant::now() < deadline, "the run's command never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let given = std::fs::read_to_string(dir.path().join("token")).expect("the command's token");
+    assert_eq!(
+        given.trim(),
+        token_of(&run_held).to_string(),
+        "TARGETLEASE_TOKEN"
+    );
+    tenures.push((run_name, RUN_TARGET.to_owned(), token_of(&run_held)));
+    let lost = || scraped(&http, "targetlease_transitions_total{phase=\"Lost\"}");
+    let lost_before = lost();
+
+    let store = s.store().await;
+    let mut faults = Faults::default();
+    let mut lowest = std::collections::BTreeMap::new();
+    let mut samples = 0u32;
+    proxy.set(Mode::Latency(latency));
+    let slowed = Instant::now();
+    while slowed.elapsed() < slow_for {
+        let at = slowed.elapsed();
+        let listed = s
+            .api()
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items;
+        for (name, target, token) in &tenures {
+            match listed.iter().find(|l| l.name_any() == *name) {
+                None => faults.note(name, "TargetLease gone", at, String::new()),
+                Some(l) => {
+                    let shown = l.status.as_ref().map(|st| (st.phase, st.fencing_token));
+                    if shown != Some((Phase::Held, Some(*token))) {
+                        let reason = condition(l, "Ready").map(|c| c.reason.clone());
+                        faults.note(
+                            name,
+                            "status left Held",
+                            at,
+                            format!("{shown:?} ({reason:?}), held with {token}"),
+                        );
+                    }
+                }
+            }
+            match store
+                .inspect(&s.target(target))
+                .await
+                .expect("inspect")
+                .lease
+            {
+                None => faults.note(name, "lease gone from the store", at, String::new()),
+                Some(v) if v.token != *token => faults.note(
+                    name,
+                    "another token in the store",
+                    at,
+                    format!("{} instead of {token}", v.token),
+                ),
+                Some(v) => {
+                    let low = lowest.entry(name.clone()).or_insert(u64::MAX);
+                    *low = (*low).min(v.expires_in_ms);
+                    if v.expires_in_ms < floor_ms {
+                        faults.note(
+                            name,
+                            "renewed late",
+                            at,
+                            format!("{} ms left of a {TTL:?} TTL", v.expires_in_ms),
+                        );
+                    }
+                }
+            }
+        }
+        if let Some(status) = run.try_wait().expect("run status") {
+            faults.note("run", "exited during the latency", at, format!("{status}"));
+        }
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    proxy.set(Mode::Pass);
+    let healed = Instant::now();
+    std::fs::write(dir.path().join("stop"), "").expect("stop the run's command");
+
+    // Every status true again, within two TTLs.
+    let mut recovered = None;
+    let mut untrue = Vec::new();
+    while healed.elapsed() < 2 * TTL {
+        untrue.clear();
+        for (name, target, token) in &tenures[..LEASES] {
+            let lease = s.get(name).await;
+            let seen = store.inspect(&s.target(target)).await.expect("inspect");
+            if let Some(why) = untrue_status(&lease, *token, &seen) {
+                untrue.push((name.clone(), why));
+            }
+        }
+        if untrue.is_empty() {
+            recovered = Some(healed.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (name, why) in untrue {
+        faults.note(
+            &name,
+            "status not true two TTLs after the latency ended",
+            healed.elapsed(),
+            why,
+        );
+    }
+    let run_exit = tokio::time::timeout(60 * SEC, run.wait())
+        .await
+        .expect("the run exits once its command ended")
+        .expect("run status");
+    if run_exit.code() != Some(0) || !dir.path().join("done").exists() {
+        faults.note(
+            "run",
+            "did not finish its command",
+            healed.elapsed(),
+            format!(
+                "{run_exit}, done marker: {}",
+                dir.path().join("done").exists()
+            ),
+        );
+    }
+    let lost_during = lost() - lost_before;
+    if lost_during > 0.0 {
+        faults.note(
+            "controller",
+            "counted Lost transitions",
+            healed.elapsed(),
+            format!("{lost_during}"),
+        );
+    }
+    let ticks: Vec<u64> = std::fs::read_to_string(dir.path().join("ticks"))
+        .expect("ticks")
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let widest_gap = ticks.windows(2).map(|w| w[1].saturating_sub(w[0])).max();
+    let page = http_get(&http, "/metrics").expect("metrics").1;
+    eprintln!(
+        "{samples} samples over {slow_for:?} at {latency:?} latency; lowest time left in the \
+         store (ms) per lease: {lowest:?} (floor {floor_ms}); statuses true {recovered:?} after \
+         the latency ended; run exited {run_exit} after {} ticks, widest gap {:?} ms; Lost \
+         transitions {lost_during}; reconciles: ok {}, timeout {}, kube {}; status writes {}",
+        ticks.len(),
+        widest_gap.map(|g| g / 1_000_000),
+        metric(&page, "targetlease_reconciles_total{result=\"ok\"}"),
+        metric(&page, "targetlease_reconciles_total{result=\"timeout\"}"),
+        metric(&page, "targetlease_reconciles_total{result=\"kube\"}"),
+        metric(&page, "targetlease_status_writes_total"),
+    );
+    assert!(samples >= 20, "only {samples} samples in {slow_for:?}");
+    assert!(
+        faults.lines.is_empty(),
+        "with every API request of the controller {latency:?} late:\n{}",
+        faults.lines.join("\n")
+    );
+}
+
 fn main() {
     let scenarios = scenarios![
         apply_leads_to_held,
@@ -1515,6 +1788,7 @@ fn main() {
         failing_claim_is_judged_by_the_measured_expiry,
         give_up_under_conflicts_never_shows_two_held,
         same_second_claims_go_in_creation_order,
+        slow_api_server_loses_no_lease,
     ];
     run_suite("controller", scenarios.to_vec());
 }

@@ -1,18 +1,20 @@
 //! The status-write budget: what the controller asks of the API server, by priority. A grant,
 //! a loss or a release (a transition) is always written; moving a held lease's `expiresAt`
 //! forward (a refresh) is written only while the API server keeps up; an Event only while it is
-//! idle enough. When writes get slow (their latency, smoothed, above [`SLOW`]) or fail with a
-//! sign of overload (a timeout, 429, a 5xx), refreshes and Events are shed for a back-off window
-//! that doubles while the trouble lasts (1 s to 30 s), so a slow API server gets fewer writes
-//! from this controller, not more. Renewals never wait for any of this (see
-//! [`renewals`](super::renewals)): a shed refresh only leaves `expiresAt` behind, never a lease
-//! unrenewed.
+//! idle enough. The API server counts as slow while the write sent last (of those answered)
+//! took longer than [`SLOW`]: refreshes then go one at a time, as probes, and Events are
+//! dropped, until a probe comes back in time. After an answer that says the API server is
+//! overloaded (429, a 5xx, no answer), refreshes and Events wait for a back-off window that
+//! doubles while such answers go on (1 s to 30 s). So a slow API server gets fewer writes from
+//! this controller, not more, and the refreshes resume one round trip after it recovers.
+//! Renewals never wait for any of this (see [`renewals`](super::renewals)): a shed refresh only
+//! leaves `expiresAt` behind, never a lease unrenewed.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// Write latency (smoothed) above which the API server counts as slow.
+/// A write answered later than this counts as slow.
 pub const SLOW: Duration = Duration::from_secs(1);
 
 /// Writes in flight at once above which refreshes wait.
@@ -37,12 +39,24 @@ pub enum Priority {
 
 #[derive(Debug)]
 struct Health {
-    /// Smoothed latency of recent writes.
-    latency: Duration,
-    /// Refreshes and Events are shed until then.
-    shed_until: Option<Instant>,
-    /// The current back-off window.
+    /// The answered write that was sent last: when, and how long it took.
+    latest: Option<(Instant, Duration)>,
+    /// After an overloaded answer, refreshes and Events wait until then.
+    overloaded_until: Option<Instant>,
+    /// The next back-off window.
     backoff: Duration,
+    /// Whether a probe (a refresh let through while slow) is in flight.
+    probing: bool,
+}
+
+impl Health {
+    fn slow(&self) -> bool {
+        self.latest.is_some_and(|(_, took)| took > SLOW)
+    }
+
+    fn overloaded(&self, now: Instant) -> bool {
+        self.overloaded_until.is_some_and(|until| now < until)
+    }
 }
 
 /// Shared by every reconcile; no clock of its own (each call is given `now`).
@@ -57,9 +71,10 @@ impl Default for StatusBudget {
         Self {
             in_flight: AtomicUsize::new(0),
             health: Mutex::new(Health {
-                latency: Duration::ZERO,
-                shed_until: None,
+                latest: None,
+                overloaded_until: None,
                 backoff: FIRST_BACKOFF,
+                probing: false,
             }),
         }
     }
@@ -70,21 +85,24 @@ impl Default for StatusBudget {
 #[must_use]
 pub struct Admitted<'a> {
     budget: &'a StatusBudget,
-    started: Instant,
+    sent: Instant,
+    probe: bool,
 }
 
 impl Admitted<'_> {
     /// Records how the write went: `overloaded` when it failed in a way that says the API server
     /// is overloaded (see [`is_overload`]).
     pub fn done(self, now: Instant, overloaded: bool) {
-        self.budget
-            .record(now.saturating_duration_since(self.started), overloaded, now);
+        self.budget.record(self.sent, now, overloaded);
     }
 }
 
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
         self.budget.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if self.probe {
+            self.budget.health().probing = false;
+        }
     }
 }
 
@@ -106,45 +124,55 @@ impl StatusBudget {
     /// Whether a write of `priority` may go now; `None` means shed it (a refresh is tried again
     /// after [`StatusBudget::retry_after`], an Event is dropped).
     pub fn admit(&self, priority: Priority, now: Instant) -> Option<Admitted<'_>> {
+        let mut probe = false;
         if priority != Priority::Transition {
-            let in_flight = self.in_flight.load(Ordering::SeqCst);
             let limit = match priority {
                 Priority::Event => EVENT_IN_FLIGHT,
                 _ => REFRESH_IN_FLIGHT,
             };
-            let health = self.health();
-            let shedding = health.shed_until.is_some_and(|until| now < until);
-            if shedding || health.latency > SLOW || in_flight >= limit {
+            let mut health = self.health();
+            if health.overloaded(now) || self.in_flight.load(Ordering::SeqCst) >= limit {
                 return None;
+            }
+            if health.slow() {
+                if priority == Priority::Event || health.probing {
+                    return None;
+                }
+                health.probing = true;
+                probe = true;
             }
         }
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         Some(Admitted {
             budget: self,
-            started: now,
+            sent: now,
+            probe,
         })
     }
 
-    /// When a shed refresh should be tried again: at the end of the back-off window, or in a
-    /// second (the latency or the writes in flight must drop first).
+    /// When a shed refresh should be tried again: at the end of the back-off window, or after
+    /// the last write's round trip (at least a second, at most the longest window).
     pub fn retry_after(&self, now: Instant) -> Duration {
         let health = self.health();
+        if let Some(until) = health.overloaded_until.filter(|until| now < *until) {
+            return until - now;
+        }
         health
-            .shed_until
-            .map(|until| until.saturating_duration_since(now))
-            .filter(|left| !left.is_zero())
-            .unwrap_or(FIRST_BACKOFF)
+            .latest
+            .map_or(FIRST_BACKOFF, |(_, took)| took)
+            .clamp(FIRST_BACKOFF, LONGEST_BACKOFF)
     }
 
-    fn record(&self, took: Duration, overloaded: bool, now: Instant) {
+    fn record(&self, sent: Instant, answered: Instant, overloaded: bool) {
         let mut health = self.health();
-        // An exponentially weighted mean over about the last five writes.
-        health.latency = (health.latency * 4 + took) / 5;
-        if overloaded || took > SLOW {
-            health.shed_until = Some(now + health.backoff);
+        // Only news counts: a write sent before the latest one answered says less about now.
+        if health.latest.is_none_or(|(latest, _)| sent >= latest) {
+            health.latest = Some((sent, answered.saturating_duration_since(sent)));
+        }
+        if overloaded {
+            health.overloaded_until = Some(answered + health.backoff);
             health.backoff = (health.backoff * 2).min(LONGEST_BACKOFF);
-        } else if health.shed_until.is_none_or(|until| now >= until) {
-            health.shed_until = None;
+        } else if !health.slow() {
             health.backoff = FIRST_BACKOFF;
         }
     }
@@ -184,53 +212,81 @@ mod tests {
     }
 
     #[test]
-    fn a_slow_api_server_gets_fewer_writes_until_it_recovers() {
+    fn a_slow_api_server_gets_probes_until_it_recovers() {
         let budget = StatusBudget::default();
-        let mut now = Instant::now();
-        // Five writes of 3 s each: slow.
-        for _ in 0..5 {
-            budget
-                .admit(Priority::Transition, now)
-                .expect("transition")
-                .done(now + 3000 * MS, false);
-        }
-        now += 3000 * MS;
-        assert!(budget.admit(Priority::Refresh, now).is_none());
-        assert!(budget.admit(Priority::Event, now).is_none());
+        let t0 = Instant::now();
+        // A write that took 3 s: slow.
+        budget
+            .admit(Priority::Transition, t0)
+            .expect("transition")
+            .done(t0 + 3000 * MS, false);
+        let now = t0 + 3000 * MS;
+        assert!(
+            budget.admit(Priority::Event, now).is_none(),
+            "no Events while slow"
+        );
         assert!(budget.admit(Priority::Transition, now).is_some());
-        let wait = budget.retry_after(now);
-        assert!(wait > Duration::ZERO && wait <= LONGEST_BACKOFF, "{wait:?}");
-        // The back-off doubled at each slow write, up to its bound.
-        assert_eq!(budget.health().backoff, Duration::from_secs(30));
-        // Fast writes again: the smoothed latency falls, then the window ends.
-        for _ in 0..20 {
-            budget
-                .admit(Priority::Transition, now)
-                .expect("transition")
-                .done(now + 10 * MS, false);
-        }
+        // One refresh at a time goes, as a probe.
+        let probe = budget.admit(Priority::Refresh, now).expect("a probe");
         assert!(
             budget.admit(Priority::Refresh, now).is_none(),
-            "still in the window"
+            "one probe at a time"
         );
-        now += LONGEST_BACKOFF;
-        budget
-            .admit(Priority::Transition, now)
-            .expect("transition")
-            .done(now + 10 * MS, false);
-        assert!(budget.admit(Priority::Refresh, now + 10 * MS).is_some());
-        assert_eq!(budget.health().backoff, FIRST_BACKOFF);
+        assert_eq!(budget.retry_after(now), Duration::from_secs(3));
+        // A write sent before the probe answers slowly after it: old news, ignored.
+        let late = budget
+            .admit(Priority::Transition, now - 10 * MS)
+            .expect("transition");
+        probe.done(now + 20 * MS, false);
+        late.done(now + 5000 * MS, false);
+        // The probe came back in time: refreshes and Events go again.
+        let later = now + 5000 * MS;
+        let first = budget.admit(Priority::Refresh, later).expect("refresh");
+        let second = budget.admit(Priority::Refresh, later).expect("refresh");
+        assert!(budget.admit(Priority::Event, later).is_some());
+        drop((first, second));
     }
 
     #[test]
-    fn an_overloaded_answer_sheds_at_once() {
+    fn a_probe_that_never_answers_lets_the_next_one_go() {
         let budget = StatusBudget::default();
-        let now = Instant::now();
+        let t0 = Instant::now();
+        budget
+            .admit(Priority::Transition, t0)
+            .expect("transition")
+            .done(t0 + 2000 * MS, false);
+        let now = t0 + 2000 * MS;
+        drop(budget.admit(Priority::Refresh, now).expect("a probe"));
+        assert!(
+            budget.admit(Priority::Refresh, now).is_some(),
+            "the next probe"
+        );
+    }
+
+    #[test]
+    fn overloaded_answers_shed_for_a_doubling_window() {
+        let budget = StatusBudget::default();
+        let mut now = Instant::now();
+        for window in [1, 2, 4, 8, 16, 30, 30] {
+            budget
+                .admit(Priority::Transition, now)
+                .expect("transition")
+                .done(now + 5 * MS, true);
+            now += 5 * MS;
+            assert!(budget.admit(Priority::Refresh, now).is_none());
+            assert_eq!(budget.retry_after(now), Duration::from_secs(window));
+            now += Duration::from_secs(window);
+            assert!(budget.admit(Priority::Refresh, now).is_some(), "{window} s");
+        }
+        // A good answer resets the window.
         budget
             .admit(Priority::Transition, now)
             .expect("transition")
-            .done(now + 5 * MS, true);
-        assert!(budget.admit(Priority::Refresh, now + 10 * MS).is_none());
-        assert!(budget.admit(Priority::Refresh, now + 1100 * MS).is_some());
+            .done(now + 5 * MS, false);
+        budget
+            .admit(Priority::Transition, now + 5 * MS)
+            .expect("transition")
+            .done(now + 10 * MS, true);
+        assert_eq!(budget.retry_after(now + 10 * MS), FIRST_BACKOFF);
     }
 }

@@ -1244,18 +1244,29 @@ async fn deleted_leader_lease_never_two_leaders(mut s: Scenario) {
 /// there, and the holder-pod rights (get, list, watch) only when `pods` is set; applying it
 /// again changes the rights in place. Answers a kubeconfig for it.
 fn controller_account(s: &Scenario, name: &str, pods: bool) -> std::path::PathBuf {
+    controller_account_with(s, name, pods, true)
+}
+
+/// [`controller_account`], with or without the right to write TargetLease statuses.
+fn controller_account_with(
+    s: &Scenario,
+    name: &str,
+    pods: bool,
+    status: bool,
+) -> std::path::PathBuf {
     let ns = &s.ns;
     let pod_rule = if pods {
         "- {apiGroups: [\"\"], resources: [pods], verbs: [get, list, watch]}\n"
     } else {
         ""
     };
+    let status_verbs = if status { "[patch]" } else { "[get]" };
     s.cluster.apply(&format!(
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {name}, namespace: {ns}}}\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: {name}, namespace: {ns}}}\n\
          rules:\n\
          - {{apiGroups: [targetlease.dev], resources: [targetleases], verbs: [list, watch, patch]}}\n\
-         - {{apiGroups: [targetlease.dev], resources: [targetleases/status], verbs: [patch]}}\n\
+         - {{apiGroups: [targetlease.dev], resources: [targetleases/status], verbs: {status_verbs}}}\n\
          - {{apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}}\n\
          {pod_rule}---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {name}, namespace: {ns}}}\n\
@@ -1263,19 +1274,88 @@ fn controller_account(s: &Scenario, name: &str, pods: bool) -> std::path::PathBu
          subjects: [{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]\n"
     ));
     let user = format!("system:serviceaccount:{ns}:{name}");
-    let want = if pods { "yes" } else { "no" };
-    let deadline = Instant::now() + 10 * SEC;
-    loop {
-        let out = s
-            .cluster
-            .kubectl(&["auth", "can-i", "get", "pods", "-n", ns, "--as", &user]);
-        if String::from_utf8_lossy(&out.stdout).trim() == want {
-            break;
+    let rights = [
+        (["get", "pods", ""], pods),
+        (["patch", "targetleases.targetlease.dev", "status"], status),
+    ];
+    for ([verb, resource, subresource], granted) in rights {
+        let want = if granted { "yes" } else { "no" };
+        let deadline = Instant::now() + 10 * SEC;
+        let sub = format!("--subresource={subresource}");
+        loop {
+            let out = s.cluster.kubectl(&[
+                "auth", "can-i", verb, resource, &sub, "-n", ns, "--as", &user,
+            ]);
+            if String::from_utf8_lossy(&out.stdout).trim() == want {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{verb} {resource} never became {want}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
         }
-        assert!(Instant::now() < deadline, "pod rights never became {want}");
-        std::thread::sleep(Duration::from_millis(100));
     }
     s.cluster.service_account_kubeconfig(ns, name)
+}
+
+// A grant whose status write is refused is not granted again: the controller renews what the
+// store granted from the moment it answered, and publishes that very grant once it may write
+// (here its right to write statuses is withdrawn for four TTLs). A controller that renewed only
+// what a status showed let the grant expire and took a second one with a larger token, and a
+// late write of the first then stood beside the second in the store (renewals of it answered
+// "another claim holds the target").
+async fn refused_status_write_takes_no_second_grant(mut s: Scenario) {
+    let kubeconfig = controller_account_with(&s, "no-status", true, false);
+    s.controller().terminate();
+    s.controller = Some(s.start_controller_as(&kubeconfig, &[]));
+    s.apply("unwritten", "unwritten-target", "worker-1", "ttlSeconds: 3");
+    let store = s.store().await;
+    let target = s.target("unwritten-target");
+    let start = Instant::now();
+    let first = loop {
+        let seen = store.inspect(&target).await.expect("inspect");
+        if let Some(lease) = seen.lease {
+            break lease.token;
+        }
+        assert!(
+            start.elapsed() < 30 * SEC,
+            "the store never granted the target"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut tokens = std::collections::BTreeSet::from([first]);
+    let watched = Instant::now();
+    while watched.elapsed() < 12 * SEC {
+        let seen = store.inspect(&target).await.expect("inspect");
+        match seen.lease {
+            Some(lease) => {
+                tokens.insert(lease.token);
+            }
+            None => panic!(
+                "the grant expired {:?} after it was made: it was not renewed while its status \
+                 write was refused",
+                watched.elapsed()
+            ),
+        }
+        let lease = s.get("unwritten").await;
+        assert_ne!(
+            phase_of(&lease),
+            Some(Phase::Held),
+            "written without the right"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(tokens.len(), 1, "granted again: tokens {tokens:?}");
+    controller_account_with(&s, "no-status", true, true);
+    let held = s.wait_phase("unwritten", Phase::Held, 60 * SEC).await;
+    assert_eq!(
+        token_of(&held),
+        first,
+        "published another grant than the first"
+    );
+    let seen = store.inspect(&target).await.expect("inspect");
+    assert_eq!(seen.lease.map(|l| l.token), Some(first));
 }
 
 // A holder pod the controller can no longer read (its pod rights removed, then a restart that
@@ -1785,6 +1865,7 @@ fn main() {
         stuck_leader_exits_on_sigterm,
         deleted_leader_lease_never_two_leaders,
         unreadable_holder_pod_keeps_renewing,
+        refused_status_write_takes_no_second_grant,
         failing_claim_is_judged_by_the_measured_expiry,
         give_up_under_conflicts_never_shows_two_held,
         same_second_claims_go_in_creation_order,

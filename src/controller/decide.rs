@@ -144,7 +144,12 @@ pub fn plan(claim: &Claim<'_>, facts: &Facts) -> Plan {
     {
         return Plan::GiveUp { reason, message };
     }
-    let kept = facts.kept.as_ref();
+    // Only a tenure of this very claim: not one of a deleted object of the same name.
+    let kept = facts.kept.as_ref().filter(|k| {
+        k.handle.lease_id == claim.lease_id
+            && k.handle.target == claim.target
+            && k.handle.owner == claim.owner
+    });
     if let Some(handle) = claim.held_handle() {
         return match kept {
             Some(k) if k.handle == handle => Plan::Judge(k.clone()),

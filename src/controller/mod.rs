@@ -206,6 +206,7 @@ pub async fn run(
         leadership: leadership.clone(),
         wake: wake.clone(),
         concurrency: settings.renewal_concurrency,
+        leases: leases.clone(),
     });
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),

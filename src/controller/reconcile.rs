@@ -436,7 +436,7 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
             // The scheduler renews it at once and wakes this claim with the answer.
             decide::renew_interval(claim.ttl())
         }
-        Plan::Judge(standing) => judge(&claim, ctx, standing, unknown).await?,
+        Plan::Judge(standing) => judge(&claim, ctx, standing, &facts).await?,
         Plan::Publish(standing) => {
             let step = decide::after_acquire(&claim, &AcquireOutcome::Acquired(standing.grant));
             let observed = step.observed.holder_unknown(unknown);
@@ -465,12 +465,12 @@ fn in_line_after(claim: &Claim<'_>, ctx: &Context) -> Option<(String, String)> {
 }
 
 /// Writes what the renewal scheduler last heard of the tenure the status records; answers when
-/// to look again. `holder_unknown` says why the holder's fate is unknown, if it is.
+/// to look again.
 async fn judge(
     claim: &Claim<'_>,
     ctx: &Context,
     standing: Standing,
-    holder_unknown: Option<&str>,
+    facts: &Facts,
 ) -> Result<Duration, Error> {
     let key = ObjectRef::from_obj(claim.lease);
     let outcome = match standing.state {
@@ -490,13 +490,23 @@ async fn judge(
         State::Lost(reason) => RenewOutcome::Lost { reason },
     };
     let step = decide::after_renew(claim, &standing.handle, &outcome);
-    let observed = step.observed.holder_unknown(holder_unknown);
+    let observed = step
+        .observed
+        .holder_unknown(facts.holder_unknown.as_deref());
     let written = claim.settle(ctx, observed, step.event).await?;
-    if matches!(outcome, RenewOutcome::Lost { .. }) {
-        // Written Lost: the next reconcile claims the target again.
-        ctx.renewals.stop(&key);
-    }
-    Ok(written.next(step.next))
+    let next = match outcome {
+        RenewOutcome::Lost { .. } => {
+            // Written Lost: the next reconcile claims the target again.
+            ctx.renewals.stop(&key);
+            step.next
+        }
+        // The renewal may be up to an interval old: the maxHoldSeconds bound is counted from
+        // the store's clock now.
+        RenewOutcome::Renewed { .. } => facts
+            .server_now
+            .map_or(step.next, |now| decide::next_check(claim, now)),
+    };
+    Ok(written.next(next))
 }
 
 /// The highest token any TargetLease status has shown for this target: the floor for the next

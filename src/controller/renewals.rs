@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
@@ -153,6 +153,7 @@ struct Shared {
     leadership: Leadership,
     wake: UnboundedSender<ObjectRef<TargetLease>>,
     in_flight: Arc<Semaphore>,
+    leases: Store<TargetLease>,
 }
 
 /// The renewal scheduler's handle, shared by the reconciles. Cheap to clone.
@@ -175,6 +176,9 @@ pub struct Wiring {
     pub wake: UnboundedSender<ObjectRef<TargetLease>>,
     /// Renewals in flight at most.
     pub concurrency: usize,
+    /// The controller's cache: a tenure whose TargetLease is gone from it (deleted without the
+    /// controller's finalizer, or replaced by another object of that name) is renewed no more.
+    pub leases: Store<TargetLease>,
 }
 
 impl Renewals {
@@ -189,6 +193,7 @@ impl Renewals {
             leadership: wiring.leadership,
             wake: wiring.wake,
             in_flight: Arc::new(Semaphore::new(wiring.concurrency.max(1))),
+            leases: wiring.leases,
         });
         let renewals = Self {
             shared: shared.clone(),
@@ -214,6 +219,8 @@ impl Renewals {
         if let Some(kept) = book.kept.get_mut(lease)
             && kept.standing.handle == handle
         {
+            // The spec's TTL may have changed: the next renewal asks for the new one.
+            kept.ttl = ttl;
             kept.published_ms = published_ms.or(kept.published_ms);
             return;
         }
@@ -350,6 +357,17 @@ fn take_due(shared: &Shared) -> Option<Due> {
     let key = book.schedule.remove(&slot)?;
     let kept = book.kept.get_mut(&key)?;
     kept.slot = None;
+    let wanted = shared.leases.get(&key).is_some_and(|lease| {
+        lease.metadata.uid.as_deref() == Some(kept.standing.handle.lease_id.expose())
+    });
+    if !wanted {
+        // Its TargetLease is gone: the lease runs out at its TTL.
+        debug!(lease = %key.name, "not renewed: its TargetLease is gone");
+        book.kept.remove(&key);
+        let kept = book.kept.len();
+        shared.metrics.kept_leases(kept);
+        return None;
+    }
     Some(Due {
         handle: kept.standing.handle.clone(),
         ttl: kept.ttl,
@@ -499,6 +517,19 @@ mod tests {
     async fn kept_leases_are_renewed_without_reconciles() {
         let store = Arc::new(MemoryStore::new());
         let (wake, mut woken) = tokio::sync::mpsc::unbounded_channel();
+        let (leases, mut cache) = kube::runtime::reflector::store();
+        for name in ["a", "b", "c", "gone"] {
+            let mut lease = TargetLease::new(name, crate::api::test_spec(name, "w"));
+            lease.metadata.namespace = Some("ns".into());
+            // "gone" was deleted and another object of that name made: its uid differs.
+            let uid = if name == "gone" {
+                "uid-of-another-object".to_owned()
+            } else {
+                format!("uid-{name}")
+            };
+            lease.metadata.uid = Some(uid);
+            cache.apply_watcher_event(&kube::runtime::watcher::Event::Apply(lease));
+        }
         let (renewals, scheduler) = Renewals::new(Wiring {
             store: store.clone(),
             metrics: Arc::new(Metrics::new()),
@@ -506,6 +537,7 @@ mod tests {
             leadership: Leadership::unconditional(),
             wake,
             concurrency: 2,
+            leases,
         });
         let _scheduler = tokio::spawn(scheduler);
         let ttl = Ttl::new(Duration::from_secs(1)).expect("ttl");
@@ -527,8 +559,33 @@ mod tests {
             );
             handles.push(handle);
         }
+        // A tenure whose TargetLease is no longer in the cache (deleted without the finalizer,
+        // another object made under its name) is not renewed.
+        let (gone, grant) = granted(&store, "gone", ttl).await;
+        let now = Instant::now();
+        let reading = Reading {
+            sent: now,
+            answered: now,
+            server_ms: grant.server_time_ms,
+        };
+        renewals.keep(
+            &key("gone"),
+            gone,
+            ttl,
+            None,
+            Start::Granted { grant, reading },
+        );
         // Four TTLs.
         tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(renewals.standing(&key("gone")).is_none());
+        let seen = store
+            .inspect(&TargetRef::new("ns", "gone").expect("target"))
+            .await
+            .expect("inspect");
+        assert!(
+            seen.lease.is_none(),
+            "a lease of a gone TargetLease was renewed"
+        );
         for (name, handle) in ["a", "b", "c"].iter().zip(&handles) {
             let standing = renewals.standing(&key(name)).expect("kept");
             assert_eq!(standing.state, State::Renewed, "{name}");

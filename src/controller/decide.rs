@@ -247,17 +247,26 @@ pub fn renew_interval(ttl: Duration) -> Duration {
 /// comes first; `now` is the store's clock (the tenure's start is in it).
 pub fn next_check(claim: &Claim<'_>, now: Timestamp) -> Duration {
     let renew = renew_interval(claim.ttl());
-    let acquired = claim.status.and_then(|s| s.acquired_at);
-    match (claim.lease.spec.max_hold_seconds, acquired) {
-        (Some(max), Some(acquired)) => {
-            let held_ms = now.duration_since(acquired).as_millis().max(0);
-            let left_ms = (i128::from(max) * 1000 - held_ms).max(0);
-            renew.min(Duration::from_millis(
-                u64::try_from(left_ms).unwrap_or(u64::MAX),
-            ))
-        }
-        _ => renew,
-    }
+    max_hold_left(claim, now).map_or(renew, |left| renew.min(left))
+}
+
+/// When to look again at a held lease the renewal scheduler keeps: it wakes the claim whenever
+/// its answer needs a status write, so only the `maxHoldSeconds` bound needs a timer, and a TTL
+/// is the longest wait (a safety net, not a schedule).
+pub fn next_check_kept(claim: &Claim<'_>, now: Timestamp) -> Duration {
+    let ttl = claim.ttl();
+    max_hold_left(claim, now).map_or(ttl, |left| ttl.min(left))
+}
+
+/// What is left of the `maxHoldSeconds` bound at `now` (the store's clock), if there is one.
+fn max_hold_left(claim: &Claim<'_>, now: Timestamp) -> Option<Duration> {
+    let max = claim.lease.spec.max_hold_seconds?;
+    let acquired = claim.status.and_then(|s| s.acquired_at)?;
+    let held_ms = now.duration_since(acquired).as_millis().max(0);
+    let left_ms = (i128::from(max) * 1000 - held_ms).max(0);
+    Some(Duration::from_millis(
+        u64::try_from(left_ms).unwrap_or(u64::MAX),
+    ))
 }
 
 /// A claim with a heartbeat is looked at again when it would go stale, so a crashed `run`'s

@@ -504,7 +504,7 @@ async fn judge(
         // the store's clock now.
         RenewOutcome::Renewed { .. } => facts
             .server_now
-            .map_or(step.next, |now| decide::next_check(claim, now)),
+            .map_or(step.next, |now| decide::next_check_kept(claim, now)),
     };
     Ok(written.next(next))
 }

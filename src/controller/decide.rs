@@ -393,11 +393,13 @@ pub fn known_valid_for(
         .left_until(published.min(measured.granted_until_ms), now)
 }
 
-/// The [`Measured`] answers of this process, per TargetLease. Shared by the reconciles and the
-/// error policy; holds no clock of its own.
+/// The [`Measured`] answers of this process, per TargetLease, and the latest reading of the
+/// store's clock per target. Shared by the reconciles, the renewal scheduler and the error
+/// policy; holds no clock of its own.
 #[derive(Default)]
 pub struct Measurements {
     by_claim: Mutex<HashMap<ObjectRef<TargetLease>, Measured>>,
+    by_target: Mutex<HashMap<TargetRef, Reading>>,
 }
 
 impl Measurements {
@@ -405,27 +407,42 @@ impl Measurements {
         self.by_claim.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records what the store answered for `lease`.
-    pub fn record(&self, lease: &TargetLease, measured: Measured) {
-        self.record_for(&ObjectRef::from_obj(lease), measured);
+    fn targets(&self) -> std::sync::MutexGuard<'_, HashMap<TargetRef, Reading>> {
+        self.by_target.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records what the store answered for the TargetLease `lease` refers to.
-    pub fn record_for(&self, lease: &ObjectRef<TargetLease>, measured: Measured) {
+    /// Records what the store answered for `lease` on `target`.
+    pub fn record(&self, lease: &TargetLease, target: &TargetRef, measured: Measured) {
+        self.record_for(&ObjectRef::from_obj(lease), target, measured);
+    }
+
+    /// Records what the store answered for the TargetLease `lease` refers to, on `target`.
+    pub fn record_for(
+        &self,
+        lease: &ObjectRef<TargetLease>,
+        target: &TargetRef,
+        measured: Measured,
+    ) {
         self.lock().insert(lease.clone(), measured);
+        self.record_clock(target, measured.reading);
     }
 
-    /// Records a reading of the store's clock for `lease` that granted nothing (an inspect), so
-    /// that the target's clock is read once, not before every acquire. It never replaces a
-    /// tenure's answer, and it makes no tenure known valid (no status shows token 0).
-    pub fn record_clock(&self, lease: &TargetLease, reading: Reading) {
-        self.lock()
-            .entry(ObjectRef::from_obj(lease))
-            .or_insert(Measured {
-                token: 0,
-                reading,
-                granted_until_ms: 0,
-            });
+    /// Records a reading of the store's clock on `target` (any answer that carries the store's
+    /// time, an inspect too), so that its clock is read once, not before every acquire; the
+    /// latest answered is kept. It makes no tenure known valid.
+    pub fn record_clock(&self, target: &TargetRef, reading: Reading) {
+        let mut targets = self.targets();
+        let latest = targets.entry(target.clone()).or_insert(reading);
+        if reading.answered > latest.answered {
+            *latest = reading;
+        }
+    }
+
+    /// The latest reading of the store's clock measured on `target`: it outlives the claims it
+    /// was measured for, so a hand-over (the holder deleted, its waiter acquiring) needs no
+    /// extra call to read the clock.
+    pub fn clock_of(&self, target: &TargetRef) -> Option<Reading> {
+        self.targets().get(target).copied()
     }
 
     /// The last answer measured for `lease`.
@@ -441,6 +458,11 @@ impl Measurements {
     /// Forgets a deleted TargetLease.
     pub fn forget(&self, lease: &ObjectRef<TargetLease>) {
         self.lock().remove(lease);
+    }
+
+    /// Forgets the clock of a target no TargetLease names any more.
+    pub fn forget_target(&self, target: &TargetRef) {
+        self.targets().remove(target);
     }
 }
 

@@ -532,12 +532,7 @@ async fn min_token(claim: &Claim<'_>, ctx: &Context) -> Result<u64, Error> {
     if tokens.is_empty() {
         return Ok(0);
     }
-    let measured = on_target
-        .iter()
-        .filter_map(|other| ctx.measurements.of(other))
-        .map(|m| m.reading)
-        .max_by_key(|r| r.answered);
-    let reading = match measured {
+    let reading = match ctx.measurements.clock_of(&claim.target) {
         Some(reading) => reading,
         None => {
             let answer = store_call(ctx, "inspect", ctx.store.inspect(&claim.target)).await?;
@@ -545,7 +540,7 @@ async fn min_token(claim: &Claim<'_>, ctx: &Context) -> Result<u64, Error> {
                 Ok(seen) => answer.reading(seen.server_time_ms),
                 Err(e) => return Err(claim.fail(ctx, e.clone()).await),
             };
-            ctx.measurements.record_clock(claim.lease, reading);
+            ctx.measurements.record_clock(&claim.target, reading);
             reading
         }
     };
@@ -588,8 +583,11 @@ async fn acquire(
     };
     if let AcquireOutcome::Acquired(grant) = outcome {
         let reading = answer.reading(grant.server_time_ms);
-        ctx.measurements
-            .record(claim.lease, Measured::granted(grant, reading));
+        ctx.measurements.record(
+            claim.lease,
+            &claim.target,
+            Measured::granted(grant, reading),
+        );
         // Renewed from now on whatever becomes of the status write below: if it fails, the
         // next reconcile publishes this grant instead of asking for another.
         let handle = LeaseHandle {
@@ -778,6 +776,12 @@ async fn cleanup(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
     ctx.holders.unregister(&ObjectRef::from_obj(lease));
     ctx.heartbeats.forget(&ObjectRef::from_obj(lease));
     ctx.measurements.forget(&ObjectRef::from_obj(lease));
+    let others =
+        ctx.targets
+            .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target());
+    if others.iter().all(|other| other.uid() == lease.uid()) {
+        ctx.measurements.forget_target(&claim.target);
+    }
     if claim.held_handle().is_some() {
         claim
             .publish(

@@ -416,6 +416,7 @@ async fn renew_one(shared: &Shared, due: Due) {
             };
             shared.measurements.record_for(
                 &due.key,
+                &due.handle.target,
                 Measured {
                     token: due.handle.token.get(),
                     reading,

@@ -20,7 +20,6 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -393,18 +392,6 @@ async fn valkey_counts(conn: &mut redis::aio::MultiplexedConnection) -> (u64, u6
     (total, evalsha)
 }
 
-/// The pid of a cluster process from its pid file (`PID STARTTIME NAME`).
-fn cluster_pid(cluster: &Cluster, name: &str) -> Option<u32> {
-    let dir = cluster
-        .envs()
-        .into_iter()
-        .find(|(k, _)| k == "TARGETLEASE_E2E_DIR")?
-        .1;
-    let text =
-        std::fs::read_to_string(Path::new(&dir).join("pids").join(format!("{name}.pid"))).ok()?;
-    text.split_whitespace().next()?.parse().ok()
-}
-
 /// CPU seconds of the controller, kube-apiserver, etcd and valkey, for one phase's window.
 struct Cpu {
     pids: Vec<(&'static str, u32)>,
@@ -511,7 +498,7 @@ impl Bench {
     fn cpu_pids(&self, controller: &ControllerProcess) -> Vec<(&'static str, u32)> {
         let mut pids = vec![("controller", controller.pid())];
         for name in ["kube-apiserver", "etcd"] {
-            if let Some(pid) = cluster_pid(&self.cluster, name) {
+            if let Some(pid) = self.cluster.pid(name) {
                 pids.push((name, pid));
             }
         }
@@ -530,7 +517,7 @@ impl Bench {
         let api: Api<TargetLease> = Api::namespaced(self.client.clone(), ns);
         let mut pids = Vec::new();
         for name in ["kube-apiserver", "etcd"] {
-            if let Some(pid) = cluster_pid(&self.cluster, name) {
+            if let Some(pid) = self.cluster.pid(name) {
                 pids.push((name, pid));
             }
         }

@@ -353,6 +353,19 @@ impl Cluster {
     pub fn scratch(&self) -> &Path {
         self.base.path()
     }
+
+    /// The process id of a control-plane component (`kube-apiserver`, `etcd`, ...) from the
+    /// pid file `e2e/cluster` keeps (`PID STARTTIME NAME`); `None` when it is not running.
+    /// Read it again after [`Cluster::restart`]: the component then has a new pid.
+    pub fn pid(&self, component: &str) -> Option<u32> {
+        let path = self
+            .base
+            .path()
+            .join("cluster/pids")
+            .join(format!("{component}.pid"));
+        let text = std::fs::read_to_string(path).ok()?;
+        text.split_whitespace().next()?.parse().ok()
+    }
 }
 
 impl Drop for Cluster {
@@ -409,7 +422,9 @@ impl ControllerProcess {
         )
     }
 
-    fn start_with(
+    /// Like [`ControllerProcess::start`], with the credentials of `kubeconfig` (a proxy's, see
+    /// [`Cluster::kubeconfig_via`]) and extra environment variables (applied last).
+    pub fn start_with(
         cluster: &Cluster,
         kubeconfig: &Path,
         valkey_url: &str,

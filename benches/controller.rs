@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 
 use clap::Parser;
 use common::{CommonArgs, cpu_seconds, loadavg, machine, quantile, status_kib};
-use support::kube::{Cluster, ControllerProcess, http_get, metric};
+use support::kube::{Cluster, ControllerProcess, condition, http_get, metric, phase_of};
 use support::server::{Server, ServerKind};
 
 /// Options after `cargo bench --bench controller --`.
@@ -88,18 +88,18 @@ struct Bench {
     checks: Vec<(String, bool)>,
 }
 
-/// What a watch saw, with the instant it saw it.
+/// What a watch saw of one TargetLease, with the instant it saw it.
 struct Seen {
     name: String,
     phase: Option<Phase>,
+    token: Option<u64>,
+    /// The `Ready` condition's reason: why a lease is Lost.
+    reason: String,
     at: Instant,
 }
 
-fn phase_of(lease: &TargetLease) -> Option<Phase> {
-    lease.status.as_ref().map(|s| s.phase)
-}
-
-/// Streams (name, phase, instant) of every TargetLease change in `ns` matching `labels`.
+/// Streams what a watch sees of every TargetLease change in `ns` matching `labels`; the watch
+/// stops when the receiver is dropped.
 fn watch_phases(client: &Client, ns: &str, labels: &str) -> mpsc::UnboundedReceiver<Seen> {
     let api: Api<TargetLease> = Api::namespaced(client.clone(), ns);
     let (tx, rx) = mpsc::unbounded_channel();
@@ -108,11 +108,19 @@ fn watch_phases(client: &Client, ns: &str, labels: &str) -> mpsc::UnboundedRecei
         let stream = watcher(api, config).default_backoff();
         futures::pin_mut!(stream);
         loop {
-            match stream.try_next().await {
+            let next = tokio::select! {
+                next = stream.try_next() => next,
+                () = tx.closed() => return,
+            };
+            match next {
                 Ok(Some(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj))) => {
+                    let status = obj.status.as_ref();
                     let seen = Seen {
                         name: obj.name_any(),
                         phase: phase_of(&obj),
+                        token: status.and_then(|s| s.fencing_token),
+                        reason: condition(&obj, "Ready")
+                            .map_or_else(String::new, |c| c.reason.clone()),
                         at: Instant::now(),
                     };
                     if tx.send(seen).is_err() {
@@ -128,10 +136,26 @@ fn watch_phases(client: &Client, ns: &str, labels: &str) -> mpsc::UnboundedRecei
     rx
 }
 
-/// Latest phase per name, fed from a watch.
+/// A change the watch saw that a healthy lease should never make.
+enum LossKind {
+    /// A move to Lost, with the `Ready` reason.
+    Lost(String),
+    /// Held under a new fencing token by a lease that already had one: a second grant, so the
+    /// first tenure ended (whether or not a Lost status was written in between).
+    NewToken,
+}
+
+struct Loss {
+    name: String,
+    at: Instant,
+    kind: LossKind,
+}
+
+/// Latest state per name, fed from a watch, and every [`Loss`] it saw.
 struct Phases {
     rx: mpsc::UnboundedReceiver<Seen>,
-    now: HashMap<String, Option<Phase>>,
+    now: HashMap<String, Seen>,
+    losses: Vec<Loss>,
 }
 
 impl Phases {
@@ -139,14 +163,78 @@ impl Phases {
         Self {
             rx,
             now: HashMap::new(),
+            losses: Vec::new(),
         }
+    }
+
+    fn record(&mut self, seen: Seen) {
+        let before = self.now.get(&seen.name);
+        let was_lost = before.is_some_and(|b| b.phase == Some(Phase::Lost));
+        if seen.phase == Some(Phase::Lost) && !was_lost {
+            self.losses.push(Loss {
+                name: seen.name.clone(),
+                at: seen.at,
+                kind: LossKind::Lost(seen.reason.clone()),
+            });
+        }
+        let old_token = before.and_then(|b| b.token);
+        if seen.phase == Some(Phase::Held) && old_token.is_some() && seen.token != old_token {
+            self.losses.push(Loss {
+                name: seen.name.clone(),
+                at: seen.at,
+                kind: LossKind::NewToken,
+            });
+        }
+        self.now.insert(seen.name.clone(), seen);
+    }
+
+    /// Records everything the watch has delivered so far.
+    fn drain(&mut self) {
+        while let Ok(seen) = self.rx.try_recv() {
+            self.record(seen);
+        }
+    }
+
+    /// Records what the watch delivers for `d`.
+    async fn follow(&mut self, d: Duration) {
+        let deadline = tokio::time::Instant::now() + d;
+        loop {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(seen)) => self.record(seen),
+                // A watch that ended still leaves `d` to wait: the caller's window keeps its length.
+                Ok(None) => return tokio::time::sleep_until(deadline).await,
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn phase(&self, name: &str) -> Option<Phase> {
+        self.now.get(name).and_then(|s| s.phase)
     }
 
     fn count(&self, names: &HashSet<String>, phase: Phase) -> usize {
         names
             .iter()
-            .filter(|n| self.now.get(*n).copied().flatten() == Some(phase))
+            .filter(|n| self.phase(n) == Some(phase))
             .count()
+    }
+
+    /// The losses the watch saw in `[from, to)`.
+    fn losses(&self, from: Instant, to: Instant) -> Losses {
+        let mut out = Losses::default();
+        let mut lost_names = HashSet::new();
+        for loss in self.losses.iter().filter(|l| from <= l.at && l.at < to) {
+            match &loss.kind {
+                LossKind::NewToken => out.new_tokens += 1,
+                LossKind::Lost(reason) => {
+                    out.transitions += 1;
+                    lost_names.insert(loss.name.as_str());
+                    *out.reasons.entry(reason.clone()).or_default() += 1;
+                }
+            }
+        }
+        out.leases = lost_names.len();
+        out
     }
 
     /// Waits until every name in `names` is in `phase`; returns the instant the last one was seen.
@@ -163,7 +251,7 @@ impl Phases {
             match tokio::time::timeout(left, self.rx.recv()).await {
                 Ok(Some(seen)) => {
                     last = seen.at;
-                    self.now.insert(seen.name, seen.phase);
+                    self.record(seen);
                 }
                 _ => {
                     eprintln!(
@@ -187,7 +275,7 @@ impl Phases {
                 Ok(Some(seen)) => {
                     let hit = seen.name == name && seen.phase == Some(phase);
                     let at = seen.at;
-                    self.now.insert(seen.name, seen.phase);
+                    self.record(seen);
                     if hit {
                         return Some(at);
                     }
@@ -195,6 +283,47 @@ impl Phases {
                 _ => return None,
             }
         }
+    }
+}
+
+/// Losses in a window, as the watch saw them.
+#[derive(Default)]
+struct Losses {
+    /// Moves to Lost.
+    transitions: usize,
+    /// Leases that moved to Lost at least once.
+    leases: usize,
+    /// Moves to Lost by the `Ready` reason.
+    reasons: BTreeMap<String, usize>,
+    /// Held again under a new fencing token.
+    new_tokens: usize,
+}
+
+impl Losses {
+    fn line(&self) -> String {
+        let reasons = if self.reasons.is_empty() {
+            String::new()
+        } else {
+            let by: Vec<String> = self
+                .reasons
+                .iter()
+                .map(|(r, n)| format!("{r} {n}"))
+                .collect();
+            format!(" (reasons: {})", by.join(", "))
+        };
+        format!(
+            "{} moves to Lost by {} leases{reasons}; {} grants under a new token",
+            self.transitions, self.leases, self.new_tokens
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "lostTransitions": self.transitions,
+            "lostLeases": self.leases,
+            "lostReasons": self.reasons,
+            "newTokens": self.new_tokens,
+        })
     }
 }
 
@@ -217,6 +346,23 @@ fn lease(name: &str, target: &str, holder: &str, ttl: u32, label: &str) -> Targe
         ..ObjectMeta::default()
     };
     lease
+}
+
+/// `n` TargetLeases labelled `label`, each on a target of its own, and their names.
+fn own_targets(n: usize, ttl: u32, label: &str) -> (Vec<TargetLease>, HashSet<String>) {
+    let leases: Vec<TargetLease> = (0..n)
+        .map(|i| {
+            lease(
+                &format!("lease-{i:05}"),
+                &format!("target-{i:05}"),
+                &format!("worker-{i:05}"),
+                ttl,
+                label,
+            )
+        })
+        .collect();
+    let names = leases.iter().map(ResourceExt::name_any).collect();
+    (leases, names)
 }
 
 /// Creates `leases` with at most `in_flight` requests at a time; returns the seconds it took.
@@ -461,6 +607,128 @@ impl Sampler {
     }
 }
 
+/// The start of a measured window: what the API server, the controller and /proc said then.
+struct Window {
+    api: ApiCounts,
+    metrics: String,
+    cpu: Cpu,
+}
+
+/// What happened in a window.
+struct Measured {
+    from: Instant,
+    to: Instant,
+    secs: f64,
+    api: ApiCounts,
+    before: String,
+    after: String,
+    cpu: Vec<(&'static str, f64, f64)>,
+}
+
+impl Window {
+    async fn start(bench: &Bench, controller: &ControllerProcess) -> Window {
+        Window {
+            api: api_counts(&bench.client).await,
+            metrics: controller_metrics(controller).await,
+            cpu: Cpu::start(bench.cpu_pids(controller)),
+        }
+    }
+
+    /// Ends the window now; the request counts are read `settle` later, so that requests in
+    /// flight at the end are counted.
+    async fn stop(
+        self,
+        bench: &Bench,
+        controller: &ControllerProcess,
+        settle: Duration,
+    ) -> Measured {
+        let cpu = self.cpu.stop();
+        let to = Instant::now();
+        tokio::time::sleep(settle).await;
+        let api_after = api_counts(&bench.client).await;
+        let after = controller_metrics(controller).await;
+        Measured {
+            from: self.cpu.at,
+            to,
+            secs: (to - self.cpu.at).as_secs_f64(),
+            api: api_delta(&self.api, &api_after),
+            before: self.metrics,
+            after,
+            cpu,
+        }
+    }
+}
+
+impl Measured {
+    /// The increase of a controller counter (a name, or a name with its full label set).
+    fn counter(&self, series: &str) -> f64 {
+        metric(&self.after, series) - metric(&self.before, series)
+    }
+
+    fn api_requests(&self) -> u64 {
+        self.api.values().map(|(n, _, _)| n).sum()
+    }
+
+    fn api_writes(&self) -> u64 {
+        self.api
+            .iter()
+            .filter(|((verb, _), _)| WRITE_VERBS.contains(&verb.as_str()))
+            .map(|(_, (n, _, _))| n)
+            .sum()
+    }
+
+    fn cpu_percent(&self, name: &str) -> Option<f64> {
+        self.cpu
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .map(|(_, _, pct)| *pct)
+    }
+
+    /// Losses, reconciles, write rates, renewal lateness and the API server's CPU, one line each.
+    fn lines(&self, losses: &Losses) -> String {
+        let per_sec = |n: f64| n / self.secs.max(f64::MIN_POSITIVE);
+        let status_writes = self.counter(STATUS_WRITES);
+        format!(
+            "- Lost, seen by the watch: {}; the controller's transitions_total{{phase=\"Lost\"}}: {:.0}\n\
+             - reconciles by result: {}\n\
+             - status writes: {status_writes:.0} ({:.1}/s); API requests (all clients): {} ({:.1}/s), \
+             of which writes {} ({:.1}/s)\n\
+             - renewal lateness: {}\n\
+             - renewals' store calls: {}\n\
+             - kube-apiserver CPU: {}\n",
+            losses.line(),
+            self.counter(LOST_TRANSITIONS),
+            results_line(&reconciles_by_result(&self.before, &self.after)),
+            per_sec(status_writes),
+            self.api_requests(),
+            per_sec(self.api_requests() as f64),
+            self.api_writes(),
+            per_sec(self.api_writes() as f64),
+            lateness(&self.before, &self.after).0,
+            renew_calls(&self.before, &self.after).0,
+            self.cpu_percent("kube-apiserver")
+                .map_or("n/a".into(), |p| format!("{p:.0}% of one core")),
+        )
+    }
+
+    fn json(&self, losses: &Losses) -> serde_json::Value {
+        let per_sec = |n: f64| n / self.secs.max(f64::MIN_POSITIVE);
+        serde_json::json!({
+            "seconds": self.secs,
+            "losses": losses.json(),
+            "controllerLostTransitions": self.counter(LOST_TRANSITIONS),
+            "reconciles": reconciles_by_result(&self.before, &self.after),
+            "statusWritesPerSec": per_sec(self.counter(STATUS_WRITES)),
+            "apiRequestsPerSec": per_sec(self.api_requests() as f64),
+            "apiWritesPerSec": per_sec(self.api_writes() as f64),
+            "renewalLateness": lateness(&self.before, &self.after).1,
+            "renewStoreCalls": renew_calls(&self.before, &self.after).1,
+            "apiserverCpuPercent": self.cpu_percent("kube-apiserver"),
+            "cpuSeconds": self.cpu.iter().map(|(n, s, _)| (n.to_string(), *s)).collect::<BTreeMap<_, _>>(),
+        })
+    }
+}
+
 fn cpu_line(cpu: &[(&str, f64, f64)]) -> String {
     cpu.iter()
         .map(|(n, s, pct)| format!("{n} {s:.1} s ({pct:.0}% of one core)"))
@@ -683,26 +951,13 @@ impl Bench {
         ns: &str,
         n: usize,
         controller: &ControllerProcess,
-    ) -> Option<serde_json::Value> {
+    ) -> (serde_json::Value, Phases) {
         let api: Api<TargetLease> = Api::namespaced(self.client.clone(), ns);
         let label = format!("scale-{n}");
         let mut phases = Phases::new(watch_phases(&self.client, ns, &format!("bench={label}")));
-        let names: HashSet<String> = (0..n).map(|i| format!("lease-{i:05}")).collect();
-        let leases: Vec<TargetLease> = (0..n)
-            .map(|i| {
-                lease(
-                    &format!("lease-{i:05}"),
-                    &format!("target-{i:05}"),
-                    &format!("worker-{i:05}"),
-                    self.ttl,
-                    &label,
-                )
-            })
-            .collect();
+        let (leases, names) = own_targets(n, self.ttl, &label);
         let load_before = loadavg();
-        let api_before = api_counts(&self.client).await;
-        let metrics_before = controller_metrics(controller).await;
-        let cpu = Cpu::start(self.cpu_pids(controller));
+        let window = Window::start(self, controller).await;
         let sampler = Sampler::start(controller.pid());
         let started = Instant::now();
         let creating = {
@@ -713,26 +968,22 @@ impl Bench {
         let all_held = phases.wait_all(&names, Phase::Held, WAIT_LIMIT).await;
         let create_secs = creating.await.expect("create task");
         let held_secs = all_held.map(|t| (t - started).as_secs_f64());
-        let cpu_used = cpu.stop();
         let (sockets, threads) = sampler.stop().await;
         // Let in-flight Events land before counting requests.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let api_after = api_counts(&self.client).await;
-        let metrics_after = controller_metrics(controller).await;
-        let delta = api_delta(&api_before, &api_after);
-        let writes = controller_writes(&delta);
-        let status_writes = metric(&metrics_after, "targetlease_status_writes_total")
-            - metric(&metrics_before, "targetlease_status_writes_total");
-        let errors = metric(&metrics_after, "targetlease_reconciles_total")
-            - metric(&metrics_before, "targetlease_reconciles_total");
-        let failed_reconciles =
-            errors - (reconciles_ok(&metrics_after) - reconciles_ok(&metrics_before));
+        let burst = window.stop(self, controller, Duration::from_secs(2)).await;
+        phases.drain();
+        let losses = phases.losses(burst.from, Instant::now());
+        let delta = &burst.api;
+        let writes = controller_writes(delta);
+        let status_writes = burst.counter(STATUS_WRITES);
+        let failed_reconciles = burst.counter("targetlease_reconciles_total")
+            - (reconciles_ok(&burst.after) - reconciles_ok(&burst.before));
         let hwm = status_kib(controller.pid(), "VmHWM");
         let rss = status_kib(controller.pid(), "VmRSS");
-        let finalizer_patches = count(&delta, "PATCH", "targetleases");
-        let status_patches = count(&delta, "APPLY", "targetleases/status")
-            + count(&delta, "PATCH", "targetleases/status");
-        let events = count(&delta, "POST", "events") + count(&delta, "PATCH", "events");
+        let finalizer_patches = count(delta, "PATCH", "targetleases");
+        let status_patches = count(delta, "APPLY", "targetleases/status")
+            + count(delta, "PATCH", "targetleases/status");
+        let events = count(delta, "POST", "events") + count(delta, "PATCH", "events");
         let per = n as f64;
         self.say(&format!(
             "\n### {n} TargetLeases applied at once ({} in flight)\n",
@@ -745,6 +996,7 @@ impl Bench {
              - controller API writes in all (TargetLeases and Events): {writes} = {:.2}/lease; failed reconciles: {failed_reconciles}\n\
              - controller peak RSS (VmHWM) {:.1} MiB, RSS now {:.1} MiB; at most {sockets} sockets and {threads} threads open\n\
              - CPU during the phase: {}\n\
+             {}\
              - load average before: {load_before}, after: {}\n",
             held_secs.map_or("NOT all Held".into(), |s| format!("{s:.1} s")),
             finalizer_patches as f64 / per,
@@ -755,15 +1007,16 @@ impl Bench {
             writes as f64 / per,
             hwm as f64 / 1024.0,
             rss as f64 / 1024.0,
-            cpu_line(&cpu_used),
+            cpu_line(&burst.cpu),
+            burst.lines(&losses),
             loadavg(),
         ));
         self.say(&format!(
             "API server requests during the phase (all clients; the benchmark made the POSTs and a watch):\n\n{}",
-            api_table(&delta, per, "lease")
+            api_table(delta, per, "lease")
         ));
         self.check(&format!("scale-{n}-all-held"), held_secs.is_some());
-        Some(serde_json::json!({
+        let json = serde_json::json!({
             "leases": n,
             "inFlight": self.in_flight,
             "createSeconds": create_secs,
@@ -775,10 +1028,12 @@ impl Bench {
             "failedReconciles": failed_reconciles,
             "controllerPeakRssMiB": hwm as f64 / 1024.0,
             "controllerMaxSockets": sockets,
-            "cpuSeconds": cpu_used.iter().map(|(n, s, _)| (n.to_string(), *s)).collect::<BTreeMap<_,_>>(),
+            "cpuSeconds": burst.cpu.iter().map(|(n, s, _)| (n.to_string(), *s)).collect::<BTreeMap<_,_>>(),
+            "burst": burst.json(&losses),
             "loadBefore": load_before,
             "loadAfter": loadavg(),
-        }))
+        });
+        (json, phases)
     }
 
     /// Deletes every lease in `ns` and waits until they are gone.
@@ -904,36 +1159,33 @@ impl Bench {
         latencies
     }
 
-    /// Phase (g): nothing changes for `seconds`; what does the controller still do?
-    async fn steady(&mut self, controller: &ControllerProcess, n: usize, seconds: f64) {
-        let api_before = api_counts(&self.client).await;
-        let metrics_before = controller_metrics(controller).await;
+    /// Phase (g): nothing changes for `seconds`; what does the controller still do? `phases`
+    /// is the watch of the `n` leases.
+    async fn steady(
+        &mut self,
+        controller: &ControllerProcess,
+        phases: &mut Phases,
+        n: usize,
+        seconds: f64,
+    ) {
         let valkey_before = valkey_counts(&mut self.valkey_conn).await;
         let load_before = loadavg();
-        let cpu = Cpu::start(self.cpu_pids(controller));
-        tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-        let cpu_used = cpu.stop();
-        let wall = cpu.at.elapsed().as_secs_f64();
-        let api_after = api_counts(&self.client).await;
-        let metrics_after = controller_metrics(controller).await;
+        let window = Window::start(self, controller).await;
+        phases.follow(Duration::from_secs_f64(seconds)).await;
+        let steady = window.stop(self, controller, Duration::ZERO).await;
         let valkey_after = valkey_counts(&mut self.valkey_conn).await;
-        let delta = api_delta(&api_before, &api_after);
-        let writes = controller_writes(&delta);
-        let all_writes: u64 = delta
-            .iter()
-            .filter(|((verb, _), _)| WRITE_VERBS.contains(&verb.as_str()))
-            .map(|(_, (n, _, _))| n)
-            .sum();
-        let status_writes = metric(&metrics_after, "targetlease_status_writes_total")
-            - metric(&metrics_before, "targetlease_status_writes_total");
+        phases.drain();
+        let losses = phases.losses(steady.from, steady.to);
+        let wall = steady.secs;
+        let writes = controller_writes(&steady.api);
         // The INFO call is one command.
         let commands = valkey_after.0.saturating_sub(valkey_before.0 + 1) as f64;
         let evalsha = valkey_after.1.saturating_sub(valkey_before.1) as f64;
-        let held = metric_labeled(&metrics_after, "targetlease_leases", "phase=\"Held\"");
+        let held = metric_labeled(&steady.after, "targetlease_leases", "phase=\"Held\"");
         self.say(&format!(
             "\n### Steady state: {n} held leases (ttlSeconds {}), {seconds:.0} s\n\n\
-             - controller API writes: {writes} ({:.3}/s); status writes {status_writes} ({:.3}/s); \
-             all API writes by anyone: {all_writes} ({:.3}/s)\n\
+             - controller API writes: {writes} ({:.3}/s)\n\
+             {}\
              - Valkey: {:.0} commands/s as counted by total_commands_processed, {:.0} EVALSHA/s \
              (renewals: {n} leases / (ttl/3) = {:.0}/s expected)\n\
              - leases Held per the controller's gauge: {held}\n\
@@ -941,39 +1193,242 @@ impl Bench {
              - load average before: {load_before}, after: {}\n",
             self.ttl,
             writes as f64 / wall,
-            status_writes / wall,
-            all_writes as f64 / wall,
+            steady.lines(&losses),
             commands / wall,
             evalsha / wall,
             n as f64 / (f64::from(self.ttl) / 3.0),
-            cpu_line(&cpu_used),
+            cpu_line(&steady.cpu),
             loadavg()
         ));
         self.say(&format!(
             "API server requests during the steady state (all clients):\n\n{}",
-            api_table(&delta, wall, "second")
+            api_table(&steady.api, wall, "second")
         ));
-        self.json.insert(
-            "steady".into(),
-            serde_json::json!({
-                "leases": n,
-                "seconds": wall,
-                "controllerApiWritesPerSec": writes as f64 / wall,
-                "statusWritesPerSec": status_writes / wall,
-                "allApiWritesPerSec": all_writes as f64 / wall,
-                "valkeyCommandsPerSec": commands / wall,
-                "valkeyEvalshaPerSec": evalsha / wall,
-                "cpuSeconds": cpu_used.iter().map(|(n, s, _)| (n.to_string(), *s)).collect::<BTreeMap<_,_>>(),
-                "loadBefore": load_before,
-                "loadAfter": loadavg(),
-            }),
-        );
+        let mut json = serde_json::json!({
+            "leases": n,
+            "controllerApiWritesPerSec": writes as f64 / wall,
+            "allApiWritesPerSec": steady.api_writes() as f64 / wall,
+            "valkeyCommandsPerSec": commands / wall,
+            "valkeyEvalshaPerSec": evalsha / wall,
+            "loadBefore": load_before,
+            "loadAfter": loadavg(),
+        });
+        merge(&mut json, steady.json(&losses));
+        self.json.insert("steady".into(), json);
         self.check("steady-measured", evalsha > 0.0);
+    }
+}
+
+/// Adds the fields of object `more` to object `into`.
+fn merge(into: &mut serde_json::Value, more: serde_json::Value) {
+    if let (Some(into), serde_json::Value::Object(more)) = (into.as_object_mut(), more) {
+        into.extend(more);
     }
 }
 
 fn reconciles_ok(text: &str) -> f64 {
     metric_labeled(text, "targetlease_reconciles_total", "result=\"ok\"")
+}
+
+/// `targetlease_reconciles_total` by result between two scrapes of the controller.
+fn reconciles_by_result(before: &str, after: &str) -> BTreeMap<String, f64> {
+    let by_result = |page: &str| -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for line in page.lines() {
+            let Some(rest) = line.strip_prefix("targetlease_reconciles_total{") else {
+                continue;
+            };
+            let Some((labels, value)) = rest.rsplit_once("} ") else {
+                continue;
+            };
+            let result = labels_of(labels)
+                .get("result")
+                .copied()
+                .unwrap_or("")
+                .to_owned();
+            *out.entry(result).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
+        }
+        out
+    };
+    let old = by_result(before);
+    by_result(after)
+        .into_iter()
+        .map(|(result, n)| {
+            let d = n - old.get(&result).copied().unwrap_or(0.0);
+            (result, d)
+        })
+        .filter(|(_, d)| *d > 0.0)
+        .collect()
+}
+
+fn results_line(results: &BTreeMap<String, f64>) -> String {
+    if results.is_empty() {
+        return "none".into();
+    }
+    let timeouts = results.get("timeout").copied().unwrap_or(0.0);
+    let all: Vec<String> = results.iter().map(|(r, n)| format!("{r} {n:.0}")).collect();
+    format!("{} (timeouts: {timeouts:.0})", all.join(", "))
+}
+
+const LOST_TRANSITIONS: &str = "targetlease_transitions_total{phase=\"Lost\"}";
+const STATUS_WRITES: &str = "targetlease_status_writes_total";
+const LATENESS: &str = "targetlease_renewal_lateness_seconds";
+const STORE_CALLS: &str = "targetlease_store_call_seconds";
+
+/// A Prometheus histogram's cumulative buckets (upper bound, count; `+Inf` last), summed over
+/// every other label.
+#[derive(Clone, Debug, Default)]
+struct Histogram {
+    buckets: Vec<(f64, f64)>,
+}
+
+impl Histogram {
+    /// The histogram `name` in a scrape, only its series with label `only` when given;
+    /// `None` when the controller does not export it.
+    fn parse(page: &str, name: &str, only: Option<&str>) -> Option<Histogram> {
+        let prefix = format!("{name}_bucket{{");
+        let mut by_bound: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+        for line in page.lines() {
+            let Some(rest) = line.strip_prefix(&prefix) else {
+                continue;
+            };
+            let Some((labels, value)) = rest.rsplit_once("} ") else {
+                continue;
+            };
+            if only.is_some_and(|label| !labels.contains(label)) {
+                continue;
+            }
+            let Some(le) = labels_of(labels).get("le").copied() else {
+                continue;
+            };
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                let Ok(b) = le.parse::<f64>() else { continue };
+                b
+            };
+            let count = value.trim().parse::<f64>().unwrap_or(0.0);
+            // Bounds are keyed by their bits: every positive f64 orders like its bits.
+            by_bound.entry(bound.to_bits()).or_insert((bound, 0.0)).1 += count;
+        }
+        (!by_bound.is_empty()).then(|| Histogram {
+            buckets: by_bound.into_values().collect(),
+        })
+    }
+
+    /// What was observed between an earlier scrape and this one.
+    fn since(&self, earlier: Option<&Histogram>) -> Histogram {
+        let old = |bound: f64| {
+            earlier
+                .and_then(|e| e.buckets.iter().find(|(b, _)| *b == bound))
+                .map_or(0.0, |(_, c)| *c)
+        };
+        Histogram {
+            buckets: self
+                .buckets
+                .iter()
+                .map(|(b, c)| (*b, c - old(*b)))
+                .collect(),
+        }
+    }
+
+    fn count(&self) -> f64 {
+        self.buckets.last().map_or(0.0, |(_, c)| *c)
+    }
+
+    /// How many observations were at most `x`, interpolated linearly inside its bucket as
+    /// Prometheus' `histogram_quantile` does; exact when `x` is a bucket bound.
+    fn at_most(&self, x: f64) -> f64 {
+        let mut lower = (0.0, 0.0);
+        for &(bound, count) in &self.buckets {
+            if x <= bound {
+                if bound.is_infinite() {
+                    return lower.1;
+                }
+                let share = (x - lower.0) / (bound - lower.0);
+                return lower.1 + (count - lower.1) * share;
+            }
+            lower = (bound, count);
+        }
+        lower.1
+    }
+
+    /// The `q` quantile estimated from the buckets; the largest finite bound when it falls in
+    /// the `+Inf` bucket (then the text says "above").
+    fn quantile(&self, q: f64) -> Option<(f64, bool)> {
+        let total = self.count();
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = q * total;
+        let mut lower = (0.0, 0.0);
+        for &(bound, count) in &self.buckets {
+            if count >= rank {
+                if bound.is_infinite() {
+                    return Some((lower.0, true));
+                }
+                let share = (rank - lower.1) / (count - lower.1).max(f64::MIN_POSITIVE);
+                return Some((lower.0 + (bound - lower.0) * share, false));
+            }
+            lower = (bound, count);
+        }
+        Some((lower.0, true))
+    }
+}
+
+/// Histogram `name` between two scrapes (only the series labelled `only`, e.g. `op="renew"`,
+/// when given): p50 and p99 estimated from the buckets and how many were above 1 s, as text
+/// and JSON; `None` when the controller does not export it.
+fn histogram_figures(
+    before: &str,
+    after: &str,
+    name: &str,
+    only: Option<&str>,
+) -> Option<(String, serde_json::Value)> {
+    let now = Histogram::parse(after, name, only)?;
+    let window = now.since(Histogram::parse(before, name, only).as_ref());
+    let count = window.count();
+    let above = count - window.at_most(1.0);
+    let exact = window.buckets.iter().any(|(b, _)| *b == 1.0);
+    let show = |q: f64| match window.quantile(q) {
+        None => "-".to_owned(),
+        Some((v, true)) => format!("above {:.0} ms", v * 1000.0),
+        Some((v, false)) => format!("{:.1} ms", v * 1000.0),
+    };
+    let text = format!(
+        "{count:.0}: p50 {}, p99 {} (estimated from the buckets); {}{above:.0} above 1 s",
+        show(0.5),
+        show(0.99),
+        if exact { "" } else { "about " },
+    );
+    let value = |q: f64| window.quantile(q).map(|(v, _)| v);
+    let json = serde_json::json!({
+        "count": count,
+        "p50Seconds": value(0.5),
+        "p99Seconds": value(0.99),
+        "above1s": above,
+    });
+    Some((text, json))
+}
+
+/// Renewal lateness between two scrapes; "n/a" when the controller does not export it.
+fn lateness(before: &str, after: &str) -> (String, serde_json::Value) {
+    histogram_figures(before, after, LATENESS, None).unwrap_or_else(|| {
+        (
+            "n/a (the controller exports no renewal lateness)".into(),
+            serde_json::Value::Null,
+        )
+    })
+}
+
+/// How long the store took to answer renewals between two scrapes.
+fn renew_calls(before: &str, after: &str) -> (String, serde_json::Value) {
+    histogram_figures(before, after, STORE_CALLS, Some("op=\"renew\"")).unwrap_or_else(|| {
+        (
+            "n/a (the controller exports no store call latency)".into(),
+            serde_json::Value::Null,
+        )
+    })
 }
 
 fn metric_labeled(text: &str, name: &str, label: &str) -> f64 {
@@ -1044,7 +1499,12 @@ fn main() {
             bench.say("**warning: the controller is not a release build** (smoke runs use the test profile)");
         }
 
-        for ns in ["bench-api", "bench-small", "bench-handover", "bench-large"] {
+        for ns in [
+            "bench-api",
+            "bench-small",
+            "bench-handover",
+            "bench-large",
+        ] {
             bench.cluster.kubectl_ok(&["create", "namespace", ns]);
         }
 
@@ -1056,9 +1516,8 @@ fn main() {
         // 1. Scale, small N, then delete them all.
         if run("small") {
             let controller = bench.start_controller("bench-small");
-            if let Some(v) = bench.scale("bench-small", small, &controller).await {
-                bench.json.insert(format!("scale{small}"), v);
-            }
+            let (scaled, _) = bench.scale("bench-small", small, &controller).await;
+            bench.json.insert(format!("scale{small}"), scaled);
             bench.delete_all("bench-small", small).await;
         }
 
@@ -1072,25 +1531,32 @@ fn main() {
 
         // 3. Scale, large N; steady state; hand-over with all of them held.
         if run("large") {
-        let controller = bench.start_controller("bench-large");
-        if let Some(v) = bench.scale("bench-large", large, &controller).await {
-            bench.json.insert(format!("scale{large}"), v);
-        }
-        // Let the creation's tail (Events, first renewals) pass.
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        bench
-            .steady(&controller, large, steady_ttls * f64::from(ttl))
-            .await;
-        bench.say(&format!("\n### Hand-over with {large} leases held and renewed by the same controller\n"));
-        bench.handover("bench-large", handovers, "loaded").await;
-        let hwm = status_kib(controller.pid(), "VmHWM");
-        bench.say(&format!(
-            "- controller peak RSS (VmHWM) at the end: {:.1} MiB\n",
-            hwm as f64 / 1024.0
-        ));
-        bench
-            .json
-            .insert("finalPeakRssMiB".into(), serde_json::json!(hwm as f64 / 1024.0));
+            let controller = bench.start_controller("bench-large");
+            let (scaled, mut phases) = bench.scale("bench-large", large, &controller).await;
+            bench.json.insert(format!("scale{large}"), scaled);
+            // Let the creation's tail (Events, first renewals) pass.
+            phases.follow(Duration::from_secs(5)).await;
+            bench
+                .steady(&controller, &mut phases, large, steady_ttls * f64::from(ttl))
+                .await;
+            bench.say(&format!(
+                "\n### Hand-over with {large} leases held and renewed by the same controller\n"
+            ));
+            bench.handover("bench-large", handovers, "loaded").await;
+            phases.drain();
+            let losses = phases.losses(started, Instant::now());
+            let hwm = status_kib(controller.pid(), "VmHWM");
+            bench.say(&format!(
+                "- controller peak RSS (VmHWM) at the end: {:.1} MiB\n\
+                 - the {large} leases over the whole phase (burst, steady state, hand-overs), \
+                 seen by the watch: {}\n",
+                hwm as f64 / 1024.0,
+                losses.line()
+            ));
+            bench
+                .json
+                .insert("finalPeakRssMiB".into(), serde_json::json!(hwm as f64 / 1024.0));
+            bench.json.insert("largeLosses".into(), losses.json());
         }
 
         bench.say(&format!(

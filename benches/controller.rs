@@ -20,6 +20,7 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,7 @@ use tokio::sync::mpsc;
 use clap::Parser;
 use common::{CommonArgs, cpu_seconds, loadavg, machine, quantile, status_kib};
 use support::kube::{Cluster, ControllerProcess, condition, http_get, metric, phase_of};
+use support::proxy::{Mode, Proxy};
 use support::server::{Server, ServerKind};
 
 /// Options after `cargo bench --bench controller --`.
@@ -57,13 +59,20 @@ struct Options {
     /// Length of the steady state in TTLs
     #[arg(long, default_value_t = 2.0)]
     steady_ttls: f64,
-    /// Which of api,small,handover,large to run, comma-separated
+    /// Which of api,small,handover,large,overload to run, comma-separated
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "api,small,handover,large"
+        default_value = "api,small,handover,large,overload"
     )]
     phases: Vec<String>,
+    /// Latency the overload phase adds to each chunk of the controller's API connection, each
+    /// way, in ms [default: 3000; smoke: 1000]
+    #[arg(long)]
+    overload_latency_ms: Option<u64>,
+    /// How long the overload phase keeps the latency, in TTLs
+    #[arg(long, default_value_t = 3.0)]
+    overload_ttls: f64,
     /// Objects per request kind in the api phase [default: 1000; smoke: 10]
     #[arg(long)]
     api_ops: Option<usize>,
@@ -93,6 +102,7 @@ struct Seen {
     name: String,
     phase: Option<Phase>,
     token: Option<u64>,
+    expires_at: Option<jiff::Timestamp>,
     /// The `Ready` condition's reason: why a lease is Lost.
     reason: String,
     at: Instant,
@@ -119,6 +129,7 @@ fn watch_phases(client: &Client, ns: &str, labels: &str) -> mpsc::UnboundedRecei
                         name: obj.name_any(),
                         phase: phase_of(&obj),
                         token: status.and_then(|s| s.fencing_token),
+                        expires_at: status.and_then(|s| s.expires_at),
                         reason: condition(&obj, "Ready")
                             .map_or_else(String::new, |c| c.reason.clone()),
                         at: Instant::now(),
@@ -748,12 +759,15 @@ impl Bench {
         self.report.push('\n');
     }
 
-    fn start_controller(&self, ns: &str) -> ControllerProcess {
+    /// A controller for `ns`, reaching the API server through `kubeconfig` (a proxy's) or
+    /// directly.
+    fn start_controller(&self, ns: &str, kubeconfig: Option<&Path>) -> ControllerProcess {
         // The controller refuses a TTL shorter than three Valkey call timeouts: the smoke run's
         // 2 s TTL needs a shorter call timeout than the default 2 s.
         let timeout = if self.ttl < 6 { "500ms" } else { "2s" };
-        let controller = ControllerProcess::start_with_env(
+        let controller = ControllerProcess::start_with(
             &self.cluster,
+            kubeconfig.unwrap_or(Path::new(self.cluster.kubeconfig())),
             &self.valkey.url(),
             &["--watch-namespace", ns, "--valkey-timeout", timeout],
             // The production default; the tests use debug.
@@ -1159,6 +1173,188 @@ impl Bench {
         latencies
     }
 
+    /// How many of `names` have a true status now: Held with an `expiresAt` still ahead of the
+    /// store's clock. The status is the benchmark's watch's (straight to the API server, not
+    /// through the controller's proxy); the clock is Valkey's `TIME`, the clock `expiresAt` is
+    /// written in (another host's clock, the API server's included, may differ from it).
+    async fn truth(&mut self, phases: &Phases, names: &HashSet<String>) -> Truth {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut self.valkey_conn)
+            .await
+            .expect("Valkey TIME");
+        let store_now = jiff::Timestamp::from_microsecond(secs * 1_000_000 + micros)
+            .expect("Valkey TIME is a timestamp");
+        let mut truth = Truth::default();
+        for name in names {
+            let seen = phases.now.get(name);
+            match seen.and_then(|s| s.phase) {
+                Some(Phase::Held)
+                    if seen
+                        .and_then(|s| s.expires_at)
+                        .is_some_and(|e| e > store_now) =>
+                {
+                    truth.held += 1;
+                }
+                Some(Phase::Held) => truth.stale += 1,
+                Some(Phase::Lost) => truth.lost += 1,
+                _ => truth.other += 1,
+            }
+        }
+        truth
+    }
+
+    /// Follows the watch for `d`, sampling the statuses' truth every second; the sample with
+    /// the fewest true statuses (the first is taken at once).
+    async fn follow_worst(
+        &mut self,
+        phases: &mut Phases,
+        names: &HashSet<String>,
+        d: Duration,
+    ) -> Truth {
+        let end = Instant::now() + d;
+        let mut worst = self.truth(phases, names).await;
+        while Instant::now() < end {
+            let step = end
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_secs(1));
+            phases.follow(step).await;
+            worst = worst.worse(self.truth(phases, names).await);
+        }
+        worst
+    }
+
+    /// Phase (h): `n` leases held by a controller whose API connection goes through a proxy
+    /// that adds `latency` to every chunk in both directions for `seconds`, then forwards at
+    /// once again. Reports what was lost, the write rates, the API server's CPU and the
+    /// renewal lateness before, during and after, and the time until every status is true
+    /// again. Losses are reported, not asserted.
+    async fn overload(&mut self, ns: &str, n: usize, latency: Duration, seconds: f64) {
+        let proxy = Proxy::start(self.cluster.apiserver_port()).await;
+        let via_proxy = self.cluster.kubeconfig_via(proxy.port);
+        let controller = self.start_controller(ns, Some(&via_proxy));
+        let api: Api<TargetLease> = Api::namespaced(self.client.clone(), ns);
+        let label = "overload";
+        let mut phases = Phases::new(watch_phases(&self.client, ns, &format!("bench={label}")));
+        let (leases, names) = own_targets(n, self.ttl, label);
+        let ttl = Duration::from_secs(u64::from(self.ttl));
+        self.say(&format!(
+            "\n### Overload: {n} held leases (ttlSeconds {}), the controller's API connection \
+             {} ms slower each way for {seconds:.0} s\n",
+            self.ttl,
+            latency.as_millis()
+        ));
+        create_all(&api, leases, self.in_flight).await;
+        if phases
+            .wait_all(&names, Phase::Held, WAIT_LIMIT)
+            .await
+            .is_none()
+        {
+            self.check("overload-setup", false);
+            return;
+        }
+        // Let the creation's tail (Events, first renewals) pass.
+        phases.follow(Duration::from_secs(5)).await;
+        let load_before = loadavg();
+
+        let window = Window::start(self, &controller).await;
+        let worst_before = self.follow_worst(&mut phases, &names, ttl).await;
+        let before = window.stop(self, &controller, Duration::ZERO).await;
+
+        let on = Instant::now();
+        proxy.set(Mode::Latency(latency));
+        let window = Window::start(self, &controller).await;
+        let worst_during = self
+            .follow_worst(&mut phases, &names, Duration::from_secs_f64(seconds))
+            .await;
+        let at_removal = self.truth(&phases, &names).await;
+        let during = window.stop(self, &controller, Duration::ZERO).await;
+
+        let removed = Instant::now();
+        proxy.set(Mode::Pass);
+        let window = Window::start(self, &controller).await;
+        let limit = recovery_limit(self.ttl);
+        let mut recovered = None;
+        let mut worst_after = self.truth(&phases, &names).await;
+        while removed.elapsed() < limit {
+            phases.follow(Duration::from_millis(250)).await;
+            let now = self.truth(&phases, &names).await;
+            worst_after = worst_after.worse(now);
+            if now.held == n {
+                recovered = Some(removed.elapsed());
+                break;
+            }
+        }
+        // One TTL more: what the controller does once it caught up.
+        let worst_after = worst_after.worse(self.follow_worst(&mut phases, &names, ttl).await);
+        let after = window.stop(self, &controller, Duration::ZERO).await;
+        phases.drain();
+
+        // Losses are counted in back-to-back spans, so that none falls between two windows.
+        let windows = [
+            (
+                "before (no latency, one TTL)",
+                "before",
+                &before,
+                worst_before,
+                before.from,
+                on,
+            ),
+            (
+                "during the latency",
+                "during",
+                &during,
+                worst_during,
+                on,
+                removed,
+            ),
+            (
+                "after (from the removal until every status was true, then one TTL)",
+                "after",
+                &after,
+                worst_after,
+                removed,
+                Instant::now(),
+            ),
+        ];
+        let mut json = serde_json::json!({
+            "leases": n,
+            "ttlSeconds": self.ttl,
+            "latencyMs": latency.as_millis(),
+            "latencySeconds": seconds,
+            "atRemoval": at_removal.json(),
+            "recoverySeconds": recovered.map(|d| d.as_secs_f64()),
+            "loadBefore": load_before,
+            "loadAfter": loadavg(),
+        });
+        for (title, key, measured, worst, from, to) in windows {
+            let losses = phases.losses(from, to);
+            self.say(&format!(
+                "{title}, {:.0} s:\n\n{}- fewest true statuses in a sample (one a second, four a second while recovering): {}\n",
+                measured.secs,
+                measured.lines(&losses),
+                worst.line(n),
+            ));
+            let mut figures = measured.json(&losses);
+            merge(&mut figures, serde_json::json!({ "worst": worst.json() }));
+            merge(&mut json, serde_json::json!({ key: figures }));
+        }
+        self.say(&format!(
+            "- at the removal of the latency: {}\n\
+             - every status true again (Held, expiresAt ahead of Valkey's clock, seen by the \
+             benchmark's own watch) {} after the removal\n\
+             - load average before: {load_before}, after: {}\n",
+            at_removal.line(n),
+            recovered.map_or(format!("NOT within {limit:?}"), |d| format!(
+                "{:.1} s",
+                d.as_secs_f64()
+            )),
+            loadavg(),
+        ));
+        self.json.insert("overload".into(), json);
+        self.check("overload-measured", during.api_requests() > 0);
+        self.check("overload-recovered", recovered.is_some());
+    }
+
     /// Phase (g): nothing changes for `seconds`; what does the controller still do? `phases`
     /// is the watch of the `n` leases.
     async fn steady(
@@ -1216,6 +1412,44 @@ impl Bench {
         merge(&mut json, steady.json(&losses));
         self.json.insert("steady".into(), json);
         self.check("steady-measured", evalsha > 0.0);
+    }
+}
+
+/// How long the overload phase waits for every status to be true again: a bound that only
+/// keeps a broken run from hanging.
+fn recovery_limit(ttl: u32) -> Duration {
+    Duration::from_secs(20 * u64::from(ttl)).max(Duration::from_secs(120))
+}
+
+/// The statuses of a set of leases at one instant, against the store's clock.
+#[derive(Clone, Copy, Default)]
+struct Truth {
+    /// Held, `expiresAt` ahead: true.
+    held: usize,
+    /// Held, `expiresAt` passed (or missing): a status the reader must not trust.
+    stale: usize,
+    lost: usize,
+    /// Any other phase, or not seen yet.
+    other: usize,
+}
+
+impl Truth {
+    /// The sample with fewer true statuses.
+    fn worse(self, other: Truth) -> Truth {
+        if other.held < self.held { other } else { self }
+    }
+
+    fn line(&self, n: usize) -> String {
+        format!(
+            "{} of {n} true, {} Held with expiresAt passed, {} Lost, {} other",
+            self.held, self.stale, self.lost, self.other
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "true": self.held, "stale": self.stale, "lost": self.lost, "other": self.other,
+        })
     }
 }
 
@@ -1447,9 +1681,12 @@ fn main() {
         ttl,
         steady_ttls,
         phases,
+        overload_latency_ms,
+        overload_ttls,
         api_ops,
         common,
     } = Options::parse();
+    let overload_latency = Duration::from_millis(common.pick(overload_latency_ms, 3000, 1000));
     let small = common.pick(small, 1000, 10);
     let large = common.pick(large, 10_000, 20);
     let handovers = common.pick(handovers, 200, 3);
@@ -1504,6 +1741,7 @@ fn main() {
             "bench-small",
             "bench-handover",
             "bench-large",
+            "bench-overload",
         ] {
             bench.cluster.kubectl_ok(&["create", "namespace", ns]);
         }
@@ -1515,7 +1753,7 @@ fn main() {
 
         // 1. Scale, small N, then delete them all.
         if run("small") {
-            let controller = bench.start_controller("bench-small");
+            let controller = bench.start_controller("bench-small", None);
             let (scaled, _) = bench.scale("bench-small", small, &controller).await;
             bench.json.insert(format!("scale{small}"), scaled);
             bench.delete_all("bench-small", small).await;
@@ -1523,7 +1761,7 @@ fn main() {
 
         // 2. Hand-over on an idle controller.
         if run("handover") {
-            let _controller = bench.start_controller("bench-handover");
+            let _controller = bench.start_controller("bench-handover", None);
             bench.say("\n### Hand-over, idle controller\n");
             bench.handover("bench-handover", handovers, "idle").await;
             bench.delete_all("bench-handover", handovers * 2).await;
@@ -1531,7 +1769,7 @@ fn main() {
 
         // 3. Scale, large N; steady state; hand-over with all of them held.
         if run("large") {
-            let controller = bench.start_controller("bench-large");
+            let controller = bench.start_controller("bench-large", None);
             let (scaled, mut phases) = bench.scale("bench-large", large, &controller).await;
             bench.json.insert(format!("scale{large}"), scaled);
             // Let the creation's tail (Events, first renewals) pass.
@@ -1557,6 +1795,18 @@ fn main() {
                 .json
                 .insert("finalPeakRssMiB".into(), serde_json::json!(hwm as f64 / 1024.0));
             bench.json.insert("largeLosses".into(), losses.json());
+        }
+
+        // 4. The large N held while the controller's API connection is slow.
+        if run("overload") {
+            bench
+                .overload(
+                    "bench-overload",
+                    large,
+                    overload_latency,
+                    overload_ttls * f64::from(ttl),
+                )
+                .await;
         }
 
         bench.say(&format!(

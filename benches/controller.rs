@@ -1780,21 +1780,28 @@ fn main() {
             bench.say(&format!(
                 "\n### Hand-over with {large} leases held and renewed by the same controller\n"
             ));
+            let handovers_from = Instant::now();
             bench.handover("bench-large", handovers, "loaded").await;
             phases.drain();
+            let in_handovers = phases.losses(handovers_from, Instant::now());
             let losses = phases.losses(started, Instant::now());
             let hwm = status_kib(controller.pid(), "VmHWM");
             bench.say(&format!(
                 "- controller peak RSS (VmHWM) at the end: {:.1} MiB\n\
-                 - the {large} leases over the whole phase (burst, steady state, hand-overs), \
-                 seen by the watch: {}\n",
+                 - the {large} leases, seen by the watch, during the hand-overs: {}\n\
+                 - the {large} leases, seen by the watch, over the whole phase (burst, steady \
+                 state, hand-overs and the pauses between): {}\n",
                 hwm as f64 / 1024.0,
+                in_handovers.line(),
                 losses.line()
             ));
             bench
                 .json
                 .insert("finalPeakRssMiB".into(), serde_json::json!(hwm as f64 / 1024.0));
-            bench.json.insert("largeLosses".into(), losses.json());
+            bench.json.insert(
+                "largeLosses".into(),
+                serde_json::json!({"handovers": in_handovers.json(), "phase": losses.json()}),
+            );
         }
 
         // 4. The large N held while the controller's API connection is slow.

@@ -290,3 +290,36 @@ mod tests {
         assert_eq!(budget.retry_after(now + 10 * MS), FIRST_BACKOFF);
     }
 }
+
+#[cfg(test)]
+mod review_tests {
+    use super::*;
+
+    /// A write whose answer never comes: the reconcile is cancelled at its 30 s bound and the
+    /// `Admitted` dropped without `done`. docs/controller.md counts "no answer" as an overload
+    /// answer (refreshes and Events wait for a back-off window); the budget must not go on
+    /// admitting refreshes as if the API server kept up.
+    #[test]
+    fn a_write_that_never_answers_counts_as_overload() {
+        let budget = StatusBudget::default();
+        let t0 = Instant::now();
+        // Healthy so far.
+        budget
+            .admit(Priority::Transition, t0)
+            .expect("transition")
+            .done(t0 + Duration::from_millis(5), false);
+        // 32 refreshes sent; none answered within the reconcile bound: all dropped.
+        let hung: Vec<_> = (0..REFRESH_IN_FLIGHT)
+            .map(|_| budget.admit(Priority::Refresh, t0).expect("refresh"))
+            .collect();
+        drop(hung);
+        let later = t0 + Duration::from_secs(30);
+        let admitted = budget.admit(Priority::Refresh, later).is_some();
+        assert!(
+            !admitted,
+            "after {REFRESH_IN_FLIGHT} refreshes that never answered (each cancelled at 30 s), \
+             the next refresh was admitted at once: no back-off, the budget still thinks the \
+             API server keeps up"
+        );
+    }
+}

@@ -627,3 +627,160 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod review_tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{
+        AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, GuardedKey,
+        GuardedValue, Inspection, LeaseId, Owner, ReleaseOutcome, ReleaseRequest, RepairOutcome,
+        TargetRef, Token,
+    };
+    use async_trait::async_trait;
+
+    /// A store whose renewals take `delay` each (a loaded Valkey, answering within the call
+    /// timeout, never failing).
+    struct SlowRenewals {
+        inner: MemoryStore,
+        delay: Duration,
+    }
+
+    #[async_trait]
+    impl LeaseStore for SlowRenewals {
+        async fn acquire(&self, r: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
+            self.inner.acquire(r).await
+        }
+        async fn renew(&self, r: &RenewRequest) -> Result<RenewOutcome, StoreError> {
+            tokio::time::sleep(self.delay).await;
+            self.inner.renew(r).await
+        }
+        async fn release(&self, r: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
+            self.inner.release(r).await
+        }
+        async fn commit(&self, r: &CommitRequest) -> Result<CommitOutcome, StoreError> {
+            self.inner.commit(r).await
+        }
+        async fn read_guarded(
+            &self,
+            t: &TargetRef,
+            k: &GuardedKey,
+        ) -> Result<Option<GuardedValue>, StoreError> {
+            self.inner.read_guarded(t, k).await
+        }
+        async fn check(&self, t: &TargetRef, token: Token) -> Result<CheckOutcome, StoreError> {
+            self.inner.check(t, token).await
+        }
+        async fn inspect(&self, t: &TargetRef) -> Result<Inspection, StoreError> {
+            self.inner.inspect(t).await
+        }
+        async fn repair(&self, t: &TargetRef, floor: u64) -> Result<RepairOutcome, StoreError> {
+            self.inner.repair(t, floor).await
+        }
+        async fn health(&self) -> Result<(), StoreError> {
+            self.inner.health().await
+        }
+    }
+
+    fn unix_ms() -> u64 {
+        u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_millis(),
+        )
+        .expect("ms")
+    }
+
+    /// More due renewals than `--renewal-concurrency` can serve (each renewal answered, slowly):
+    /// renewals start late, leases run out in the store, and the standing a reconcile judges
+    /// must then not say `Renewed` (which `judge` publishes as Held, with the passed grant as
+    /// `expiresAt`, while a waiter may acquire the target).
+    #[tokio::test]
+    async fn a_renewal_backlog_never_shows_a_passed_grant_as_renewed() {
+        let store = Arc::new(SlowRenewals {
+            inner: MemoryStore::new(),
+            delay: Duration::from_millis(250),
+        });
+        let (wake, _woken) = tokio::sync::mpsc::unbounded_channel();
+        let (leases, mut cache) = kube::runtime::reflector::store();
+        let names: Vec<String> = (0..6).map(|i| format!("b{i}")).collect();
+        for name in &names {
+            let mut lease = TargetLease::new(name, crate::api::test_spec(name, "w"));
+            lease.metadata.namespace = Some("ns".into());
+            lease.metadata.uid = Some(format!("uid-{name}"));
+            cache.apply_watcher_event(&kube::runtime::watcher::Event::Apply(lease));
+        }
+        let (renewals, scheduler) = Renewals::new(Wiring {
+            store: store.clone(),
+            metrics: Arc::new(Metrics::new()),
+            measurements: Arc::default(),
+            leadership: Leadership::unconditional(),
+            wake,
+            concurrency: 1,
+            leases,
+        });
+        let _scheduler = tokio::spawn(scheduler);
+        let ttl = Ttl::new(Duration::from_secs(1)).expect("ttl");
+        for name in &names {
+            let request = AcquireRequest {
+                target: TargetRef::new("ns", name).expect("target"),
+                lease_id: LeaseId::new(format!("uid-{name}")).expect("lease id"),
+                owner: Owner::new("w").expect("owner"),
+                ttl,
+                min_token: 0,
+                request_id: RequestId::random(),
+            };
+            let sent = Instant::now();
+            let AcquireOutcome::Acquired(grant) = store.acquire(&request).await.expect("acquire")
+            else {
+                panic!("not acquired");
+            };
+            let handle = LeaseHandle {
+                target: request.target,
+                lease_id: request.lease_id,
+                owner: request.owner,
+                token: Token::new(grant.token).expect("token"),
+            };
+            let reading = Reading {
+                sent,
+                answered: Instant::now(),
+                server_ms: grant.server_time_ms,
+            };
+            renewals.keep(
+                &ObjectRef::new(name).within("ns"),
+                handle,
+                ttl,
+                Some(grant.expires_at_ms()),
+                Start::Granted { grant, reading },
+            );
+        }
+        let started = Instant::now();
+        let mut worst: Option<(String, u64)> = None;
+        while started.elapsed() < Duration::from_secs(3) {
+            let now_ms = unix_ms();
+            for name in &names {
+                let Some(standing) = renewals.standing(&ObjectRef::new(name).within("ns")) else {
+                    continue;
+                };
+                if standing.state != State::Renewed {
+                    continue;
+                }
+                let until = standing.grant.server_time_ms + standing.grant.expires_in_ms;
+                let passed = now_ms.saturating_sub(until);
+                if passed > worst.as_ref().map_or(0, |w| w.1) {
+                    worst = Some((name.clone(), passed));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            worst.is_none(),
+            "a standing said Renewed {} ms after the store's grant for {} had run out (TTL 1 s, \
+             6 leases, 1 renewal in flight, 250 ms per renewal): a reconcile judging it then \
+             writes Held",
+            worst.as_ref().map_or(0, |w| w.1),
+            worst.as_ref().map_or("", |w| w.0.as_str()),
+        );
+    }
+}

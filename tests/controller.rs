@@ -1844,6 +1844,141 @@ async fn slow_api_server_loses_no_lease(mut s: Scenario) {
     );
 }
 
+// Review: the API server slow (every byte of the controller's API connection 5 s late) until the
+// published expiresAt of a held lease has passed (refreshes shed, as documented), then Valkey
+// pauses for 3 s (every lease's renewal times out at least once; the store's leases, renewed every
+// 2 s with a TTL of 6 s, outlast the pause). The store still holds every lease for
+// most of a TTL and renewals resume after the pause: no TargetLease may leave Held or change
+// token, in the store or in its status.
+async fn store_blip_while_refreshes_are_shed_loses_no_lease(mut s: Scenario) {
+    const LEASES: usize = 4;
+    const TTL: Duration = Duration::from_secs(6);
+    s.controller().terminate();
+    let proxy = Proxy::start(s.cluster.apiserver_port()).await;
+    let via_proxy = s.cluster.kubeconfig_via(proxy.port);
+    s.controller = Some(s.start_controller_as(&via_proxy, &[]));
+    let names: Vec<String> = (0..LEASES).map(|i| format!("blip-{i}")).collect();
+    let yaml: Vec<String> = names
+        .iter()
+        .map(|n| lease_yaml(&s.ns, n, &format!("{n}-target"), "worker", "ttlSeconds: 6"))
+        .collect();
+    s.cluster.apply(&yaml.join("---\n"));
+    let mut tenures = Vec::new();
+    for name in &names {
+        let held = s.wait_phase(name, Phase::Held, 30 * SEC).await;
+        tenures.push((name.clone(), format!("{name}-target"), token_of(&held)));
+    }
+    let store = s.store().await;
+    proxy.set(Mode::Latency(5 * SEC));
+    let slowed = Instant::now();
+    // Until some Held status shows an expiresAt the store's clock has passed, and the writes
+    // sent before the budget knew the API server was slow have been answered (so that the
+    // reconciles are idle between probes).
+    let mut passed = None;
+    while passed.is_none() || slowed.elapsed() < 4 * TTL {
+        assert!(
+            slowed.elapsed() < 8 * TTL,
+            "no published expiresAt passed in {:?}",
+            8 * TTL
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for (name, target, _) in &tenures {
+            let lease = s.get(name).await;
+            let seen = store.inspect(&s.target(target)).await.expect("inspect");
+            let expires = lease
+                .status
+                .as_ref()
+                .and_then(|st| st.expires_at)
+                .map(|e| e.as_millisecond());
+            let now = i64::try_from(seen.server_time_ms).expect("ms");
+            if expires.is_some_and(|e| e < now) && passed.is_none() {
+                passed = Some((name.clone(), slowed.elapsed()));
+            }
+        }
+    }
+    let out = s.valkey.raw(&["CLIENT", "PAUSE", "3000", "ALL"]);
+    let paused = Instant::now();
+    let mut faults = Faults::default();
+    while paused.elapsed() < 3 * TTL {
+        let at = paused.elapsed();
+        for (name, target, token) in &tenures {
+            let lease = s.get(name).await;
+            let shown = lease.status.as_ref().map(|st| (st.phase, st.fencing_token));
+            if shown != Some((Phase::Held, Some(*token))) {
+                let reason = condition(&lease, "Ready").map(|c| c.reason.clone());
+                faults.note(
+                    name,
+                    "status left Held",
+                    at,
+                    format!("{shown:?} ({reason:?}), held with {token}"),
+                );
+            }
+            if at < 4 * SEC {
+                continue;
+            }
+            if let Ok(seen) = store.inspect(&s.target(target)).await {
+                match seen.lease {
+                    None => faults.note(name, "lease gone from the store", at, String::new()),
+                    Some(v) if v.token != *token => faults.note(
+                        name,
+                        "another token in the store",
+                        at,
+                        format!("{} instead of {token}", v.token),
+                    ),
+                    Some(_) => {}
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    proxy.set(Mode::Pass);
+    let logs = s.controller().logs();
+    let failed: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("renewal failed") || l.contains("lease lost"))
+        .take(6)
+        .collect();
+    eprintln!(
+        "CLIENT PAUSE answered {out:?}; first passed expiresAt {passed:?}; controller log:\n{}",
+        failed.join("\n")
+    );
+    assert!(
+        faults.lines.is_empty(),
+        "with the controller's API connection 5 s late and Valkey paused 3 s after {passed:?}:\n{}",
+        faults.lines.join("\n")
+    );
+}
+
+// Review: ttlSeconds raised from 6 to 30 while Held; the renewals in Valkey must follow it.
+async fn ttl_edit_while_held_reaches_the_store(s: Scenario) {
+    s.apply("ttl-edit", "ttl-edit-target", "worker", "ttlSeconds: 6");
+    let held = s.wait_phase("ttl-edit", Phase::Held, 30 * SEC).await;
+    s.api()
+        .patch(
+            "ttl-edit",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"ttlSeconds": 30}})),
+        )
+        .await
+        .expect("patch ttlSeconds");
+    // Two renewal intervals of the old TTL, and one of the new would not have come yet.
+    tokio::time::sleep(5 * SEC).await;
+    let seen = s
+        .store()
+        .await
+        .inspect(&s.target("ttl-edit-target"))
+        .await
+        .expect("inspect");
+    let view = seen.lease.expect("held in the store");
+    assert_eq!(view.token, token_of(&held));
+    assert!(
+        view.expires_in_ms > 6_000,
+        "5 s after ttlSeconds went from 6 to 30 on a Held TargetLease, the store's lease has \
+         {} ms left: it is still renewed with the old TTL",
+        view.expires_in_ms
+    );
+}
+
 fn main() {
     let scenarios = scenarios![
         apply_leads_to_held,
@@ -1870,6 +2005,8 @@ fn main() {
         give_up_under_conflicts_never_shows_two_held,
         same_second_claims_go_in_creation_order,
         slow_api_server_loses_no_lease,
+        store_blip_while_refreshes_are_shed_loses_no_lease,
+        ttl_edit_while_held_reaches_the_store,
     ];
     run_suite("controller", scenarios.to_vec());
 }

@@ -1979,6 +1979,54 @@ async fn ttl_edit_while_held_reaches_the_store(s: Scenario) {
     );
 }
 
+// Review: Valkey loses its data while "dl-x" is Held and "dl-y" waits on the same target; "dl-y"
+// is reconciled (an annotation edit) and takes the target with a larger token. docs/controller.md:
+// "Every grant also wakes every other claim on the target, Held ones included: one that still
+// shows Held (after a data loss or an outage) renews, learns it lost, and shows Lost within one
+// reconcile." So "dl-x" must not show Held for long beside "dl-y".
+async fn data_loss_never_shows_two_held_for_long(s: Scenario) {
+    s.apply("dl-x", "dl-target", "wx", "");
+    let x = s.wait_phase("dl-x", Phase::Held, 30 * SEC).await;
+    s.apply("dl-y", "dl-target", "wy", "");
+    s.wait_phase("dl-y", Phase::Waiting, 30 * SEC).await;
+    let out = s.valkey.raw(&["FLUSHALL"]);
+    s.api()
+        .patch(
+            "dl-y",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"poke": "1"}}})),
+        )
+        .await
+        .expect("poke dl-y");
+    let y = s.wait_phase("dl-y", Phase::Held, 10 * SEC).await;
+    let granted = Instant::now();
+    assert!(
+        token_of(&y) > token_of(&x),
+        "{} after {}",
+        token_of(&y),
+        token_of(&x)
+    );
+    let mut both = Duration::ZERO;
+    while granted.elapsed() < 12 * SEC {
+        let x = s.get("dl-x").await;
+        let y = s.get("dl-y").await;
+        if phase_of(&x) == Some(Phase::Held) && phase_of(&y) == Some(Phase::Held) {
+            both = granted.elapsed();
+        } else {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("FLUSHALL answered {out:?}; both Held for {both:?} after dl-y's grant");
+    assert!(
+        both < 2 * SEC,
+        "after a data loss and a new grant to dl-y (token {}), dl-x still showed Held with token {} \
+         {both:?} after the grant (TTL 30 s, renewal every 10 s)",
+        token_of(&y),
+        token_of(&x)
+    );
+}
+
 fn main() {
     let scenarios = scenarios![
         apply_leads_to_held,
@@ -2007,6 +2055,7 @@ fn main() {
         slow_api_server_loses_no_lease,
         store_blip_while_refreshes_are_shed_loses_no_lease,
         ttl_edit_while_held_reaches_the_store,
+        data_loss_never_shows_two_held_for_long,
     ];
     run_suite("controller", scenarios.to_vec());
 }

@@ -1124,7 +1124,7 @@ mod review_tests {
             });
         }
         let measurements = Measurements::default();
-        measurements.record(&lease, last.expect("renewed"));
+        measurements.record(&lease, &claim.target, last.expect("renewed"));
         // The next renewal, at 50 s, times out once.
         let now = base + Duration::from_secs(50);
         let valid_for = measurements.valid_for(&lease, now);

@@ -784,3 +784,88 @@ mod review_tests {
         );
     }
 }
+
+#[cfg(test)]
+mod review_leak_tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{AcquireOutcome, AcquireRequest, LeaseId, Owner, ReleaseRequest, TargetRef};
+
+    /// A tenure the store said was lost waits (unscheduled) for its reconcile to stop it. If its
+    /// TargetLease is gone meanwhile (deleted after a user removed the finalizer, so no cleanup
+    /// runs), nothing ever removes it: `take_due` only looks at scheduled entries. It stays in
+    /// memory and in `targetlease_renewed_leases`, although nothing renews it.
+    #[tokio::test]
+    async fn a_lost_tenure_of_a_deleted_lease_is_forgotten() {
+        let store = Arc::new(MemoryStore::new());
+        let (wake, _woken) = tokio::sync::mpsc::unbounded_channel();
+        let (leases, mut cache) = kube::runtime::reflector::store();
+        let mut lease = TargetLease::new("l", crate::api::test_spec("l", "w"));
+        lease.metadata.namespace = Some("ns".into());
+        lease.metadata.uid = Some("uid-l".into());
+        cache.apply_watcher_event(&kube::runtime::watcher::Event::Apply(lease.clone()));
+        let (renewals, scheduler) = Renewals::new(Wiring {
+            store: store.clone(),
+            metrics: Arc::new(Metrics::new()),
+            measurements: Arc::default(),
+            leadership: Leadership::unconditional(),
+            wake,
+            concurrency: 1,
+            leases,
+        });
+        let _scheduler = tokio::spawn(scheduler);
+        let ttl = Ttl::new(Duration::from_secs(1)).expect("ttl");
+        let request = AcquireRequest {
+            target: TargetRef::new("ns", "l").expect("target"),
+            lease_id: LeaseId::new("uid-l").expect("lease id"),
+            owner: Owner::new("w").expect("owner"),
+            ttl,
+            min_token: 0,
+            request_id: RequestId::random(),
+        };
+        let sent = Instant::now();
+        let AcquireOutcome::Acquired(grant) = store.acquire(&request).await.expect("acquire")
+        else {
+            panic!("not acquired");
+        };
+        let handle = LeaseHandle {
+            target: request.target,
+            lease_id: request.lease_id,
+            owner: request.owner,
+            token: crate::store::Token::new(grant.token).expect("token"),
+        };
+        let reading = Reading {
+            sent,
+            answered: Instant::now(),
+            server_ms: grant.server_time_ms,
+        };
+        let key = ObjectRef::new("l").within("ns");
+        renewals.keep(
+            &key,
+            handle.clone(),
+            ttl,
+            Some(grant.expires_at_ms()),
+            Start::Granted { grant, reading },
+        );
+        store
+            .release(&ReleaseRequest {
+                lease: handle,
+                request_id: RequestId::random(),
+            })
+            .await
+            .expect("release");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(matches!(
+            renewals.standing(&key).map(|s| s.state),
+            Some(State::Lost(_))
+        ));
+        // Deleted without the finalizer: no cleanup, no reconcile.
+        cache.apply_watcher_event(&kube::runtime::watcher::Event::Delete(lease));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            renewals.standing(&key).is_none(),
+            "3 s (3 TTLs) after its TargetLease left the cache, the lost tenure is still kept: {:?}",
+            renewals.standing(&key).map(|s| s.state)
+        );
+    }
+}

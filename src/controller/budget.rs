@@ -1,12 +1,13 @@
 //! The status-write budget: what the controller asks of the API server, by priority. A grant,
-//! a loss or a release (a transition) is always written; moving a held lease's `expiresAt`
-//! forward (a refresh) is written only while the API server keeps up; an Event only while it is
-//! idle enough. The API server counts as slow while the write sent last (of those answered)
-//! took longer than [`SLOW`]: refreshes then go one at a time, as probes, and Events are
-//! dropped, until a probe comes back in time. After an answer that says the API server is
-//! overloaded (429, a 5xx, no answer), refreshes and Events wait for a back-off window that
-//! doubles while such answers go on (1 s to 30 s). So a slow API server gets fewer writes from
-//! this controller, not more, and the refreshes resume one round trip after it recovers.
+//! a loss or a release (a transition) is always written, at once. Moving a held lease's
+//! `expiresAt` forward (a refresh) and publishing an Event use only what the API server has to
+//! spare: they may have a window of writes in flight, which grows by one at each answer that
+//! came within [`TARGET`] and halves (at most once per round trip) at each one that did not, so
+//! their rate follows what the API server serves without its latency growing; Events get half
+//! of the window, none while it is one. After an answer that says the API server is overloaded
+//! (429, a 5xx, a write that never answered), none goes for a back-off window that doubles while
+//! such answers go on (1 s to 30 s). So a slow API server gets fewer writes from this
+//! controller, not more, and the refreshes resume within a few round trips after it recovers.
 //! Renewals never wait for any of this (see [`renewals`](super::renewals)): a shed refresh only
 //! leaves `expiresAt` behind, never a lease unrenewed.
 
@@ -14,14 +15,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// A write answered later than this counts as slow.
-pub const SLOW: Duration = Duration::from_secs(1);
+/// The latency of a write above which the API server counts as busy: refreshes and Events
+/// narrow their window.
+pub const TARGET: Duration = Duration::from_millis(100);
 
-/// Writes in flight at once above which refreshes wait.
-const REFRESH_IN_FLIGHT: usize = 32;
-
-/// Writes in flight at once above which Events are dropped.
-const EVENT_IN_FLIGHT: usize = 8;
+/// The widest window of refreshes and Events in flight.
+pub const WIDEST: usize = 16;
 
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const LONGEST_BACKOFF: Duration = Duration::from_secs(30);
@@ -31,77 +30,76 @@ const LONGEST_BACKOFF: Duration = Duration::from_secs(30);
 pub enum Priority {
     /// A phase, token, owner or condition changes: always written.
     Transition,
-    /// Only `expiresAt` moves forward: written while the API server keeps up.
+    /// Only `expiresAt` moves forward: written within the window.
     Refresh,
-    /// An events.k8s.io Event: published only while few writes are in flight and none is slow.
+    /// An events.k8s.io Event: published within half the window.
     Event,
 }
 
 #[derive(Debug)]
 struct Health {
-    /// The answered write that was sent last: when, and how long it took.
-    latest: Option<(Instant, Duration)>,
+    /// When the newest answered write was sent.
+    latest_sent: Option<Instant>,
+    /// Refreshes and Events allowed in flight.
+    window: usize,
+    /// When the window last halved: only a write sent after that may halve it again.
+    narrowed_at: Option<Instant>,
     /// After an overloaded answer, refreshes and Events wait until then.
     overloaded_until: Option<Instant>,
     /// The next back-off window.
     backoff: Duration,
-    /// Whether a probe (a refresh let through while slow) is in flight.
-    probing: bool,
-}
-
-impl Health {
-    fn slow(&self) -> bool {
-        self.latest.is_some_and(|(_, took)| took > SLOW)
-    }
-
-    fn overloaded(&self, now: Instant) -> bool {
-        self.overloaded_until.is_some_and(|until| now < until)
-    }
 }
 
 /// Shared by every reconcile; no clock of its own (each call is given `now`).
 #[derive(Debug)]
 pub struct StatusBudget {
-    in_flight: AtomicUsize,
+    /// Refreshes and Events in flight.
+    spare_in_flight: AtomicUsize,
     health: Mutex<Health>,
 }
 
 impl Default for StatusBudget {
     fn default() -> Self {
         Self {
-            in_flight: AtomicUsize::new(0),
+            spare_in_flight: AtomicUsize::new(0),
             health: Mutex::new(Health {
-                latest: None,
+                latest_sent: None,
+                window: WIDEST,
+                narrowed_at: None,
                 overloaded_until: None,
                 backoff: FIRST_BACKOFF,
-                probing: false,
             }),
         }
     }
 }
 
-/// A write admitted by [`StatusBudget::admit`]: counted in flight until it is dropped; report
-/// how it went with [`Admitted::done`].
+/// A write admitted by [`StatusBudget::admit`]. Report how it went with [`Admitted::done`]; one
+/// dropped without a report (its reconcile cancelled at its bound: no answer came) counts as an
+/// overloaded answer.
 #[must_use]
 pub struct Admitted<'a> {
     budget: &'a StatusBudget,
     sent: Instant,
-    probe: bool,
+    spare: bool,
+    done: bool,
 }
 
 impl Admitted<'_> {
     /// Records how the write went: `overloaded` when it failed in a way that says the API server
     /// is overloaded (see [`is_overload`]).
-    pub fn done(self, now: Instant, overloaded: bool) {
+    pub fn done(mut self, now: Instant, overloaded: bool) {
+        self.done = true;
         self.budget.record(self.sent, now, overloaded);
     }
 }
 
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
-        self.budget.in_flight.fetch_sub(1, Ordering::SeqCst);
-        if self.probe {
-            self.budget.health().probing = false;
+        if self.spare {
+            self.budget.spare_in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        if !self.done {
+            self.budget.record(self.sent, Instant::now(), true);
         }
     }
 }
@@ -122,64 +120,56 @@ impl StatusBudget {
     }
 
     /// Whether a write of `priority` may go now; `None` means shed it (a refresh is tried again
-    /// after [`StatusBudget::retry_after`], an Event is dropped).
+    /// at the lease's next renewal, an Event is dropped).
     pub fn admit(&self, priority: Priority, now: Instant) -> Option<Admitted<'_>> {
-        let mut probe = false;
-        if priority != Priority::Transition {
+        let spare = priority != Priority::Transition;
+        if spare {
+            let health = self.health();
             let limit = match priority {
-                Priority::Event => EVENT_IN_FLIGHT,
-                _ => REFRESH_IN_FLIGHT,
+                Priority::Event => health.window / 2,
+                _ => health.window,
             };
-            let mut health = self.health();
-            if health.overloaded(now) || self.in_flight.load(Ordering::SeqCst) >= limit {
+            let overloaded = health.overloaded_until.is_some_and(|until| now < until);
+            if overloaded || self.spare_in_flight.load(Ordering::SeqCst) >= limit {
                 return None;
             }
-            if health.slow() {
-                if priority == Priority::Event || health.probing {
-                    return None;
-                }
-                health.probing = true;
-                probe = true;
-            }
+            self.spare_in_flight.fetch_add(1, Ordering::SeqCst);
         }
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
         Some(Admitted {
             budget: self,
             sent: now,
-            probe,
+            spare,
+            done: false,
         })
-    }
-
-    /// When a shed refresh should be tried again: at the end of the back-off window, or after
-    /// the last write's round trip (at least a second, at most the longest window).
-    pub fn retry_after(&self, now: Instant) -> Duration {
-        let health = self.health();
-        if let Some(until) = health.overloaded_until.filter(|until| now < *until) {
-            return until - now;
-        }
-        health
-            .latest
-            .map_or(FIRST_BACKOFF, |(_, took)| took)
-            .clamp(FIRST_BACKOFF, LONGEST_BACKOFF)
     }
 
     fn record(&self, sent: Instant, answered: Instant, overloaded: bool) {
         let mut health = self.health();
-        // Only news counts: a write sent before the latest one answered says less about now.
-        if health.latest.is_none_or(|(latest, _)| sent >= latest) {
-            health.latest = Some((sent, answered.saturating_duration_since(sent)));
+        let took = answered.saturating_duration_since(sent);
+        let newest = health.latest_sent.is_none_or(|latest| sent >= latest);
+        if newest {
+            health.latest_sent = Some(sent);
         }
+        let may_narrow = health.narrowed_at.is_none_or(|at| sent > at);
         if overloaded {
             health.overloaded_until = Some(answered + health.backoff);
             health.backoff = (health.backoff * 2).min(LONGEST_BACKOFF);
-        } else if !health.slow() {
+            health.window = 1;
+            health.narrowed_at = Some(answered);
+        } else if took > TARGET {
+            if may_narrow {
+                health.window = (health.window / 2).max(1);
+                health.narrowed_at = Some(answered);
+            }
+        } else if newest {
+            health.window = (health.window + 1).min(WIDEST);
             health.backoff = FIRST_BACKOFF;
         }
     }
 
-    /// Writes in flight now.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::SeqCst)
+    /// Refreshes and Events allowed in flight now.
+    pub fn window(&self) -> usize {
+        self.health().window
     }
 }
 
@@ -189,110 +179,105 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    /// Whether a write of `priority` is admitted at `now`; if it is, it answers at once.
+    fn admitted(budget: &StatusBudget, priority: Priority, now: Instant) -> bool {
+        budget
+            .admit(priority, now)
+            .map(|write| write.done(now, false))
+            .is_some()
+    }
+
+    fn answered(budget: &StatusBudget, sent: Instant, took: Duration, overloaded: bool) {
+        budget
+            .admit(Priority::Transition, sent)
+            .expect("transitions always go")
+            .done(sent + took, overloaded);
+    }
+
     #[test]
-    fn transitions_always_go_refreshes_and_events_wait_their_turn() {
+    fn transitions_always_go_refreshes_and_events_share_the_window() {
         let budget = StatusBudget::default();
         let now = Instant::now();
         let mut held = Vec::new();
-        for _ in 0..EVENT_IN_FLIGHT {
+        for _ in 0..WIDEST / 2 {
             held.push(budget.admit(Priority::Refresh, now).expect("refresh"));
         }
         assert!(
             budget.admit(Priority::Event, now).is_none(),
-            "events go last"
+            "events get half"
         );
-        for _ in EVENT_IN_FLIGHT..REFRESH_IN_FLIGHT {
+        for _ in WIDEST / 2..WIDEST {
             held.push(budget.admit(Priority::Refresh, now).expect("refresh"));
         }
         assert!(budget.admit(Priority::Refresh, now).is_none());
-        assert!(budget.admit(Priority::Transition, now).is_some());
-        held.clear();
-        assert_eq!(budget.in_flight(), 0);
-        assert!(budget.admit(Priority::Event, now).is_some());
+        answered(&budget, now, 5 * MS, false);
+        for write in held.drain(..) {
+            write.done(now + 5 * MS, false);
+        }
+        assert!(admitted(&budget, Priority::Event, now));
     }
 
     #[test]
-    fn a_slow_api_server_gets_probes_until_it_recovers() {
+    fn slow_answers_narrow_the_window_once_per_round_trip_and_fast_ones_widen_it() {
         let budget = StatusBudget::default();
         let t0 = Instant::now();
-        // A write that took 3 s: slow.
-        budget
-            .admit(Priority::Transition, t0)
-            .expect("transition")
-            .done(t0 + 3000 * MS, false);
-        let now = t0 + 3000 * MS;
+        // Three slow answers of writes sent together: one halving.
+        for _ in 0..3 {
+            answered(&budget, t0, 3000 * MS, false);
+        }
+        assert_eq!(budget.window(), WIDEST / 2);
+        // Sent after that halving, slow again: halves again, down to one.
+        let mut at = t0 + 3001 * MS;
+        for _ in 0..10 {
+            answered(&budget, at, 3000 * MS, false);
+            at += 3001 * MS;
+        }
+        assert_eq!(budget.window(), 1);
         assert!(
-            budget.admit(Priority::Event, now).is_none(),
-            "no Events while slow"
+            budget.admit(Priority::Event, at).is_none(),
+            "no Events at one"
         );
-        assert!(budget.admit(Priority::Transition, now).is_some());
-        // One refresh at a time goes, as a probe.
-        let probe = budget.admit(Priority::Refresh, now).expect("a probe");
-        assert!(
-            budget.admit(Priority::Refresh, now).is_none(),
-            "one probe at a time"
-        );
-        assert_eq!(budget.retry_after(now), Duration::from_secs(3));
-        // A write sent before the probe answers slowly after it: old news, ignored.
-        let late = budget
-            .admit(Priority::Transition, now - 10 * MS)
-            .expect("transition");
-        probe.done(now + 20 * MS, false);
-        late.done(now + 5000 * MS, false);
-        // The probe came back in time: refreshes and Events go again.
-        let later = now + 5000 * MS;
-        let first = budget.admit(Priority::Refresh, later).expect("refresh");
-        let second = budget.admit(Priority::Refresh, later).expect("refresh");
-        assert!(budget.admit(Priority::Event, later).is_some());
-        drop((first, second));
-    }
-
-    #[test]
-    fn a_probe_that_never_answers_lets_the_next_one_go() {
-        let budget = StatusBudget::default();
-        let t0 = Instant::now();
-        budget
-            .admit(Priority::Transition, t0)
-            .expect("transition")
-            .done(t0 + 2000 * MS, false);
-        let now = t0 + 2000 * MS;
-        drop(budget.admit(Priority::Refresh, now).expect("a probe"));
-        assert!(
-            budget.admit(Priority::Refresh, now).is_some(),
-            "the next probe"
-        );
+        let probe = budget.admit(Priority::Refresh, at).expect("one refresh");
+        assert!(budget.admit(Priority::Refresh, at).is_none());
+        // It comes back in time: the window widens by one per fast answer.
+        probe.done(at + 10 * MS, false);
+        assert_eq!(budget.window(), 2);
+        // A write sent before it, answered slowly after it, is old news: no halving.
+        answered(&budget, at - 5 * MS, 4000 * MS, false);
+        assert_eq!(budget.window(), 2);
+        for i in 0..WIDEST {
+            answered(&budget, at + (20 + i as u32) * MS, 10 * MS, false);
+        }
+        assert_eq!(budget.window(), WIDEST);
     }
 
     #[test]
     fn overloaded_answers_shed_for_a_doubling_window() {
         let budget = StatusBudget::default();
-        let mut now = Instant::now();
+        let mut at = Instant::now();
+        answered(&budget, at, 5 * MS, true);
+        at += 5 * MS;
         for window in [1, 2, 4, 8, 16, 30, 30] {
-            budget
-                .admit(Priority::Transition, now)
-                .expect("transition")
-                .done(now + 5 * MS, true);
-            now += 5 * MS;
-            assert!(budget.admit(Priority::Refresh, now).is_none());
-            assert_eq!(budget.retry_after(now), Duration::from_secs(window));
-            now += Duration::from_secs(window);
-            assert!(budget.admit(Priority::Refresh, now).is_some(), "{window} s");
+            let window = Duration::from_secs(window);
+            assert!(budget.admit(Priority::Refresh, at + window - MS).is_none());
+            at += window;
+            let write = budget
+                .admit(Priority::Refresh, at)
+                .expect("after the window");
+            // Overloaded again: the next window is twice as long.
+            write.done(at + 5 * MS, true);
+            at += 5 * MS;
         }
-        // A good answer resets the window.
-        budget
-            .admit(Priority::Transition, now)
-            .expect("transition")
-            .done(now + 5 * MS, false);
-        budget
-            .admit(Priority::Transition, now + 5 * MS)
-            .expect("transition")
-            .done(now + 10 * MS, true);
-        assert_eq!(budget.retry_after(now + 10 * MS), FIRST_BACKOFF);
+        // A good answer resets the back-off to its first window.
+        answered(&budget, at, 5 * MS, false);
+        answered(&budget, at + 10 * MS, 5 * MS, true);
+        assert!(budget.admit(Priority::Refresh, at + 1014 * MS).is_none());
+        assert!(admitted(&budget, Priority::Refresh, at + 1016 * MS));
     }
 }
 
 #[cfg(test)]
-mod review_tests {
+mod hung_write_tests {
     use super::*;
 
     /// A write whose answer never comes: the reconcile is cancelled at its 30 s bound and the
@@ -309,7 +294,7 @@ mod review_tests {
             .expect("transition")
             .done(t0 + Duration::from_millis(5), false);
         // 32 refreshes sent; none answered within the reconcile bound: all dropped.
-        let hung: Vec<_> = (0..REFRESH_IN_FLIGHT)
+        let hung: Vec<_> = (0..WIDEST)
             .map(|_| budget.admit(Priority::Refresh, t0).expect("refresh"))
             .collect();
         drop(hung);
@@ -317,7 +302,7 @@ mod review_tests {
         let admitted = budget.admit(Priority::Refresh, later).is_some();
         assert!(
             !admitted,
-            "after {REFRESH_IN_FLIGHT} refreshes that never answered (each cancelled at 30 s), \
+            "after {WIDEST} refreshes that never answered (each cancelled at 30 s), \
              the next refresh was admitted at once: no back-off, the budget still thinks the \
              API server keeps up"
         );

@@ -364,9 +364,10 @@ impl Measured {
 }
 
 /// How long the lease of a claim that shows Held is still known to be valid at `now`: until the
-/// earlier of its published `expiresAt` and the expiry the store granted in the last answer this
-/// process measured for that very tenure, each counted on this process's monotonic clock from
-/// the moment that call was sent. Zero when the claim does not show Held, when this process has
+/// expiry the store granted in the last answer this process measured for that very tenure,
+/// counted on this process's monotonic clock from the moment that call was sent. The published
+/// `expiresAt` plays no part: it is never later than a granted expiry, and it lags behind
+/// while the status budget holds refreshes back, which must not turn a store blip into a loss. Zero when the claim does not show Held, when this process has
 /// measured no answer for its token (it just started or took over: it knows nothing of the
 /// store's clock), or once that may have passed. A status never says Held longer than this
 /// while the store fails.
@@ -382,15 +383,7 @@ pub fn known_valid_for(
     if status.fencing_token != Some(measured.token) {
         return Duration::ZERO;
     }
-    let Some(published) = status
-        .expires_at
-        .and_then(|e| u64::try_from(e.as_millisecond()).ok())
-    else {
-        return Duration::ZERO;
-    };
-    measured
-        .reading
-        .left_until(published.min(measured.granted_until_ms), now)
+    measured.reading.left_until(measured.granted_until_ms, now)
 }
 
 /// The [`Measured`] answers of this process, per TargetLease, and the latest reading of the
@@ -837,14 +830,15 @@ mod tests {
                 known_valid_for(Some(&forged), Some(&measured), mono.at(30_000)),
                 Duration::ZERO
             );
-            // An earlier published expiry bounds it the other way.
+            // An earlier published expiry (refreshes held back for a slow API server) does not
+            // shorten it: the measured grant is what the lease is valid until.
             let mut earlier = status.clone();
             earlier.expires_at = earlier
                 .expires_at
                 .map(|e| e - SignedDuration::from_secs(10));
             assert_eq!(
                 known_valid_for(Some(&earlier), Some(&measured), mono.at(19_000)),
-                Duration::from_secs(1)
+                Duration::from_secs(11)
             );
             // Measured for another token, or not at all (a controller that just started): not
             // known valid, so a failing store makes the claim Lost with Held Unknown at once.
@@ -1046,7 +1040,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod review_tests {
+mod shed_refresh_tests {
     use std::sync::Arc;
 
     use super::*;

@@ -37,18 +37,9 @@ enum Written {
     Wrote(Box<TargetLease>),
     /// Nothing to write: the status says it already.
     Unchanged,
-    /// Only `expiresAt` would move and the budget holds refreshes back: try again after this.
-    Deferred(Duration),
-}
-
-impl Written {
-    /// When to look again at the latest, given the plan's `next`.
-    fn next(&self, next: Duration) -> Duration {
-        match self {
-            Written::Deferred(retry) => next.min(*retry),
-            _ => next,
-        }
-    }
+    /// Only `expiresAt` would move and the budget holds refreshes back: the renewal scheduler
+    /// wakes the claim again at its next renewal, which tries again.
+    Deferred,
 }
 
 /// The longest one reconcile may take. Its store calls are bounded by the Valkey call timeout,
@@ -203,7 +194,7 @@ async fn write_status(
     let now = Instant::now();
     let Some(admitted) = ctx.budget.admit(priority, now) else {
         ctx.metrics.shed("refresh");
-        return Ok(Written::Deferred(ctx.budget.retry_after(now)));
+        return Ok(Written::Deferred);
     };
     // The resourceVersion the status was decided on is a precondition: a write based on a stale
     // read (a cut-off leader's late write, a cache behind) is refused with 409, not applied.
@@ -410,9 +401,9 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
     let next = match plan {
         Plan::GiveUp { reason, message } => return give_up(&claim, ctx, reason, message).await,
         Plan::Settle { observed, next } => {
-            let written = claim.settle(ctx, observed, None).await?;
+            claim.settle(ctx, observed, None).await?;
             match next {
-                Some(next) => written.next(next),
+                Some(next) => next,
                 None => return Ok(Action::await_change()),
             }
         }
@@ -440,10 +431,8 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
         Plan::Publish(standing) => {
             let step = decide::after_acquire(&claim, &AcquireOutcome::Acquired(standing.grant));
             let observed = step.observed.holder_unknown(unknown);
-            claim
-                .settle(ctx, observed, step.event)
-                .await?
-                .next(step.next)
+            claim.settle(ctx, observed, step.event).await?;
+            step.next
         }
         Plan::Acquire => acquire(&claim, ctx, unknown).await?,
     };
@@ -473,6 +462,7 @@ async fn judge(
     facts: &Facts,
 ) -> Result<Duration, Error> {
     let key = ObjectRef::from_obj(claim.lease);
+    ctx.renewals.set_ttl(&key, claim.lease_ttl);
     let outcome = match standing.state {
         // The scheduler wakes this claim with its first answer.
         State::Unconfirmed => return Ok(decide::renew_interval(claim.ttl())),
@@ -493,7 +483,7 @@ async fn judge(
     let observed = step
         .observed
         .holder_unknown(facts.holder_unknown.as_deref());
-    let written = claim.settle(ctx, observed, step.event).await?;
+    claim.settle(ctx, observed, step.event).await?;
     let next = match outcome {
         RenewOutcome::Lost { .. } => {
             // Written Lost: the next reconcile claims the target again.
@@ -506,7 +496,7 @@ async fn judge(
             .server_now
             .map_or(step.next, |now| decide::next_check_kept(claim, now)),
     };
-    Ok(written.next(next))
+    Ok(next)
 }
 
 /// The highest token any TargetLease status has shown for this target: the floor for the next
@@ -606,20 +596,19 @@ async fn acquire(
                 reading,
             },
         );
+        // Every other claim on the target looks again now, and a Held one is renewed now: one
+        // that still says Held (after a data loss or an outage) learns at that renewal that it
+        // lost, so at most one shows Held beyond it. Before the status write, whatever becomes
+        // of that.
+        wake_others(claim, ctx, |_| true);
+        info!(lease = %claim.lease.name_any(), target = %claim.target, token = grant.token, "acquired");
     }
     let step = decide::after_acquire(claim, outcome);
     let handover = decide::is_handover(claim);
     let observed = step.observed.holder_unknown(holder_unknown);
     claim.settle(ctx, observed, step.event).await?;
-    if let AcquireOutcome::Acquired(grant) = outcome {
-        info!(lease = %claim.lease.name_any(), target = %claim.target, token = grant.token, "acquired");
-        if handover {
-            ctx.metrics.handover();
-        }
-        // Every other claim on the target looks again now, Held ones included: one that still
-        // says Held (after a data loss or an outage) learns at its renewal that it lost, so at
-        // most one shows Held beyond this reconcile.
-        wake_others(claim, ctx, |_| true);
+    if handover && matches!(outcome, AcquireOutcome::Acquired(_)) {
+        ctx.metrics.handover();
     }
     Ok(step.next)
 }
@@ -754,7 +743,8 @@ fn wake_waiters(claim: &Claim<'_>, ctx: &Context) {
     });
 }
 
-/// Schedules a reconcile of every other TargetLease on the claim's target that `pick` selects.
+/// Schedules a reconcile of every other TargetLease on the claim's target that `pick` selects,
+/// and the renewal of each one the renewal scheduler keeps.
 fn wake_others(claim: &Claim<'_>, ctx: &Context, pick: impl Fn(&TargetLease) -> bool) {
     let me = claim.lease.uid();
     let on_target =
@@ -762,7 +752,9 @@ fn wake_others(claim: &Claim<'_>, ctx: &Context, pick: impl Fn(&TargetLease) -> 
             .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target());
     for other in on_target {
         if other.uid() != me && pick(&other) {
-            let _ = ctx.wake.send(ObjectRef::from_obj(other.as_ref()));
+            let key = ObjectRef::from_obj(other.as_ref());
+            ctx.renewals.renew_now(&key);
+            let _ = ctx.wake.send(key);
         }
     }
 }

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::{Notify, Semaphore};
@@ -111,6 +112,9 @@ pub enum Start {
 struct Kept {
     standing: Standing,
     ttl: Ttl,
+    /// Until when the latest grant or renewal is known valid, on this process's clock (from the
+    /// send of that call); `None` while unconfirmed.
+    valid_until: Option<Instant>,
     /// The `expiresAt` the status publishes, in the store's clock.
     published_ms: Option<u64>,
     /// Bumped at every hand-over, so that a late answer for an earlier one is dropped.
@@ -224,11 +228,12 @@ impl Renewals {
             kept.published_ms = published_ms.or(kept.published_ms);
             return;
         }
-        let (grant, state, due) = match start {
+        let (grant, state, due, valid_until) = match start {
             Start::Granted { grant, reading } => (
-                grant,
+                grant.clone(),
                 State::Renewed,
                 reading.sent + renew_interval(ttl.duration()),
+                Some(reading.sent + Duration::from_millis(grant.expires_in_ms)),
             ),
             Start::FromStatus { acquired_at_ms } => (
                 Grant {
@@ -239,6 +244,7 @@ impl Renewals {
                 },
                 State::Unconfirmed,
                 Instant::now(),
+                None,
             ),
         };
         book.unschedule(lease);
@@ -253,6 +259,7 @@ impl Renewals {
                     state,
                 },
                 ttl,
+                valid_until,
                 published_ms,
                 epoch,
                 slot: None,
@@ -274,9 +281,51 @@ impl Renewals {
         }
     }
 
-    /// What the store last said of the tenure kept for `lease`, if one is.
+    /// What the store last said of the tenure kept for `lease`, if one is. A renewal that has
+    /// not come in time (more renewals due than `--renewal-concurrency` lets through) shows as
+    /// a failure once the last measured grant has passed, never as `Renewed`.
     pub fn standing(&self, lease: &ObjectRef<TargetLease>) -> Option<Standing> {
-        self.book().kept.get(lease).map(|k| k.standing.clone())
+        let book = self.book();
+        let kept = book.kept.get(lease)?;
+        let mut standing = kept.standing.clone();
+        let now = Instant::now();
+        if standing.state == State::Renewed
+            && let Some(until) = kept.valid_until.filter(|until| now >= *until)
+        {
+            standing.state = State::Failing(StoreError::Timeout {
+                endpoint: "the renewal scheduler (behind its schedule)".into(),
+                after_ms: u64::try_from((now - until).as_millis()).unwrap_or(u64::MAX),
+            });
+        }
+        Some(standing)
+    }
+
+    /// Renews the tenure kept for `lease` now rather than at its turn: another claim was
+    /// granted its target (after a data loss or an outage), so this one has probably lost, and
+    /// its status must say so within one renewal.
+    pub fn renew_now(&self, lease: &ObjectRef<TargetLease>) {
+        let mut book = self.book();
+        let scheduled = book.kept.get(lease).is_some_and(|k| k.slot.is_some());
+        if scheduled {
+            book.schedule(lease, Instant::now());
+            drop(book);
+            self.shared.changed.notify_one();
+        }
+    }
+
+    /// Sets the TTL the next renewals of `lease` ask for (the spec changed); a shorter one is
+    /// renewed at once, so the lease never runs on the longer interval.
+    pub fn set_ttl(&self, lease: &ObjectRef<TargetLease>, ttl: Ttl) {
+        let mut book = self.book();
+        let Some(kept) = book.kept.get_mut(lease).filter(|k| k.ttl != ttl) else {
+            return;
+        };
+        kept.ttl = ttl;
+        if kept.slot.is_some() {
+            book.schedule(lease, Instant::now());
+            drop(book);
+            self.shared.changed.notify_one();
+        }
     }
 
     /// Stops renewing whatever is kept for `lease`. A renewal in flight may still reach the
@@ -304,8 +353,13 @@ struct Due {
 /// [`Wiring::concurrency`] at once. Stopped by dropping it (the renewals in flight with it).
 async fn run(shared: Arc<Shared>) {
     let mut running = JoinSet::new();
+    let mut sweeps = tokio::time::interval(SWEEP_EVERY);
+    sweeps.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         while running.try_join_next().is_some() {}
+        if sweeps.tick().now_or_never().is_some() {
+            sweep(&shared);
+        }
         let next = shared
             .book
             .lock()
@@ -319,6 +373,7 @@ async fn run(shared: Arc<Shared>) {
                 tokio::select! {
                     _ = tokio::time::sleep_until(due.into()) => {}
                     _ = shared.changed.notified() => {}
+                    _ = sweeps.tick() => sweep(&shared),
                     Some(_) = running.join_next(), if !running.is_empty() => {}
                 }
                 continue;
@@ -326,6 +381,7 @@ async fn run(shared: Arc<Shared>) {
             None => {
                 tokio::select! {
                     _ = shared.changed.notified() => {}
+                    _ = sweeps.tick() => sweep(&shared),
                     Some(_) = running.join_next(), if !running.is_empty() => {}
                 }
                 continue;
@@ -347,6 +403,39 @@ async fn run(shared: Arc<Shared>) {
     }
 }
 
+/// How often tenures no longer on the schedule (lost ones, which their reconcile takes back)
+/// are forgotten when their TargetLease left the cache; those on the schedule are dropped when
+/// their renewal comes up.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether the TargetLease `key` names is still in the cache, as the object the tenure was
+/// granted to.
+fn still_wanted(shared: &Shared, key: &ObjectRef<TargetLease>, kept: &Kept) -> bool {
+    shared.leases.get(key).is_some_and(|lease| {
+        lease.metadata.uid.as_deref() == Some(kept.standing.handle.lease_id.expose())
+    })
+}
+
+/// Forgets every tenure off the schedule whose TargetLease left the cache (deleted without the
+/// controller's finalizer, replaced under its name): a lost one is never scheduled again, so
+/// nothing else would.
+fn sweep(shared: &Shared) {
+    let mut book = shared.book.lock().unwrap_or_else(|e| e.into_inner());
+    let gone: Vec<_> = book
+        .kept
+        .iter()
+        .filter(|(key, kept)| kept.slot.is_none() && !still_wanted(shared, key, kept))
+        .map(|(key, _)| key.clone())
+        .collect();
+    for key in &gone {
+        book.unschedule(key);
+        book.kept.remove(key);
+    }
+    let kept = book.kept.len();
+    drop(book);
+    shared.metrics.kept_leases(kept);
+}
+
 /// Takes the earliest due renewal off the schedule, if one is due.
 fn take_due(shared: &Shared) -> Option<Due> {
     let mut book = shared.book.lock().unwrap_or_else(|e| e.into_inner());
@@ -357,10 +446,7 @@ fn take_due(shared: &Shared) -> Option<Due> {
     let key = book.schedule.remove(&slot)?;
     let kept = book.kept.get_mut(&key)?;
     kept.slot = None;
-    let wanted = shared.leases.get(&key).is_some_and(|lease| {
-        lease.metadata.uid.as_deref() == Some(kept.standing.handle.lease_id.expose())
-    });
-    if !wanted {
+    if !still_wanted(shared, &key, kept) {
         // Its TargetLease is gone: the lease runs out at its TTL.
         debug!(lease = %key.name, "not renewed: its TargetLease is gone");
         book.kept.remove(&key);
@@ -381,7 +467,17 @@ fn take_due(shared: &Shared) -> Option<Due> {
 /// write.
 async fn renew_one(shared: &Shared, due: Due) {
     if shared.leadership.check().is_err() {
-        // Not leading: this controller is stopping. A successor renews from the statuses.
+        // Not leading: this controller is stopping (a successor renews from the statuses).
+        // Kept on the schedule all the same, should leadership come back without a restart.
+        let mut book = shared.book.lock().unwrap_or_else(|e| e.into_inner());
+        if book
+            .kept
+            .get(&due.key)
+            .is_some_and(|k| k.epoch == due.epoch)
+        {
+            let retry = Instant::now() + retry_after_failure(due.ttl.duration());
+            book.schedule(&due.key, retry);
+        }
         return;
     }
     let started = Instant::now();
@@ -424,6 +520,7 @@ async fn renew_one(shared: &Shared, due: Due) {
                 },
             );
             let first = kept.standing.state == State::Unconfirmed;
+            kept.valid_until = Some(started + Duration::from_millis(expires_in_ms));
             kept.standing.grant.server_time_ms = server_time_ms;
             kept.standing.grant.expires_in_ms = expires_in_ms;
             kept.standing.state = State::Renewed;
@@ -629,7 +726,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod review_tests {
+mod backlog_tests {
     use super::*;
     use crate::store::memory::MemoryStore;
     use crate::store::{
@@ -786,7 +883,7 @@ mod review_tests {
 }
 
 #[cfg(test)]
-mod review_leak_tests {
+mod leak_tests {
     use super::*;
     use crate::store::memory::MemoryStore;
     use crate::store::{AcquireOutcome, AcquireRequest, LeaseId, Owner, ReleaseRequest, TargetRef};

@@ -1458,9 +1458,10 @@ async fn give_up_under_conflicts_never_shows_two_held(s: Scenario) {
     let held = s.wait_phase("giver", Phase::Held, 30 * SEC).await;
     s.apply("taker", "conflict-target", "worker-2", "");
     s.wait_phase("taker", Phase::Waiting, 30 * SEC).await;
-    // Four writers at once, so the object has always moved on by the time a status write
-    // decided on the controller's cached copy arrives.
-    let pokers: Vec<_> = (0..4)
+    // Eight writers at once, so the object has always moved on by the time a status write
+    // decided on the controller's cached copy arrives (a reconcile of a Held claim makes no
+    // store call, so its write follows the watch event within a few milliseconds).
+    let pokers: Vec<_> = (0..8)
         .map(|i| {
             let api = s.api();
             tokio::spawn(async move {

@@ -646,7 +646,8 @@ async fn expires_at_stays_true(s: Scenario) {
     let renewed_before = renewals();
     let start = Instant::now();
     let mut versions = std::collections::HashSet::new();
-    while start.elapsed() < 9 * SEC {
+    // Five TTLs: the promise of four TTLs made at the grant moves once, when one TTL is left.
+    while start.elapsed() < 15 * SEC {
         let lease = s.get("quiet").await;
         assert_eq!(phase_of(&lease), Some(Phase::Held));
         assert_eq!(token_of(&lease), token_of(&first));
@@ -654,16 +655,21 @@ async fn expires_at_stays_true(s: Scenario) {
         let expires = status.expires_at.expect("expiresAt while Held");
         let now = jiff::Timestamp::now();
         assert!(expires > now, "expiresAt {expires} is in the past at {now}");
+        let promised = now + jiff::SignedDuration::from_secs(13);
+        assert!(
+            expires <= promised,
+            "expiresAt {expires} is more than four TTLs ahead at {now}"
+        );
         versions.insert(lease.resource_version());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let renewed = renewals() - renewed_before;
     let writes = versions.len() as f64 - 1.0;
-    eprintln!("{renewed} renewals, {writes} status writes in 9 s");
-    assert!(renewed >= 7.0, "{renewed} renewals");
-    assert!(writes >= 3.0, "expiresAt did not move: {writes} writes");
+    eprintln!("{renewed} renewals, {writes} status writes in 15 s");
+    assert!(renewed >= 13.0, "{renewed} renewals");
+    assert!(writes >= 1.0, "expiresAt did not move: {writes} writes");
     assert!(
-        writes <= renewed / 2.0 + 1.0,
+        writes <= renewed / 9.0 + 1.0,
         "{writes} status writes for {renewed} renewals"
     );
 }
@@ -1625,8 +1631,11 @@ fn untrue_status(
     };
     let now = i64::try_from(seen.server_time_ms).expect("server time in range");
     let store_until = now + i64::try_from(view.expires_in_ms).expect("ttl in range");
-    // Both sides are whole milliseconds of the store's clock, each rounded once.
-    if expires <= now || expires > store_until + 2 {
+    // A promise the controller keeps while it runs: in the future, and at most four TTLs ahead
+    // of the store's clock (whole milliseconds of it, each side rounded once), while the store
+    // holds the lease (above).
+    let promised = now + 4 * 1000 * i64::from(lease.spec.ttl_seconds);
+    if expires <= now || expires > promised + 2 {
         return Some(format!(
             "expiresAt {expires} ms, the store's time {now} ms, its lease until {store_until} ms"
         ));
@@ -1845,7 +1854,7 @@ async fn slow_api_server_loses_no_lease(mut s: Scenario) {
     );
 }
 
-// Review: the API server slow (every byte of the controller's API connection 5 s late) until the
+// The API server slow (every byte of the controller's API connection 5 s late) until the
 // published expiresAt of a held lease has passed (refreshes shed, as documented), then Valkey
 // pauses for 3 s (every lease's renewal times out at least once; the store's leases, renewed every
 // 2 s with a TTL of 6 s, outlast the pause). The store still holds every lease for
@@ -1950,7 +1959,7 @@ async fn store_blip_while_refreshes_are_shed_loses_no_lease(mut s: Scenario) {
     );
 }
 
-// Review: ttlSeconds raised from 6 to 30 while Held; the renewals in Valkey must follow it.
+// ttlSeconds raised from 6 to 30 while Held; the renewals in Valkey must follow it.
 async fn ttl_edit_while_held_reaches_the_store(s: Scenario) {
     s.apply("ttl-edit", "ttl-edit-target", "worker", "ttlSeconds: 6");
     let held = s.wait_phase("ttl-edit", Phase::Held, 30 * SEC).await;

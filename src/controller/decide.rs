@@ -483,7 +483,7 @@ pub fn after_renew(claim: &Claim<'_>, handle: &LeaseHandle, outcome: &RenewOutco
         } => {
             // Renewals live in Valkey; the status is written when something else changed (a new
             // generation, recovery from a failure) or when the published expiry must move
-            // forward to stay in the future (every second renewal).
+            // forward to stay a promise of more than one TTL (every ninth renewal).
             let grant = Grant {
                 token: handle.token.get(),
                 acquired_at_ms: claim
@@ -498,10 +498,10 @@ pub fn after_renew(claim: &Claim<'_>, handle: &LeaseHandle, outcome: &RenewOutco
             let mut observed = Observed::held(&grant, claim.holder());
             observed.expires_at = published_expiry(
                 claim.status.and_then(|s| s.expires_at),
-                observed.expires_at,
                 millis_to_time(*server_time_ms),
-                renew_interval(claim.ttl()),
+                claim.ttl(),
             );
+            let observed = within_max_hold(claim, observed);
             Step {
                 observed,
                 event: None,
@@ -523,11 +523,30 @@ pub fn after_renew(claim: &Claim<'_>, handle: &LeaseHandle, outcome: &RenewOutco
     }
 }
 
+/// Caps the `expiresAt` of a held `observed` at the end of the `maxHoldSeconds` bound, when
+/// there is one: the controller releases the lease then, so it promises nothing beyond.
+fn within_max_hold(claim: &Claim<'_>, mut observed: Observed) -> Observed {
+    let bound = claim
+        .lease
+        .spec
+        .max_hold_seconds
+        .zip(observed.acquired_at)
+        .and_then(|(max, acquired)| {
+            acquired
+                .checked_add(jiff::SignedDuration::from_secs(i64::from(max)))
+                .ok()
+        });
+    if let (Some(expires), Some(bound)) = (observed.expires_at, bound) {
+        observed.expires_at = Some(expires.min(bound));
+    }
+    observed
+}
+
 /// What an acquire answered.
 pub fn after_acquire(claim: &Claim<'_>, outcome: &AcquireOutcome) -> Step {
     match outcome {
         AcquireOutcome::Acquired(grant) => Step {
-            observed: Observed::held(grant, claim.holder()),
+            observed: within_max_hold(claim, Observed::held(grant, claim.holder())),
             event: Some((
                 Reason::Acquired,
                 format!(
@@ -969,7 +988,8 @@ mod tests {
     }
 
     /// The store's real answers, on a manual clock, mapped to statuses: a grant, renewals that
-    /// move `expiresAt` every second time, a loss after the lease expired unrenewed.
+    /// move `expiresAt` every ninth time (one TTL left of a promise of four), a loss after the
+    /// lease expired unrenewed.
     #[tokio::test]
     async fn store_answers_become_statuses() {
         let clock = ManualClock::new();
@@ -988,7 +1008,7 @@ mod tests {
         let first_expiry = status.expires_at.expect("expiresAt");
 
         let mut writes = 0;
-        for renewal in 1..=6 {
+        for renewal in 1..=18 {
             clock.advance(Duration::from_secs(10));
             let now = granted_at + SignedDuration::from_secs(10 * renewal);
             let lease = fixture(test_spec("t", "w"), Some(status.clone()));
@@ -1006,7 +1026,7 @@ mod tests {
             }
             status = next;
         }
-        assert_eq!(writes, 3, "one status write per two renewals");
+        assert_eq!(writes, 2, "one status write per nine renewals");
         assert!(status.expires_at > Some(first_expiry));
 
         // Unrenewed past its TTL: the store says expired, the claim shows Lost and tries again.

@@ -8,7 +8,7 @@
 //! ([`Renewals::stop`]) when it gives the lease up. It reads the latest answer
 //! ([`Renewals::standing`]) instead of calling the store itself, and it is woken when that answer
 //! needs a status write: the lease was lost, the store started or stopped failing, or the
-//! published `expiresAt` must move forward (see [`needs_publishing`]). The scheduler never talks
+//! published `expiresAt` must move forward (see [`must_republish`]). The scheduler never talks
 //! to the API server.
 
 use std::collections::{BTreeMap, HashMap};
@@ -25,6 +25,7 @@ use tracing::{debug, info};
 use super::decide::{Measured, Measurements, Reading, renew_interval};
 use super::election::Leadership;
 use super::metrics::Metrics;
+use super::status::must_republish;
 use crate::api::TargetLease;
 use crate::store::{
     Grant, LeaseHandle, LeaseStore, LossReason, RenewOutcome, RenewRequest, RequestId, StoreError,
@@ -40,15 +41,6 @@ pub const DEFAULT_CONCURRENCY: u16 = 64;
 /// store outage, never more than a few times per call timeout.
 fn retry_after_failure(ttl: Duration) -> Duration {
     (renew_interval(ttl) / 4).clamp(Duration::from_millis(200), Duration::from_secs(2))
-}
-
-/// Whether the published `expiresAt` (`published_ms`, the store's clock) must move forward now
-/// that the store's clock read `server_ms` and the lease was renewed: when less than one and a
-/// half renewal intervals are left on it, it would pass before the renewal after next. So a held
-/// lease costs one expiry write per two renewals.
-pub fn needs_publishing(published_ms: Option<u64>, server_ms: u64, ttl: Duration) -> bool {
-    let margin = u64::try_from(renew_interval(ttl).as_millis() * 3 / 2).unwrap_or(u64::MAX);
-    published_ms.is_none_or(|p| p.saturating_sub(server_ms) <= margin)
 }
 
 /// What the store last said of a kept tenure.
@@ -524,7 +516,8 @@ async fn renew_one(shared: &Shared, due: Due) {
             kept.standing.grant.server_time_ms = server_time_ms;
             kept.standing.grant.expires_in_ms = expires_in_ms;
             kept.standing.state = State::Renewed;
-            let publish = needs_publishing(kept.published_ms, server_time_ms, ttl);
+            let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+            let publish = must_republish(kept.published_ms, server_time_ms, ttl_ms);
             (
                 was_failing || first || publish,
                 Some(started + renew_interval(ttl)),
@@ -558,17 +551,6 @@ mod tests {
     use super::*;
     use crate::store::memory::MemoryStore;
     use crate::store::{AcquireOutcome, AcquireRequest, LeaseId, Owner, TargetRef};
-
-    #[test]
-    fn publishing_every_second_renewal() {
-        let ttl = Duration::from_secs(30);
-        // Published at a grant at 0 (expiry 30 s): renewals at 10 and 20 s.
-        assert!(!needs_publishing(Some(30_000), 10_000, ttl));
-        assert!(needs_publishing(Some(30_000), 20_000, ttl));
-        assert!(needs_publishing(None, 0, ttl));
-        // An expiry already passed.
-        assert!(needs_publishing(Some(30_000), 40_000, ttl));
-    }
 
     #[test]
     fn retries_after_failures_are_bounded() {

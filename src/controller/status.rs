@@ -47,7 +47,7 @@ impl Observed {
             owner: Some(holder.to_owned()),
             token: Some(grant.token),
             acquired_at: millis(grant.acquired_at_ms),
-            expires_at: millis(grant.expires_at_ms()),
+            expires_at: millis(promise(grant.server_time_ms, grant.expires_in_ms)),
             held_by: None,
             reason: Reason::Acquired,
             message: format!("held by {holder} with fencing token {}", grant.token),
@@ -255,23 +255,38 @@ impl Observed {
     }
 }
 
-/// The expiry to publish after a renewal at server time `now` that moved the lease's expiry to
-/// `renewed`: the one already `published` while it stays in the future for one and a half
-/// renewal `interval`s more (so most renewals cost no status write), `renewed` otherwise. The
-/// published expiry is never later than the store's and, while renewals succeed on time, never
-/// in the past: one status write per two renewals keeps `expiresAt` true.
+/// How far ahead the published `expiresAt` is set, in TTLs: the controller promises to keep the
+/// lease in the store until then while it runs (it renews every TTL/3), and moves it forward
+/// when less than one TTL is left, so a held lease costs one status write per three TTLs.
+pub const PROMISED_TTLS: u64 = 4;
+
+/// The `expiresAt` that a grant or renewal answered at store time `server_ms` lets the
+/// controller promise, for a lease of `ttl_ms`.
+pub fn promise(server_ms: u64, ttl_ms: u64) -> u64 {
+    server_ms.saturating_add(ttl_ms.saturating_mul(PROMISED_TTLS))
+}
+
+/// Whether the published `expiresAt` (`published_ms`) must move forward at store time
+/// `server_ms`: at most one TTL is left on it.
+pub fn must_republish(published_ms: Option<u64>, server_ms: u64, ttl_ms: u64) -> bool {
+    published_ms.is_none_or(|p| p.saturating_sub(server_ms) <= ttl_ms)
+}
+
+/// The expiry to publish after a renewal answered at store time `now` for a lease of `ttl`: the
+/// one already `published` while more than one TTL is left on it (most renewals cost no status
+/// write), else a new [`promise`].
 pub fn published_expiry(
     published: Option<Timestamp>,
-    renewed: Option<Timestamp>,
     now: Timestamp,
-    interval: std::time::Duration,
+    ttl: std::time::Duration,
 ) -> Option<Timestamp> {
-    let margin_ms = i64::try_from(interval.as_millis() * 3 / 2).unwrap_or(i64::MAX);
-    match (published, renewed) {
-        (Some(p), Some(r)) if p <= r && p.as_millisecond() - now.as_millisecond() > margin_ms => {
-            Some(p)
-        }
-        _ => renewed,
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    let now_ms = u64::try_from(now.as_millisecond()).unwrap_or(0);
+    let published_ms = published.and_then(|p| u64::try_from(p.as_millisecond()).ok());
+    if must_republish(published_ms, now_ms, ttl_ms) {
+        millis(promise(now_ms, ttl_ms))
+    } else {
+        published
     }
 }
 
@@ -358,7 +373,8 @@ mod tests {
             Some("True")
         );
         assert!(condition(&s, "Reconciling").is_none());
-        assert_eq!(s.expires_at.map(|t| t.as_millisecond()), Some(32_000));
+        // A promise of four TTLs from the store's time of the grant.
+        assert_eq!(s.expires_at.map(|t| t.as_millisecond()), Some(122_000));
         assert_eq!(s.observed_generation, Some(3));
     }
 
@@ -385,9 +401,8 @@ mod tests {
         let mut observed = Observed::held(&later, "w");
         observed.expires_at = published_expiry(
             first.expires_at,
-            observed.expires_at,
             at(12_000),
-            std::time::Duration::from_millis(10_000),
+            std::time::Duration::from_secs(30),
         );
         let renewed = observed.into_status(Some(1), Some(&first), now);
         assert!(!is_transition(Some(&first), &renewed));
@@ -593,31 +608,33 @@ mod tests {
         assert_eq!(waiting.clone().holder_unknown(Some("x")), waiting);
     }
 
-    /// The published expiry moves only when it would come within one and a half renewal
-    /// intervals: one write per two renewals, never in the past while renewals succeed.
+    /// The published expiry is a promise of four TTLs, moved when one TTL is left: one write
+    /// per three TTLs, never in the past while renewals succeed.
     #[test]
-    fn published_expiry_moves_every_second_renewal() {
-        let ttl = 30_000;
-        let interval = std::time::Duration::from_millis(10_000);
-        let mut published = Some(at(ttl));
+    fn published_expiry_moves_every_three_ttls() {
+        let ttl = std::time::Duration::from_secs(30);
+        let mut published = Some(at(4 * 30_000));
         let mut writes = 0;
-        for renewal in 1..=30 {
+        // A renewal every 10 s for 15 minutes.
+        for renewal in 1..=90 {
             let now = renewal * 10_000;
-            let renewed = Some(at(now + ttl));
-            let next = published_expiry(published, renewed, at(now), interval);
-            assert!(next <= renewed, "published beyond the store's expiry");
-            // Still in the future at the next renewal.
-            assert!(next > Some(at(now + 10_000)), "renewal {renewal}: {next:?}");
+            let next = published_expiry(published, at(now), ttl);
+            assert!(next <= Some(at(now + 4 * 30_000)), "beyond the promise");
+            // Still in the future at the next renewal, by more than two thirds of a TTL.
+            assert!(next > Some(at(now + 20_000)), "renewal {renewal}: {next:?}");
             if next != published {
                 writes += 1;
             }
             published = next;
         }
-        assert_eq!(writes, 15);
-        // Late renewals (a slow reconcile) move it at once.
+        assert_eq!(writes, 10, "one write per 90 s");
+        // Late renewals (a budget that held refreshes back) move it at once.
         assert_eq!(
-            published_expiry(Some(at(25_000)), Some(at(50_000)), at(20_000), interval),
-            Some(at(50_000))
+            published_expiry(Some(at(25_000)), at(20_000), ttl),
+            Some(at(20_000 + 120_000))
         );
+        assert!(must_republish(None, 0, 30_000));
+        assert!(!must_republish(Some(100_000), 60_000, 30_000));
+        assert!(must_republish(Some(100_000), 70_000, 30_000));
     }
 }

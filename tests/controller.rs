@@ -1989,7 +1989,7 @@ async fn ttl_edit_while_held_reaches_the_store(s: Scenario) {
     );
 }
 
-// Review: Valkey loses its data while "dl-x" is Held and "dl-y" waits on the same target; "dl-y"
+// Valkey loses its data while "dl-x" is Held and "dl-y" waits on the same target; "dl-y"
 // is reconciled (an annotation edit) and takes the target with a larger token. docs/controller.md:
 // "Every grant also wakes every other claim on the target, Held ones included: one that still
 // shows Held (after a data loss or an outage) renews, learns it lost, and shows Lost within one

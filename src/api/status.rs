@@ -147,12 +147,12 @@ pub struct TargetLeaseStatus {
     /// When this tenure began (Valkey server time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acquired_at: Option<Timestamp>,
-    /// While Held: the lease is valid at least until then (Valkey server time). Always an expiry
-    /// the store granted. The controller moves it forward every second renewal, so it stays in
-    /// the future while renewals succeed and the API server keeps up; a store failure that
-    /// outlasts it turns Held into Lost. In the past while Held only when no controller is
-    /// running or the controller holds refreshes back for a slow API server (the lease is still
-    /// renewed).
+    /// While Held: until when the controller keeps the lease, as a promise it keeps while it runs
+    /// and reaches the store (Valkey server time): four TTLs after a renewal, moved forward when
+    /// one TTL is left, never past the maxHoldSeconds bound. The phase changes first whenever
+    /// the lease ends earlier (a release, a loss, a store failure that outlasts the expiry the
+    /// store granted). In the past while Held only when no controller is running or the
+    /// controller holds refreshes back for a slow API server (the lease is still renewed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Timestamp>,
     /// While Waiting: who holds the target.

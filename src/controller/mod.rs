@@ -173,8 +173,18 @@ pub async fn run(
     let (wake, woken) = mpsc::unbounded_channel();
     let (leases, writer) = reflector::store();
     let targets = TargetIndex::default();
+    let measurements = Arc::new(decide::Measurements::default());
+    let (renewals, renewing) = renewals::Renewals::new(renewals::Wiring {
+        store: store.clone(),
+        metrics: metrics.clone(),
+        measurements: measurements.clone(),
+        leadership: leadership.clone(),
+        wake: wake.clone(),
+        concurrency: settings.renewal_concurrency,
+        leases: leases.clone(),
+    });
     let stream = {
-        let (leases, targets) = (leases.clone(), targets.clone());
+        let (leases, targets, renewals) = (leases.clone(), targets.clone(), renewals.clone());
         let started = leadership.clone();
         watcher(api, watcher::Config::default().any_semantic())
             .modify(slim)
@@ -185,6 +195,8 @@ pub async fn run(
                 // once this has happened (or not for long).
                 if matches!(event, watcher::Event::InitDone) {
                     started.work_started();
+                    // Every held lease is renewed from now on, whatever the reconciles wait for.
+                    renewals.keep_all_held(&leases);
                 }
             })
             .applied_objects()
@@ -198,16 +210,6 @@ pub async fn run(
         controller: FIELD_MANAGER.to_owned(),
         instance: Some(settings.identity.clone()),
     };
-    let measurements = Arc::new(decide::Measurements::default());
-    let (renewals, renewing) = renewals::Renewals::new(renewals::Wiring {
-        store: store.clone(),
-        metrics: metrics.clone(),
-        measurements: measurements.clone(),
-        leadership: leadership.clone(),
-        wake: wake.clone(),
-        concurrency: settings.renewal_concurrency,
-        leases: leases.clone(),
-    });
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),

@@ -407,24 +407,9 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
                 None => return Ok(Action::await_change()),
             }
         }
-        Plan::Keep(handle) => {
-            let acquired_at_ms = claim
-                .status
-                .and_then(|s| s.acquired_at)
-                .and_then(|t| u64::try_from(t.as_millisecond()).ok())
-                .unwrap_or(0);
-            let published_ms = claim
-                .status
-                .and_then(|s| s.expires_at)
-                .and_then(|t| u64::try_from(t.as_millisecond()).ok());
-            ctx.renewals.keep(
-                &key,
-                handle,
-                claim.lease_ttl,
-                published_ms,
-                Start::FromStatus { acquired_at_ms },
-            );
+        Plan::Keep(_) => {
             // The scheduler renews it at once and wakes this claim with the answer.
+            ctx.renewals.keep_from_status(&claim);
             decide::renew_interval(claim.ttl())
         }
         Plan::Judge(standing) => judge(&claim, ctx, standing, &facts).await?,

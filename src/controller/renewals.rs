@@ -22,7 +22,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, info};
 
-use super::decide::{Measured, Measurements, Reading, renew_interval};
+use super::decide::{Claim, Measured, Measurements, Reading, renew_interval};
 use super::election::Leadership;
 use super::metrics::Metrics;
 use super::status::must_republish;
@@ -262,6 +262,37 @@ impl Renewals {
         drop(book);
         self.shared.metrics.kept_leases(kept);
         self.shared.changed.notify_one();
+    }
+
+    /// Renews the tenure `claim`'s status records as Held, if it does and that tenure is not
+    /// kept already: at once, since nothing is known here of when it was last renewed.
+    pub fn keep_from_status(&self, claim: &Claim<'_>) {
+        let Some(handle) = claim.held_handle() else {
+            return;
+        };
+        let millis =
+            |t: Option<jiff::Timestamp>| t.and_then(|t| u64::try_from(t.as_millisecond()).ok());
+        let status = claim.status;
+        self.keep(
+            &ObjectRef::from_obj(claim.lease),
+            handle,
+            claim.lease_ttl,
+            millis(status.and_then(|s| s.expires_at)),
+            Start::FromStatus {
+                acquired_at_ms: millis(status.and_then(|s| s.acquired_at)).unwrap_or(0),
+            },
+        );
+    }
+
+    /// Hands every Held status in `leases` to the scheduler (see
+    /// [`Renewals::keep_from_status`]): called when the controller's first list completes, so
+    /// that a new leader renews every held lease at once, before any reconcile has run.
+    pub fn keep_all_held(&self, leases: &Store<TargetLease>) {
+        for lease in leases.state() {
+            if let Ok(claim) = Claim::new(&lease) {
+                self.keep_from_status(&claim);
+            }
+        }
     }
 
     /// Records the `expiresAt` a status write published for `token`.
@@ -562,6 +593,62 @@ mod tests {
             retry_after_failure(Duration::from_secs(30)),
             Duration::from_millis(2_500).min(Duration::from_secs(2))
         );
+    }
+
+    /// At the end of the first list, every Held status is renewed by the scheduler at once,
+    /// before any reconcile: a new leader whose reconciles wait for the API server keeps the
+    /// leases all the same. Claims that do not show Held are left alone.
+    #[tokio::test]
+    async fn every_held_status_is_kept_when_the_list_completes() {
+        let store = Arc::new(MemoryStore::new());
+        let ttl = Ttl::new(Duration::from_secs(1)).expect("ttl");
+        let (leases, mut cache) = kube::runtime::reflector::store();
+        let mut handles = Vec::new();
+        for (name, held) in [("held-a", true), ("held-b", true), ("waiting", false)] {
+            let (handle, grant) = granted(&store, name, ttl).await;
+            let mut lease = TargetLease::new(name, crate::api::test_spec(name, "w"));
+            lease.spec.ttl_seconds = 1;
+            lease.metadata.namespace = Some("ns".into());
+            lease.metadata.uid = Some(format!("uid-{name}"));
+            lease.status = Some(crate::api::TargetLeaseStatus {
+                phase: if held {
+                    crate::api::Phase::Held
+                } else {
+                    crate::api::Phase::Waiting
+                },
+                fencing_token: Some(grant.token),
+                ..crate::api::TargetLeaseStatus::default()
+            });
+            cache.apply_watcher_event(&kube::runtime::watcher::Event::Apply(lease));
+            handles.push((name, held, handle));
+        }
+        let (wake, _woken) = tokio::sync::mpsc::unbounded_channel();
+        let (renewals, scheduler) = Renewals::new(Wiring {
+            store: store.clone(),
+            metrics: Arc::new(Metrics::new()),
+            measurements: Arc::default(),
+            leadership: Leadership::unconditional(),
+            wake,
+            concurrency: 4,
+            leases: leases.clone(),
+        });
+        let _scheduler = tokio::spawn(scheduler);
+        renewals.keep_all_held(&leases);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for (name, held, handle) in handles {
+            let seen = store.inspect(&handle.target).await.expect("inspect");
+            if held {
+                assert_eq!(
+                    renewals.standing(&key(name)).map(|s| s.state),
+                    Some(State::Renewed),
+                    "{name}"
+                );
+                assert_eq!(seen.lease.map(|l| l.token), Some(handle.token.get()), "{name}");
+            } else {
+                assert!(renewals.standing(&key(name)).is_none(), "{name}");
+                assert!(seen.lease.is_none(), "{name} was renewed");
+            }
+        }
     }
 
     fn key(name: &str) -> ObjectRef<TargetLease> {

@@ -2,8 +2,11 @@
 -- read is deleted (nobody can renew it anyway); a fence that is not a token is replaced by the
 -- largest of the operator's floor, the readable lease token and the server clock in
 -- microseconds plus MAX_LEAD (where every new token starts), so the next token is
--- still above every token this store could have issued. Readable records are left alone.
--- KEYS: lease, fence
+-- still above every token this store could have issued; a grant record that is not a string
+-- is deleted (it only names the request id of the newest grant, so that a replay of it is
+-- refused once its cached reply expired; an unreadable one fails every grant). Readable records
+-- are left alone.
+-- KEYS: lease, fence, grant
 -- ARGV: floor
 -- Reply: 'intact <fence>' | 'repaired <fence> <what>'
 local floor = arg_int(ARGV[1])
@@ -18,6 +21,12 @@ if lease_err then
 elseif lease then
   lease_token = lease.token
 end
+local grant = redis.pcall('GET', KEYS[3])
+local grant_unreadable = type(grant) == 'table' and grant.err
+if grant_unreadable then
+  local grant_err = read_error(grant, 'grant record at ' .. KEYS[3] .. ' is not a string')
+  if not string.find(grant_err.err, 'TLCORRUPT', 1, true) then return grant_err end
+end
 local fence, fence_err = read_fence(KEYS[2])
 if not fence then
   if not string.find(fence_err.err, 'TLCORRUPT', 1, true) then return fence_err end
@@ -27,6 +36,10 @@ if not fence then
   -- SET replaces a value of any type: no DEL first.
   redis.call('SET', KEYS[2], int(fence))
   table.insert(repaired, 'reset the fence')
+end
+if grant_unreadable then
+  redis.call('DEL', KEYS[3])
+  table.insert(repaired, 'deleted the unreadable grant record')
 end
 if lease_err then
   redis.call('DEL', KEYS[1])

@@ -107,10 +107,10 @@ pub enum LeaseCommand {
         #[command(flatten)]
         target: TargetArgs,
     },
-    /// Replace the target's records that fail closed: an unreadable target record is deleted,
-    /// an unreadable fence (not a number, above 2^53-1) is set to the largest of --floor, the
-    /// lease's token and the server clock in microseconds plus one hour. Readable records are
-    /// left alone.
+    /// Replace the target's records that fail closed: an unreadable lease or grant record is
+    /// deleted, an unreadable fence (not a number, above 2^53-1) is set to the largest of
+    /// --floor, the lease's token and the server clock in microseconds plus one hour. Readable
+    /// records are left alone.
     Repair {
         #[command(flatten)]
         target: TargetArgs,

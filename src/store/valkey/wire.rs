@@ -374,13 +374,13 @@ pub fn inspect(reply: &str) -> Result<Inspection, StoreError> {
 /// `lua/repair.lua`.
 pub const REPAIR: Contract = Contract {
     script: || &SCRIPTS.repair,
-    keys: &["lease", "fence"],
+    keys: &["lease", "fence", "grant"],
     argv: &["floor"],
 };
 
 /// The repair call with `floor`.
 pub fn repair_call(k: &TargetKeys, floor: u64) -> ScriptCall<'static> {
-    REPAIR.call(&[&k.lease(), &k.fence()], &[&floor.to_string()])
+    REPAIR.call(&[&k.lease(), &k.fence(), &k.grant()], &[&floor.to_string()])
 }
 
 /// Decodes the reply of `repair.lua`.

@@ -202,6 +202,17 @@ pub(super) async fn corrupt_records_fail_closed(h: Harness) {
             dump_before, dump_after,
             "{name}: the corrupt record was changed"
         );
+        // `repair` makes the target usable again, whichever of its records was unreadable.
+        match h.store.repair(&t, 0).await.expect("repair") {
+            RepairOutcome::Repaired { .. } => {}
+            other => panic!("{name}: repair answered {other:?} and left the record"),
+        }
+        let e = h
+            .store
+            .acquire(&acquire_req(&t, "lease-b", "bob", TTL))
+            .await
+            .err();
+        assert!(e.is_none(), "{name}: acquire after the repair: {e:?}");
     }
     // A corrupt cached reply is refused too, not replayed.
     let t = target("bad-reply");
@@ -222,4 +233,28 @@ pub(super) async fn corrupt_records_fail_closed(h: Harness) {
         let e = h.store.acquire(&req).await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Corrupt, "{junk}: {e}");
     }
+}
+
+// 8b. `repair` of readable records changes nothing: it answers the fence, and the lease held
+//     stays held.
+pub(super) async fn repair_leaves_readable_records_alone(h: Harness) {
+    let t = target("readable");
+    assert_eq!(
+        h.store.repair(&t, 0).await.expect("repair"),
+        RepairOutcome::Intact { fence: 0 }
+    );
+    let g = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
+    assert_eq!(
+        h.store.repair(&t, 0).await.expect("repair"),
+        RepairOutcome::Intact { fence: g.token }
+    );
+    let renewed = h
+        .store
+        .renew(&renew_req(handle(&t, "lease-a", "alice", g.token), TTL))
+        .await
+        .expect("renew");
+    assert!(
+        matches!(renewed, RenewOutcome::Renewed { .. }),
+        "{renewed:?}"
+    );
 }

@@ -21,8 +21,8 @@ use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, ErrorKind, Grant,
     GuardedKey, LeaseHandle, LeaseId, LeaseStore, LossReason, MAX_TOKEN_LEAD_MICROS, Owner,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId, StoreError, TargetRef,
-    Token, Ttl,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId,
+    StoreError, TargetRef, Token, Ttl,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -71,7 +71,7 @@ macro_rules! cases {
 }
 
 /// Every contract test and what it needs.
-const CASES: [(&str, Needs, TestFn); 15] = cases![
+const CASES: [(&str, Needs, TestFn); 16] = cases![
     Store acquire_free_then_held,
     Store hundred_concurrent_acquires_one_winner,
     Store expiry_then_reacquire_gives_larger_token,
@@ -85,6 +85,7 @@ const CASES: [(&str, Needs, TestFn); 15] = cases![
     Store retried_commit_acts_once,
     Store tokens_grow_after_data_loss,
     Admin corrupt_records_fail_closed,
+    Store repair_leaves_readable_records_alone,
     Raw client_sends_only_scripts,
     Raw logs_hide_password_and_lease_id,
 ];

@@ -566,6 +566,55 @@ async fn durability_needs_waitaof_and_aof() {
     .await;
 }
 
+async fn durability_replicas_are_counted_at_start_up() {
+    let server = Server::start_with(ServerKind::Valkey91, &["--appendonly", "yes"]);
+    let mut config = valkey_config(&server.url());
+    config.durability = "replicas=1".parse().expect("durability");
+    config.call_timeout = Duration::from_millis(1500);
+    let started = Instant::now();
+    refused(
+        config.clone(),
+        ErrorKind::InvalidConfig,
+        &["replicas=1", "has 0 online"],
+        "-----",
+    )
+    .await;
+    let took = started.elapsed();
+    measured("start-up refused without a replica", took);
+    assert!(
+        took < Duration::from_millis(500),
+        "refused after {took:?}: not at start-up but at a deadline"
+    );
+    // The controller's lazy store: its readiness check says the same, and nothing ran.
+    let lazy = ValkeyStore::new_lazy(config).expect("lazy store");
+    let e = lazy.health().await.expect_err("ready without a replica");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(server.raw(&["DBSIZE"]).starts_with(":0"), "something ran");
+    // The CLI: exit status 1 at once, the same message.
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        .args([
+            "lease",
+            "inspect",
+            "--target",
+            "t",
+            "--valkey-durability",
+            "replicas=1",
+        ])
+        .env("TARGETLEASE_VALKEY_URL", server.url())
+        .output()
+        .expect("run targetlease");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("\"kind\":\"invalid_config\""), "{text}");
+    assert!(text.contains("has 0 online"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 async fn durable_acquire_sends_scripts_and_waitaof_only() {
     let server = Server::start_with(ServerKind::Valkey91, &["--appendonly", "yes"]);
     let mut monitor = BufReader::new(
@@ -765,6 +814,10 @@ fn main() {
         trial(
             "durability::needs_waitaof_and_aof",
             durability_needs_waitaof_and_aof,
+        ),
+        trial(
+            "durability::replicas_are_counted_at_start_up",
+            durability_replicas_are_counted_at_start_up,
         ),
         trial(
             "durability::durable_acquire_sends_scripts_and_waitaof_only",

@@ -362,7 +362,7 @@ impl Connector {
 }
 
 /// Every text in a reply, however nested (a cluster answers INFO per node).
-fn collect_text(value: &Value, out: &mut Vec<String>) {
+pub(super) fn collect_text(value: &Value, out: &mut Vec<String>) {
     match value {
         Value::BulkString(bytes) => out.push(String::from_utf8_lossy(bytes).into_owned()),
         Value::SimpleString(s) | Value::VerbatimString { text: s, .. } => out.push(s.clone()),

@@ -156,11 +156,13 @@ impl ValkeyStore {
     }
 
     /// Prepares a store, checks that Valkey answers and that it can provide the configured
-    /// durability (`WAITAOF`, and `appendonly yes` for `local`): a server that cannot is refused
-    /// here, at start-up, rather than at the first acquire.
+    /// durability (`WAITAOF`, `appendonly yes` for `local`, N replicas online for
+    /// `replicas=N`): a server that cannot is refused here, at start-up, rather than at the
+    /// first acquire.
     pub async fn connect(config: ValkeyConfig) -> Result<Self, StoreError> {
         let store = Self::new_lazy(config)?;
-        // The first connection checks the durability setting (see `Connector::connect`).
+        // The first connection checks WAITAOF and AOF (see `Connector::connect`); the health
+        // check counts the replicas.
         store.health().await?;
         Ok(store)
     }
@@ -241,6 +243,45 @@ impl ValkeyStore {
         Ok(reply)
     }
 
+    /// With `replicas=N`, refuses a server whose primary (on a cluster: any primary) has fewer
+    /// than N replicas online: every acquire would run there and then wait in vain until its
+    /// deadline (`not_durable`). Counted from `INFO replication`, which blocks nothing; the
+    /// WAITAOF probe of a new connection cannot count them without blocking that connection
+    /// for its timeout. Whether a replica runs with `appendonly yes` is not visible from its
+    /// primary: one without it still fails the first acquire.
+    async fn check_replicas(&self) -> Result<(), StoreError> {
+        let durability = self.config().durability;
+        let wanted = usize::try_from(durability.replicas).unwrap_or(usize::MAX);
+        if wanted == 0 {
+            return Ok(());
+        }
+        let mut info = redis::cmd("INFO");
+        info.arg("replication");
+        let reply = self.call(Request::Command(&info)).await?;
+        let mut texts = Vec::new();
+        connect::collect_text(&reply, &mut texts);
+        // A replica in the URL answers role:slave: its writes are refused elsewhere.
+        let fewest = texts
+            .iter()
+            .filter(|text| text.lines().any(|line| line.trim() == "role:master"))
+            .map(|text| text.lines().filter(|line| online_replica(line)).count())
+            .min();
+        let primary = match &self.config().endpoints {
+            Endpoints::Single(_) => "the primary at",
+            Endpoints::Cluster(_) => "a primary of",
+        };
+        match fewest {
+            Some(online) if online < wanted => Err(StoreError::InvalidConfig(format!(
+                "durability {durability} needs {wanted} replica(s) online, and {primary} {} has \
+                 {online} online (INFO replication): every acquire would run and then fail \
+                 not_durable at its deadline; start or reconnect the replicas, or lower \
+                 --valkey-durability",
+                self.endpoint()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Checks WAITAOF's answer `[local fsyncs, replica fsyncs]` against what was asked.
     fn confirm(&self, durability: Durability, acks: Value) -> Result<(), StoreError> {
         let (local, replicas): (i64, i64) = redis::from_redis_value(acks).map_err(|_| {
@@ -310,6 +351,16 @@ impl Request<'_> {
             }
         }
     }
+}
+
+/// Whether an `INFO replication` line is a replica in sync: `slave<N>:...,state=online,...`.
+fn online_replica(line: &str) -> bool {
+    let Some((name, fields)) = line.trim().split_once(':') else {
+        return false;
+    };
+    name.strip_prefix("slave")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        && fields.split(',').any(|field| field == "state=online")
 }
 
 /// `WAITAOF numlocal numreplicas timeout`, the timeout leaving room for the reply to arrive
@@ -447,15 +498,36 @@ impl LeaseStore for ValkeyStore {
     }
 
     /// `PING` under the call deadline (on a cluster: every primary), through the pool, so a
-    /// readiness probe also drives reconnects.
+    /// readiness probe also drives reconnects; with `replicas=N`, the replicas online too (the
+    /// controller's `/readyz`, and every CLI command at start-up).
     async fn health(&self) -> Result<(), StoreError> {
         let pong = self.call(Request::Command(&redis::cmd("PING"))).await?;
-        if redis::from_redis_value::<String>(pong.clone()).is_ok_and(|p| p == "PONG") {
-            Ok(())
-        } else {
-            Err(StoreError::UnexpectedReply(format!(
+        if !redis::from_redis_value::<String>(pong.clone()).is_ok_and(|p| p == "PONG") {
+            return Err(StoreError::UnexpectedReply(format!(
                 "PING answered {pong:?}"
-            )))
+            )));
         }
+        self.check_replicas().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::online_replica;
+
+    #[test]
+    fn counts_only_replicas_in_sync() {
+        assert!(online_replica(
+            "slave0:ip=127.0.0.1,port=6380,state=online,offset=42,lag=0"
+        ));
+        assert!(online_replica(
+            "slave12:ip=10.0.0.7,port=6379,state=online,offset=1,lag=1\r"
+        ));
+        assert!(!online_replica(
+            "slave0:ip=127.0.0.1,port=6380,state=wait_bgsave,offset=0,lag=0"
+        ));
+        assert!(!online_replica("slave_repl_offset:42"));
+        assert!(!online_replica("connected_slaves:1"));
+        assert!(!online_replica("slave:state=online"));
     }
 }

@@ -688,7 +688,38 @@ async fn durable_acquire_sends_scripts_and_waitaof_only() {
     );
 }
 
-// ---- The CLI's connection settings ----
+// ---- The CLI ----
+
+/// The exit statuses docs/store.md ("Using the CLI") gives for `lease read`: 0 with the value,
+/// 3 when no record is under the key.
+async fn cli_read_exits_3_for_a_missing_record() {
+    let server = Server::start(ServerKind::Valkey91);
+    let lease = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+            .arg("lease")
+            .args(args)
+            .args(["--namespace", "shop", "--target", "cli-read"])
+            .env("TARGETLEASE_VALKEY_URL", server.url())
+            .output()
+            .expect("run targetlease");
+        let body: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+        (out.status.code(), body)
+    };
+    let (code, body) = lease(&["read", "--key", "progress"]);
+    assert_eq!(code, Some(3), "{body}");
+    assert_eq!(body["outcome"], "absent", "{body}");
+    let (code, body) = lease(&["acquire", "--lease-id", "L1", "--owner", "w"]);
+    assert_eq!(code, Some(0), "{body}");
+    let token = body["token"].to_string();
+    let (code, body) = lease(&[
+        "commit", "--token", &token, "--key", "progress", "--value", "42",
+    ]);
+    assert_eq!(code, Some(0), "{body}");
+    let (code, body) = lease(&["read", "--key", "progress"]);
+    assert_eq!(code, Some(0), "{body}");
+    assert_eq!(body["value"], "42", "{body}");
+}
 
 async fn cli_reads_credentials_from_file_and_environment() {
     let server = acl_server(&documented_acl_rule(APP_USER, APP_PASSWORD));
@@ -826,6 +857,10 @@ fn main() {
         trial(
             "cli::reads_credentials_from_file_and_environment",
             cli_reads_credentials_from_file_and_environment,
+        ),
+        trial(
+            "cli::read_exits_3_for_a_missing_record",
+            cli_read_exits_3_for_a_missing_record,
         ),
     ]);
     suite::run("operations", trials);

@@ -6,7 +6,8 @@
 pub const OK: u8 = 0;
 /// A failure: the API server or the store could not be reached, bad settings, ...
 pub const FAILURE: u8 = 1;
-/// `lease ...`: the store refused (held, lost, not_holder, stale).
+/// `lease ...`: the store refused (held, lost, not_holder, stale); `lease read`: no record under
+/// the key (absent), so that a script can tell "nothing written yet" from a value.
 pub const REFUSED: u8 = 3;
 /// `lease acquire`: a retry (the same request id) of an acquire whose grant has ended since
 /// (outcome `expired`): nothing is held; claim again with a new request id.

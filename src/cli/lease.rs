@@ -1,9 +1,9 @@
 //! `targetlease lease ...`: one store call per invocation, one JSON object on stdout.
 //!
 //! Exit status: 0 when the call did what was asked, 3 when it was refused (held by someone
-//! else, lost, not the holder, stale token), 4 when an acquire retried with its request id
-//! finds its grant ended (`expired`), 1 on a failure (see [`super::exit`]; 2 is clap's usage
-//! error).
+//! else, lost, not the holder, stale token) or `read` found no record (`absent`), 4 when an
+//! acquire retried with its request id finds its grant ended (`expired`), 1 on a failure (see
+//! [`super::exit`]; 2 is clap's usage error).
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -765,7 +765,8 @@ async fn store_refusals_within_the_expiry_keep_held(s: Scenario) {
     assert!(token_of(&back) > token_of(&held));
 }
 
-// 7. Valkey stopped: BackendUnavailable; deletion keeps the finalizer; Valkey back: released.
+// 7. Valkey stopped: BackendUnavailable; deletion keeps the finalizer; a new claim is Pending
+//    with that reason; Valkey back: released.
 async fn backend_outage_keeps_finalizer(mut s: Scenario) {
     s.apply("outage", "outage-target", "worker-1", "ttlSeconds: 30");
     s.wait_phase("outage", Phase::Held, 30 * SEC).await;
@@ -800,6 +801,24 @@ async fn backend_outage_keeps_finalizer(mut s: Scenario) {
     assert!(
         s.api().get_opt("outage").await.expect("get").is_some(),
         "finalizer dropped during the outage"
+    );
+    // A claim first reconciled during the outage: Pending, but with the store failure as its
+    // reason, which tells it from a claim never reconciled (docs/troubleshooting.md).
+    s.apply(
+        "outage-new",
+        "outage-target-2",
+        "worker-2",
+        "ttlSeconds: 30",
+    );
+    let pending = s
+        .wait("outage-new", "a store reason", 30 * SEC, |l| {
+            condition(l, "Ready").is_some_and(|c| c.reason == "BackendUnavailable")
+        })
+        .await;
+    assert_eq!(phase_of(&pending), Some(Phase::Pending));
+    assert_eq!(
+        condition(&pending, "Reconciling").map(|c| c.status.as_str()),
+        Some("True")
     );
     s.valkey.restart();
     // Valkey restarted without persistence: the lease record is gone, so the release finds

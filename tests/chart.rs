@@ -172,18 +172,44 @@ fn default_render_is_hardened_and_least_privilege(tools: &Tools) {
     // hang on the budget.
     assert_eq!(budget["unhealthyPodEvictionPolicy"], "AlwaysAllow");
 
-    // The pod template restarts the pods on a new Valkey endpoint, and publishes nothing about
-    // credentials in the URL: the digest is the same with and without them.
-    let endpoint_digest = |url: &str| {
+    // Any change of the URL the pods read restarts them, a new password alone included; the
+    // same URL renders the same pod template (an unchanged upgrade rolls nothing).
+    let pod_annotations = |url: &str| {
         let docs = tools.render_ok(&["--set", &format!("valkey.url={url}")]);
         object(&docs, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["annotations"].clone()
     };
-    let plain = endpoint_digest("redis://valkey:6379");
-    assert!(plain["checksum/valkey-endpoint"].is_string(), "{plain}");
-    assert_eq!(endpoint_digest("redis://user:s3cret@valkey:6379"), plain);
-    assert_eq!(endpoint_digest("redis://user:other@valkey:6379"), plain);
-    assert_ne!(endpoint_digest("redis://valkey-2:6379"), plain);
-    assert!(plain.get("checksum/valkey-url").is_none(), "{plain}");
+    let url = "redis://user:s3cret@valkey:6379";
+    let first = pod_annotations(url);
+    assert_ne!(
+        pod_annotations("redis://user:other@valkey:6379"),
+        first,
+        "a new password in valkey.url leaves the pod template as it was: the pods keep the old one"
+    );
+    assert_eq!(pod_annotations(url), first);
+    for other in [
+        "redis://other:s3cret@valkey:6379",
+        "redis://user:s3cret@valkey-2:6379",
+        "redis://user:s3cret@valkey:6380",
+        "redis://user:s3cret@valkey:6379/1",
+        "rediss://user:s3cret@valkey:6379",
+        "redis://valkey:6379",
+    ] {
+        assert_ne!(pod_annotations(other), first, "{other}");
+    }
+    // Not a fast digest that would let pod readers test guesses of the password: no hex digest,
+    // nothing of the URL.
+    let checksum = first["checksum/valkey-url"]
+        .as_str()
+        .expect("checksum/valkey-url");
+    assert!(
+        !(checksum.len() >= 32 && checksum.bytes().all(|b| b.is_ascii_hexdigit())),
+        "a plain digest: {checksum}"
+    );
+    assert!(
+        !checksum.contains("s3cret") && !checksum.contains("valkey"),
+        "{checksum}"
+    );
+    assert!(first.get("checksum/valkey-endpoint").is_none(), "{first}");
 
     // crds.keep=false drops the annotation; crds.enabled=false drops the CRD.
     let docs = tools.render_ok(&["--set", "crds.keep=false"]);

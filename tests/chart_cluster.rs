@@ -950,25 +950,32 @@ fn upgrade_rolls_the_deployment(world: &World) {
         1,
         "an unchanged upgrade rolled the pods"
     );
+    // A ReplicaSet none of `before` has, once it has pods.
+    let rolled = |before: &[&str]| {
+        poll(60 * SEC, "a new ReplicaSet with pods", || {
+            replica_sets(world)
+                .into_iter()
+                .map(|(_, hash, _)| hash)
+                .find(|hash| !before.contains(&hash.as_str()))
+                .filter(|hash| {
+                    let selector = format!("pod-template-hash={hash}");
+                    !world.json(&["get", "pods", "-n", RELEASE_NS, "-l", &selector])["items"]
+                        .as_array()
+                        .is_none_or(Vec::is_empty)
+                })
+        })
+    };
     // A new Valkey URL: the Secret changes and the pods roll.
     let started = Instant::now();
     let took = upgrade(&["valkey.url=redis://valkey.other-namespace:6379"]);
-    let new_hash = poll(60 * SEC, "a new ReplicaSet with pods", || {
-        replica_sets(world)
-            .into_iter()
-            .find(|(_, hash, _)| *hash != old_hash)
-            .map(|(_, hash, _)| hash)
-            .filter(|hash| {
-                let selector = format!("pod-template-hash={hash}");
-                !world.json(&["get", "pods", "-n", RELEASE_NS, "-l", &selector])["items"]
-                    .as_array()
-                    .is_none_or(Vec::is_empty)
-            })
-    });
+    let new_hash = rolled(&[&old_hash]);
     eprintln!(
         "measured: helm upgrade {took:?}; first pod of the new ReplicaSet {:?} after the upgrade began",
         started.elapsed()
     );
+    // Only the password in the URL changes: the pods roll too (they read the URL at start).
+    upgrade(&["valkey.url=redis://:rotated-pw@valkey.other-namespace:6379"]);
+    rolled(&[&old_hash, &new_hash]);
     let secret = world.json(&[
         "get",
         "secret",
@@ -979,7 +986,7 @@ fn upgrade_rolls_the_deployment(world: &World) {
     assert!(secret["data"]["url"].is_string());
     let deploy = world.json(&["get", "deployment", FULLNAME, "-n", RELEASE_NS]);
     assert_eq!(
-        deploy["metadata"]["generation"], 2,
+        deploy["metadata"]["generation"], 3,
         "{}",
         deploy["metadata"]
     );

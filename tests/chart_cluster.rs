@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use libtest_mimic::{Arguments, Trial};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use targetlease::api::{Phase, TargetLease};
 use targetlease::store::TargetRef;
@@ -784,16 +785,7 @@ async fn workload_rbac_example_runs_run_and_wait(world: &World) {
             .kubectl_ok(&["apply", "--dry-run=server", "-n", &ns, "-f", &path]);
     }
     let kubeconfig = world.cluster.service_account_kubeconfig(&ns, "lease-user");
-    let targetlease = |args: &[&str]| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_targetlease"));
-        command
-            .args(args)
-            .envs(world.cluster.envs())
-            .env("KUBECONFIG", &kubeconfig)
-            .env_remove("POD_NAME")
-            .env_remove("POD_NAMESPACE");
-        run_with_input(command, None)
-    };
+    let targetlease = |args: &[&str]| targetlease_as(world, &kubeconfig, args);
     // wait: the declared lease is Held; its token comes back.
     let out = targetlease(&["wait", "reports-writer", "--timeout=30s"]);
     assert!(
@@ -848,6 +840,123 @@ async fn workload_rbac_example_runs_run_and_wait(world: &World) {
     );
     let out = world.cluster.kubectl_as(&kubeconfig, &["get", "secrets"]);
     assert!(stderr(&out).contains("Forbidden"), "{}", stderr(&out));
+}
+
+/// `targetlease ARGS` on the host with `kubeconfig`'s credentials, outside any pod.
+fn targetlease_as(world: &World, kubeconfig: &Path, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_targetlease"));
+    command
+        .args(args)
+        .envs(world.cluster.envs())
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("POD_NAME")
+        .env_remove("POD_NAMESPACE");
+    run_with_input(command, None)
+}
+
+/// The verbs of the workload RBAC table in docs/install.md ("RBAC for workloads"), as written.
+fn documented_workload_verbs() -> Vec<String> {
+    let doc = std::fs::read_to_string(repo().join("docs/install.md")).expect("docs/install.md");
+    let section = doc
+        .split("### RBAC for workloads")
+        .nth(1)
+        .expect("docs/install.md has the workload RBAC section");
+    let verbs: Vec<String> = section
+        .lines()
+        .skip_while(|line| !line.starts_with("| verbs |"))
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .filter_map(|row| row.split('|').nth(1))
+        .flat_map(|cell| {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(!verbs.is_empty(), "no verbs in the workload RBAC table");
+    verbs
+}
+
+/// The verbs `examples/rbac.yaml` grants on TargetLeases.
+fn example_workload_verbs() -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join("examples/rbac.yaml")).expect("rbac.yaml");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("examples/rbac.yaml"))
+        .filter(|doc| doc["kind"].as_str() == Some("Role"))
+        .flat_map(|role| role["rules"].as_sequence().cloned().unwrap_or_default())
+        .flat_map(|rule| rule["verbs"].as_sequence().cloned().unwrap_or_default())
+        .filter_map(|verb| verb.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A Role built from exactly what docs/install.md's workload table grants keeps a `run` Held:
+/// its command runs past half the TTL (where the controller releases a claim whose heartbeat
+/// stopped) and the run ends with the command's own status, not a loss.
+async fn workload_rbac_table_keeps_a_run_held(world: &World) {
+    let verbs = documented_workload_verbs();
+    let ns = world.namespace("table-rbac");
+    let quoted: Vec<String> = verbs.iter().map(|verb| format!("{verb:?}")).collect();
+    world.cluster.apply(&format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: table-user, namespace: {ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: table-user, namespace: {ns}}}
+rules:
+  - apiGroups: ["targetlease.dev"]
+    resources: ["targetleases"]
+    verbs: [{verbs}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: table-user, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: table-user}}
+subjects: [{{kind: ServiceAccount, name: table-user, namespace: {ns}}}]
+"#,
+        verbs = quoted.join(", ")
+    ));
+    let kubeconfig = world.cluster.service_account_kubeconfig(&ns, "table-user");
+    let started = Instant::now();
+    let out = targetlease_as(
+        world,
+        &kubeconfig,
+        &[
+            "run",
+            "--target=table/report",
+            "--holder=table-report",
+            "--ttl=20s",
+            "--",
+            "sh",
+            "-c",
+            "sleep 11 && echo \"held past half the TTL with $TARGETLEASE_TOKEN\"",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "targetlease run under the documented verbs {verbs:?} ended with {:?} after {:?}: {}\ncontroller log:\n{}",
+        out.status.code(),
+        started.elapsed(),
+        stderr(&out),
+        world.controller_log()
+    );
+    assert!(
+        stdout(&out).contains("held past half the TTL with"),
+        "{}",
+        stdout(&out)
+    );
+    // The example grants the same: a Role copied from either works.
+    let mut table = verbs.clone();
+    table.sort();
+    let mut example = example_workload_verbs();
+    example.sort();
+    assert_eq!(
+        table, example,
+        "docs/install.md's workload table and examples/rbac.yaml grant different verbs"
+    );
 }
 
 /// The kubectl command docs/gitops.md gives for installing the Argo CD health check, run against
@@ -1123,6 +1232,11 @@ fn main() {
             shared,
             "workload_rbac_example_runs_run_and_wait",
             |world, tools| workload_rbac_example_runs_run_and_wait(world).await
+        ),
+        on_world!(
+            shared,
+            "workload_rbac_table_keeps_a_run_held",
+            |world, tools| workload_rbac_table_keeps_a_run_held(world).await
         ),
         on_world!(
             shared,

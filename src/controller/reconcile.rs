@@ -581,19 +581,23 @@ async fn acquire(
                 reading,
             },
         );
-        // Every other claim on the target looks again now, and a Held one is renewed now: one
-        // that still says Held (after a data loss or an outage) learns at that renewal that it
-        // lost, so at most one shows Held beyond it. Before the status write, whatever becomes
-        // of that.
-        wake_others(claim, ctx, |_| true);
+        // Every other claim on the target that this process renews is renewed now, whatever
+        // becomes of the status write: one that still says Held (after a data loss or an
+        // outage) learns at that renewal that it lost, so at most one shows Held beyond it.
+        renew_others_now(claim, ctx);
         info!(lease = %claim.lease.name_any(), target = %claim.target, token = grant.token, "acquired");
     }
     let step = decide::after_acquire(claim, outcome);
     let handover = decide::is_handover(claim);
     let observed = step.observed.holder_unknown(holder_unknown);
     claim.settle(ctx, observed, step.event).await?;
-    if handover && matches!(outcome, AcquireOutcome::Acquired(_)) {
-        ctx.metrics.handover();
+    if matches!(outcome, AcquireOutcome::Acquired(_)) {
+        if handover {
+            ctx.metrics.handover();
+        }
+        // Then every other claim on the target looks again (after the write, so that their
+        // reconciles do not stand in the way of the grant's status on the API server).
+        wake_others(claim, ctx, |_| true);
     }
     Ok(step.next)
 }
@@ -728,19 +732,32 @@ fn wake_waiters(claim: &Claim<'_>, ctx: &Context) {
     });
 }
 
-/// Schedules a reconcile of every other TargetLease on the claim's target that `pick` selects,
-/// and the renewal of each one the renewal scheduler keeps.
-fn wake_others(claim: &Claim<'_>, ctx: &Context, pick: impl Fn(&TargetLease) -> bool) {
+/// The other TargetLeases on the claim's target that `pick` selects.
+fn others_on_target(
+    claim: &Claim<'_>,
+    ctx: &Context,
+    pick: impl Fn(&TargetLease) -> bool,
+) -> Vec<ObjectRef<TargetLease>> {
     let me = claim.lease.uid();
-    let on_target =
-        ctx.targets
-            .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target());
-    for other in on_target {
-        if other.uid() != me && pick(&other) {
-            let key = ObjectRef::from_obj(other.as_ref());
-            ctx.renewals.renew_now(&key);
-            let _ = ctx.wake.send(key);
-        }
+    ctx.targets
+        .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target())
+        .into_iter()
+        .filter(|other| other.uid() != me && pick(other))
+        .map(|other| ObjectRef::from_obj(other.as_ref()))
+        .collect()
+}
+
+/// Schedules a reconcile of every other TargetLease on the claim's target that `pick` selects.
+fn wake_others(claim: &Claim<'_>, ctx: &Context, pick: impl Fn(&TargetLease) -> bool) {
+    for other in others_on_target(claim, ctx, pick) {
+        let _ = ctx.wake.send(other);
+    }
+}
+
+/// Renews, at once, every other tenure on the claim's target that the renewal scheduler keeps.
+fn renew_others_now(claim: &Claim<'_>, ctx: &Context) {
+    for other in others_on_target(claim, ctx, |_| true) {
+        ctx.renewals.renew_now(&other);
     }
 }
 

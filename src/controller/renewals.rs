@@ -643,7 +643,11 @@ mod tests {
                     Some(State::Renewed),
                     "{name}"
                 );
-                assert_eq!(seen.lease.map(|l| l.token), Some(handle.token.get()), "{name}");
+                assert_eq!(
+                    seen.lease.map(|l| l.token),
+                    Some(handle.token.get()),
+                    "{name}"
+                );
             } else {
                 assert!(renewals.standing(&key(name)).is_none(), "{name}");
                 assert!(seen.lease.is_none(), "{name} was renewed");

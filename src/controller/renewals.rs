@@ -605,7 +605,7 @@ mod tests {
         let (leases, mut cache) = kube::runtime::reflector::store();
         let mut handles = Vec::new();
         for (name, held) in [("held-a", true), ("held-b", true), ("waiting", false)] {
-            let (handle, grant) = granted(&store, name, ttl).await;
+            let (handle, grant, _) = granted(&store, name, ttl).await;
             let mut lease = TargetLease::new(name, crate::api::test_spec(name, "w"));
             lease.spec.ttl_seconds = 1;
             lease.metadata.namespace = Some("ns".into());
@@ -655,11 +655,17 @@ mod tests {
         }
     }
 
-    fn key(name: &str) -> ObjectRef<TargetLease> {
+    pub(super) fn key(name: &str) -> ObjectRef<TargetLease> {
         ObjectRef::new(name).within("ns")
     }
 
-    async fn granted(store: &MemoryStore, name: &str, ttl: Ttl) -> (LeaseHandle, Grant) {
+    /// Acquires target `name` in `store` for the lease id `uid-{name}`; the handle, the grant
+    /// and the acquire's answer on this process's clock.
+    pub(super) async fn granted(
+        store: &MemoryStore,
+        name: &str,
+        ttl: Ttl,
+    ) -> (LeaseHandle, Grant, Reading) {
         let request = AcquireRequest {
             target: TargetRef::new("ns", name).expect("target"),
             lease_id: LeaseId::new(format!("uid-{name}")).expect("lease id"),
@@ -668,9 +674,15 @@ mod tests {
             min_token: 0,
             request_id: RequestId::random(),
         };
+        let sent = Instant::now();
         let AcquireOutcome::Acquired(grant) = store.acquire(&request).await.expect("acquire")
         else {
             panic!("not acquired");
+        };
+        let reading = Reading {
+            sent,
+            answered: Instant::now(),
+            server_ms: grant.server_time_ms,
         };
         let handle = LeaseHandle {
             target: request.target,
@@ -678,7 +690,25 @@ mod tests {
             owner: request.owner,
             token: crate::store::Token::new(grant.token).expect("token"),
         };
-        (handle, grant)
+        (handle, grant, reading)
+    }
+
+    /// Acquires target `name` (see [`granted`]) and hands the grant to `renewals`.
+    pub(super) async fn keep_granted(
+        renewals: &Renewals,
+        store: &MemoryStore,
+        name: &str,
+        ttl: Ttl,
+    ) -> LeaseHandle {
+        let (handle, grant, reading) = granted(store, name, ttl).await;
+        renewals.keep(
+            &key(name),
+            handle.clone(),
+            ttl,
+            Some(grant.expires_at_ms()),
+            Start::Granted { grant, reading },
+        );
+        handle
     }
 
     /// Renewals run on their own: kept leases outlive many TTLs without any reconcile, a lost
@@ -714,38 +744,11 @@ mod tests {
         let ttl = Ttl::new(Duration::from_secs(1)).expect("ttl");
         let mut handles = Vec::new();
         for name in ["a", "b", "c"] {
-            let (handle, grant) = granted(&store, name, ttl).await;
-            let now = Instant::now();
-            let reading = Reading {
-                sent: now,
-                answered: now,
-                server_ms: grant.server_time_ms,
-            };
-            renewals.keep(
-                &key(name),
-                handle.clone(),
-                ttl,
-                Some(grant.expires_at_ms()),
-                Start::Granted { grant, reading },
-            );
-            handles.push(handle);
+            handles.push(keep_granted(&renewals, &store, name, ttl).await);
         }
         // A tenure whose TargetLease is no longer in the cache (deleted without the finalizer,
         // another object made under its name) is not renewed.
-        let (gone, grant) = granted(&store, "gone", ttl).await;
-        let now = Instant::now();
-        let reading = Reading {
-            sent: now,
-            answered: now,
-            server_ms: grant.server_time_ms,
-        };
-        renewals.keep(
-            &key("gone"),
-            gone,
-            ttl,
-            None,
-            Start::Granted { grant, reading },
-        );
+        keep_granted(&renewals, &store, "gone", ttl).await;
         // Four TTLs.
         tokio::time::sleep(Duration::from_secs(4)).await;
         assert!(renewals.standing(&key("gone")).is_none());
@@ -804,8 +807,7 @@ mod backlog_tests {
     use crate::store::memory::MemoryStore;
     use crate::store::{
         AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, GuardedKey,
-        GuardedValue, Inspection, LeaseId, Owner, ReleaseOutcome, ReleaseRequest, RepairOutcome,
-        TargetRef, Token,
+        GuardedValue, Inspection, ReleaseOutcome, ReleaseRequest, RepairOutcome, TargetRef, Token,
     };
     use async_trait::async_trait;
 
@@ -893,37 +895,7 @@ mod backlog_tests {
         let _scheduler = tokio::spawn(scheduler);
         let ttl = Ttl::new(Duration::from_secs(1)).expect("ttl");
         for name in &names {
-            let request = AcquireRequest {
-                target: TargetRef::new("ns", name).expect("target"),
-                lease_id: LeaseId::new(format!("uid-{name}")).expect("lease id"),
-                owner: Owner::new("w").expect("owner"),
-                ttl,
-                min_token: 0,
-                request_id: RequestId::random(),
-            };
-            let sent = Instant::now();
-            let AcquireOutcome::Acquired(grant) = store.acquire(&request).await.expect("acquire")
-            else {
-                panic!("not acquired");
-            };
-            let handle = LeaseHandle {
-                target: request.target,
-                lease_id: request.lease_id,
-                owner: request.owner,
-                token: Token::new(grant.token).expect("token"),
-            };
-            let reading = Reading {
-                sent,
-                answered: Instant::now(),
-                server_ms: grant.server_time_ms,
-            };
-            renewals.keep(
-                &ObjectRef::new(name).within("ns"),
-                handle,
-                ttl,
-                Some(grant.expires_at_ms()),
-                Start::Granted { grant, reading },
-            );
+            super::tests::keep_granted(&renewals, &store.inner, name, ttl).await;
         }
         let started = Instant::now();
         let mut worst: Option<(String, u64)> = None;
@@ -958,8 +930,8 @@ mod backlog_tests {
 #[cfg(test)]
 mod leak_tests {
     use super::*;
+    use crate::store::ReleaseRequest;
     use crate::store::memory::MemoryStore;
-    use crate::store::{AcquireOutcome, AcquireRequest, LeaseId, Owner, ReleaseRequest, TargetRef};
 
     /// A tenure the store said was lost waits (unscheduled) for its reconcile to stop it. If its
     /// TargetLease is gone meanwhile (deleted after a user removed the finalizer, so no cleanup
@@ -985,38 +957,8 @@ mod leak_tests {
         });
         let _scheduler = tokio::spawn(scheduler);
         let ttl = Ttl::new(Duration::from_secs(1)).expect("ttl");
-        let request = AcquireRequest {
-            target: TargetRef::new("ns", "l").expect("target"),
-            lease_id: LeaseId::new("uid-l").expect("lease id"),
-            owner: Owner::new("w").expect("owner"),
-            ttl,
-            min_token: 0,
-            request_id: RequestId::random(),
-        };
-        let sent = Instant::now();
-        let AcquireOutcome::Acquired(grant) = store.acquire(&request).await.expect("acquire")
-        else {
-            panic!("not acquired");
-        };
-        let handle = LeaseHandle {
-            target: request.target,
-            lease_id: request.lease_id,
-            owner: request.owner,
-            token: crate::store::Token::new(grant.token).expect("token"),
-        };
-        let reading = Reading {
-            sent,
-            answered: Instant::now(),
-            server_ms: grant.server_time_ms,
-        };
-        let key = ObjectRef::new("l").within("ns");
-        renewals.keep(
-            &key,
-            handle.clone(),
-            ttl,
-            Some(grant.expires_at_ms()),
-            Start::Granted { grant, reading },
-        );
+        let handle = super::tests::keep_granted(&renewals, &store, "l", ttl).await;
+        let key = super::tests::key("l");
         store
             .release(&ReleaseRequest {
                 lease: handle,

@@ -1042,84 +1042,63 @@ mod tests {
 
     /// Renews `handle` in `store` and maps the answer.
     async fn renewed(store: &MemoryStore, claim: &Claim<'_>, handle: &LeaseHandle) -> Step {
-        let answer = store
-            .renew(&RenewRequest {
-                lease: handle.clone(),
-                ttl: claim.lease_ttl,
-                request_id: RequestId::random(),
-            })
-            .await
-            .expect("renew");
-        after_renew(claim, handle, &answer)
+        after_renew(claim, handle, &renew_in(store, claim, handle).await)
     }
 
     fn clock_now(clock: &ManualClock) -> u64 {
         use crate::store::memory::Clock;
         clock.now_micros()
     }
-}
 
-#[cfg(test)]
-mod shed_refresh_tests {
-    use std::sync::Arc;
-
-    use super::*;
-    use crate::api::test_spec;
-    use crate::store::memory::{ManualClock, MemoryStore};
-    use crate::store::{AcquireRequest, LeaseStore, RenewRequest, RequestId};
+    /// Renews `handle` in `store`: the store's answer.
+    async fn renew_in(
+        store: &MemoryStore,
+        claim: &Claim<'_>,
+        handle: &LeaseHandle,
+    ) -> RenewOutcome {
+        store
+            .renew(&RenewRequest {
+                lease: handle.clone(),
+                ttl: claim.lease_ttl,
+                request_id: RequestId::random(),
+            })
+            .await
+            .expect("renew")
+    }
 
     /// While the API server is slow the budget sheds `expiresAt` refreshes, so the published
-    /// expiry falls behind the store's (documented). One renewal that fails then (a store call
-    /// timing out once) must not make the claim Lost: the store granted the lease for most of a
-    /// TTL more, and the renewal scheduler retries within a twelfth of it. `judge` feeds
+    /// expiry falls behind the store's. One renewal that fails then (a store call timing out
+    /// once) must not make the claim Lost: the store granted the lease for most of a TTL more,
+    /// and the renewal scheduler retries within a twelfth of it. `judge` feeds
     /// `Measurements::valid_for` into `Observed::store_failed` exactly as below.
     #[tokio::test]
     async fn one_failed_renewal_while_refreshes_are_shed_keeps_the_claim_held() {
         let clock = ManualClock::new();
         let store = MemoryStore::with_clock(Arc::new(clock.clone()), Duration::from_secs(60));
-        let mut lease = TargetLease::new("claim", test_spec("t", "w"));
-        lease.metadata.namespace = Some("ns".into());
-        lease.metadata.uid = Some("uid-claim".into());
-        lease.metadata.generation = Some(1);
-        let unheld = lease.clone();
+        let unheld = fixture(test_spec("t", "w"), None);
         let claim = Claim::new(&unheld).expect("claim");
-        let request = AcquireRequest {
-            target: claim.target.clone(),
-            lease_id: claim.lease_id.clone(),
-            owner: claim.owner.clone(),
-            ttl: claim.lease_ttl,
-            min_token: 0,
-            request_id: RequestId::random(),
-        };
-        let answer = store.acquire(&request).await.expect("acquire");
+        let answer = store.acquire(&acquire_of(&claim)).await.expect("acquire");
         let AcquireOutcome::Acquired(grant) = &answer else {
             panic!("{answer:?}");
         };
-        // The grant's status is the last one the API server took: expiresAt = grant + 30 s.
-        let status =
+        // The grant's status is the last one the API server took, and its promise has lagged
+        // behind the store's grant since (every refresh shed): 30 s after the grant.
+        let mut status =
             after_acquire(&claim, &answer)
                 .observed
                 .into_status(Some(1), None, Timestamp::now());
-        lease.status = Some(status);
-        let handle = LeaseHandle {
-            target: claim.target.clone(),
-            lease_id: claim.lease_id.clone(),
-            owner: claim.owner.clone(),
-            token: Token::new(grant.token).expect("token"),
-        };
+        status.expires_at = status
+            .acquired_at
+            .map(|a| a + SignedDuration::from_secs(30));
+        let lease = fixture(test_spec("t", "w"), Some(status));
+        let claim = Claim::new(&lease).expect("claim");
+        let handle = claim.held_handle().expect("held");
         // The scheduler renews every 10 s; every refresh is shed. Renewal at 40 s:
         let base = Instant::now();
         let mut last = None;
         for s in [10u64, 20, 30, 40] {
             clock.advance(Duration::from_secs(10));
-            let renewed = store
-                .renew(&RenewRequest {
-                    lease: handle.clone(),
-                    ttl: claim.lease_ttl,
-                    request_id: RequestId::random(),
-                })
-                .await
-                .expect("renew");
+            let renewed = renew_in(&store, &claim, &handle).await;
             let RenewOutcome::Renewed {
                 server_time_ms,
                 expires_in_ms,
@@ -1153,8 +1132,7 @@ mod shed_refresh_tests {
         assert!(
             failing.phase == Phase::Held,
             "one timed-out renewal 50 s into a tenure whose store lease runs until 70 s made the \
-             claim {:?} (held_unknown {}): known valid for {valid_for:?}, judged by the shed \
-             expiresAt (30 s) instead of the store's grant",
+             claim {:?} (held_unknown {}): known valid for {valid_for:?}",
             failing.phase,
             failing.held_unknown
         );

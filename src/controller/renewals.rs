@@ -606,10 +606,8 @@ mod tests {
         let mut handles = Vec::new();
         for (name, held) in [("held-a", true), ("held-b", true), ("waiting", false)] {
             let (handle, grant, _) = granted(&store, name, ttl).await;
-            let mut lease = TargetLease::new(name, crate::api::test_spec(name, "w"));
+            let mut lease = lease_object(name, &format!("uid-{name}"));
             lease.spec.ttl_seconds = 1;
-            lease.metadata.namespace = Some("ns".into());
-            lease.metadata.uid = Some(format!("uid-{name}"));
             lease.status = Some(crate::api::TargetLeaseStatus {
                 phase: if held {
                     crate::api::Phase::Held
@@ -622,17 +620,7 @@ mod tests {
             cache.apply_watcher_event(&kube::runtime::watcher::Event::Apply(lease));
             handles.push((name, held, handle));
         }
-        let (wake, _woken) = tokio::sync::mpsc::unbounded_channel();
-        let (renewals, scheduler) = Renewals::new(Wiring {
-            store: store.clone(),
-            metrics: Arc::new(Metrics::new()),
-            measurements: Arc::default(),
-            leadership: Leadership::unconditional(),
-            wake,
-            concurrency: 4,
-            leases: leases.clone(),
-        });
-        let _scheduler = tokio::spawn(scheduler);
+        let (renewals, _woken, _scheduler) = started(store.clone(), 4, leases.clone());
         renewals.keep_all_held(&leases);
         tokio::time::sleep(Duration::from_secs(3)).await;
         for (name, held, handle) in handles {
@@ -653,6 +641,39 @@ mod tests {
                 assert!(seen.lease.is_none(), "{name} was renewed");
             }
         }
+    }
+
+    /// The TargetLease `name` in namespace `ns` with `uid`, as the controller's cache holds it.
+    pub(super) fn lease_object(name: &str, uid: &str) -> TargetLease {
+        let mut lease = TargetLease::new(name, crate::api::test_spec(name, "w"));
+        lease.metadata.namespace = Some("ns".into());
+        lease.metadata.uid = Some(uid.to_owned());
+        lease
+    }
+
+    /// A running scheduler over `store`, `concurrency` renewals at once, that judges which
+    /// tenures are still wanted by `leases`; the reconciles it wakes; its task (dropped, it
+    /// stops).
+    pub(super) fn started(
+        store: Arc<dyn LeaseStore>,
+        concurrency: usize,
+        leases: Store<TargetLease>,
+    ) -> (
+        Renewals,
+        tokio::sync::mpsc::UnboundedReceiver<ObjectRef<TargetLease>>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
+        let (renewals, scheduler) = Renewals::new(Wiring {
+            store,
+            metrics: Arc::new(Metrics::new()),
+            measurements: Arc::default(),
+            leadership: Leadership::unconditional(),
+            wake,
+            concurrency,
+            leases,
+        });
+        (renewals, woken, tokio::spawn(scheduler))
     }
 
     pub(super) fn key(name: &str) -> ObjectRef<TargetLease> {
@@ -717,30 +738,19 @@ mod tests {
     #[tokio::test]
     async fn kept_leases_are_renewed_without_reconciles() {
         let store = Arc::new(MemoryStore::new());
-        let (wake, mut woken) = tokio::sync::mpsc::unbounded_channel();
         let (leases, mut cache) = kube::runtime::reflector::store();
         for name in ["a", "b", "c", "gone"] {
-            let mut lease = TargetLease::new(name, crate::api::test_spec(name, "w"));
-            lease.metadata.namespace = Some("ns".into());
             // "gone" was deleted and another object of that name made: its uid differs.
             let uid = if name == "gone" {
                 "uid-of-another-object".to_owned()
             } else {
                 format!("uid-{name}")
             };
-            lease.metadata.uid = Some(uid);
-            cache.apply_watcher_event(&kube::runtime::watcher::Event::Apply(lease));
+            cache.apply_watcher_event(&kube::runtime::watcher::Event::Apply(lease_object(
+                name, &uid,
+            )));
         }
-        let (renewals, scheduler) = Renewals::new(Wiring {
-            store: store.clone(),
-            metrics: Arc::new(Metrics::new()),
-            measurements: Arc::default(),
-            leadership: Leadership::unconditional(),
-            wake,
-            concurrency: 2,
-            leases,
-        });
-        let _scheduler = tokio::spawn(scheduler);
+        let (renewals, mut woken, _scheduler) = started(store.clone(), 2, leases);
         let ttl = Ttl::new(Duration::from_secs(1)).expect("ttl");
         let mut handles = Vec::new();
         for name in ["a", "b", "c"] {
@@ -874,25 +884,13 @@ mod backlog_tests {
             inner: MemoryStore::new(),
             delay: Duration::from_millis(250),
         });
-        let (wake, _woken) = tokio::sync::mpsc::unbounded_channel();
         let (leases, mut cache) = kube::runtime::reflector::store();
         let names: Vec<String> = (0..6).map(|i| format!("b{i}")).collect();
         for name in &names {
-            let mut lease = TargetLease::new(name, crate::api::test_spec(name, "w"));
-            lease.metadata.namespace = Some("ns".into());
-            lease.metadata.uid = Some(format!("uid-{name}"));
+            let lease = super::tests::lease_object(name, &format!("uid-{name}"));
             cache.apply_watcher_event(&kube::runtime::watcher::Event::Apply(lease));
         }
-        let (renewals, scheduler) = Renewals::new(Wiring {
-            store: store.clone(),
-            metrics: Arc::new(Metrics::new()),
-            measurements: Arc::default(),
-            leadership: Leadership::unconditional(),
-            wake,
-            concurrency: 1,
-            leases,
-        });
-        let _scheduler = tokio::spawn(scheduler);
+        let (renewals, _woken, _scheduler) = super::tests::started(store.clone(), 1, leases);
         let ttl = Ttl::new(Duration::from_secs(1)).expect("ttl");
         for name in &names {
             super::tests::keep_granted(&renewals, &store.inner, name, ttl).await;
@@ -940,22 +938,10 @@ mod leak_tests {
     #[tokio::test]
     async fn a_lost_tenure_of_a_deleted_lease_is_forgotten() {
         let store = Arc::new(MemoryStore::new());
-        let (wake, _woken) = tokio::sync::mpsc::unbounded_channel();
         let (leases, mut cache) = kube::runtime::reflector::store();
-        let mut lease = TargetLease::new("l", crate::api::test_spec("l", "w"));
-        lease.metadata.namespace = Some("ns".into());
-        lease.metadata.uid = Some("uid-l".into());
+        let lease = super::tests::lease_object("l", "uid-l");
         cache.apply_watcher_event(&kube::runtime::watcher::Event::Apply(lease.clone()));
-        let (renewals, scheduler) = Renewals::new(Wiring {
-            store: store.clone(),
-            metrics: Arc::new(Metrics::new()),
-            measurements: Arc::default(),
-            leadership: Leadership::unconditional(),
-            wake,
-            concurrency: 1,
-            leases,
-        });
-        let _scheduler = tokio::spawn(scheduler);
+        let (renewals, _woken, _scheduler) = super::tests::started(store.clone(), 1, leases);
         let ttl = Ttl::new(Duration::from_secs(1)).expect("ttl");
         let handle = super::tests::keep_granted(&renewals, &store, "l", ttl).await;
         let key = super::tests::key("l");

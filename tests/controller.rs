@@ -62,12 +62,7 @@ async fn apply_leads_to_held(s: Scenario) {
             .any(|f| f == "targetlease.dev/release")
     );
     // The lease is in Valkey, with the token the status shows.
-    let seen = s
-        .store()
-        .await
-        .inspect(&s.target("orders-db/migration"))
-        .await
-        .expect("inspect");
+    let seen = s.inspect("orders-db/migration").await;
     assert_eq!(
         seen.lease.map(|l| (l.owner, l.token)),
         Some(("worker-1".into(), token_of(&lease)))
@@ -255,13 +250,7 @@ async fn invalid_resources_are_refused(s: Scenario) {
         "{message:?}"
     );
     assert!(
-        s.store()
-            .await
-            .inspect(&s.target("hasty-target"))
-            .await
-            .expect("inspect")
-            .lease
-            .is_none(),
+        s.inspect("hasty-target").await.lease.is_none(),
         "a lease was taken"
     );
     s.cluster.kubectl_ok(&[
@@ -410,12 +399,7 @@ async fn controller_restart_keeps_leases(mut s: Scenario) {
     let after = s.get("kept").await;
     assert_eq!(phase_of(&after), Some(Phase::Held));
     assert_eq!(token_of(&after), token_of(&before));
-    let seen = s
-        .store()
-        .await
-        .inspect(&s.target("restart-target"))
-        .await
-        .expect("inspect");
+    let seen = s.inspect("restart-target").await;
     let lease = seen.lease.expect("still held in Valkey");
     assert_eq!(
         (lease.owner.as_str(), lease.token),
@@ -456,12 +440,7 @@ async fn leader_failover_keeps_leases(mut s: Scenario) {
         token_of(&before),
         "the lease changed hands"
     );
-    let seen = s
-        .store()
-        .await
-        .inspect(&s.target("ha-target"))
-        .await
-        .expect("inspect");
+    let seen = s.inspect("ha-target").await;
     assert_eq!(seen.lease.map(|l| l.token), Some(token_of(&before)));
     let now_leading = leases
         .get("targetlease-controller")
@@ -473,12 +452,7 @@ async fn leader_failover_keeps_leases(mut s: Scenario) {
     // SIGTERM: clean exit, lease not released.
     let status = a.terminate();
     assert!(status.success(), "controller exited with {status}");
-    let seen = s
-        .store()
-        .await
-        .inspect(&s.target("ha-target"))
-        .await
-        .expect("inspect");
+    let seen = s.inspect("ha-target").await;
     assert!(seen.lease.is_some(), "SIGTERM released the lease");
 }
 
@@ -735,12 +709,7 @@ async fn store_refusals_within_the_expiry_keep_held(s: Scenario) {
     assert_eq!(phase_of(&ready), Some(Phase::Held));
     assert_eq!(token_of(&ready), token_of(&held));
 
-    let seen = s
-        .store()
-        .await
-        .inspect(&s.target("blip-target"))
-        .await
-        .expect("inspect");
+    let seen = s.inspect("blip-target").await;
     let left = Duration::from_millis(seen.lease.expect("held in the store").expires_in_ms);
     controller_rights(&admin, "-@scripting").await;
     let store_expiry = Instant::now() + left;
@@ -971,12 +940,7 @@ async fn stays_spent(s: &Scenario, poke_n: u32, settle: Duration, what: &str) ->
     tokio::time::sleep(settle).await;
     let still = s.get("bounded").await;
     assert_eq!(phase_of(&still), Some(Phase::Released), "{what}");
-    let seen = s
-        .store()
-        .await
-        .inspect(&s.target("bounded-target"))
-        .await
-        .expect("inspect");
+    let seen = s.inspect("bounded-target").await;
     assert!(seen.lease.is_none(), "the target is held again");
     still
 }
@@ -1428,12 +1392,7 @@ async fn unreadable_holder_pod_keeps_renewing(mut s: Scenario) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(unknown_seen, "no HolderUnknown condition was written");
-    let seen = s
-        .store()
-        .await
-        .inspect(&s.target("unread-target"))
-        .await
-        .expect("inspect");
+    let seen = s.inspect("unread-target").await;
     assert_eq!(seen.lease.map(|l| l.token), Some(token_of(&held)));
     let taken = s.wait_phase("new-by-pod", Phase::Held, 5 * SEC).await;
     assert_eq!(
@@ -2007,12 +1966,7 @@ async fn ttl_edit_while_held_reaches_the_store(s: Scenario) {
         .expect("patch ttlSeconds");
     // Two renewal intervals of the old TTL, and one of the new would not have come yet.
     tokio::time::sleep(5 * SEC).await;
-    let seen = s
-        .store()
-        .await
-        .inspect(&s.target("ttl-edit-target"))
-        .await
-        .expect("inspect");
+    let seen = s.inspect("ttl-edit-target").await;
     let view = seen.lease.expect("held in the store");
     assert_eq!(view.token, token_of(&held));
     assert!(

@@ -11,8 +11,8 @@ use kube::api::{Api, DeleteParams, ListParams};
 use libtest_mimic::Arguments;
 use targetlease::api::{Phase, TargetLease};
 use targetlease::redact::SecretUrl;
-use targetlease::store::TargetRef;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
+use targetlease::store::{Inspection, LeaseStore, TargetRef};
 
 use super::kube::{Cluster, ControllerProcess, await_lease, lease_yaml, phase_of, targetlease_bin};
 use super::server::{Server, ServerKind};
@@ -139,6 +139,15 @@ impl Scenario {
         ValkeyStore::connect(ValkeyConfig::new(url))
             .await
             .expect("connect to valkey")
+    }
+
+    /// What this scenario's Valkey holds for `target` in this namespace (a fresh connection).
+    pub async fn inspect(&self, target: &str) -> Inspection {
+        self.store()
+            .await
+            .inspect(&self.target(target))
+            .await
+            .expect("inspect")
     }
 
     /// A target in this namespace.

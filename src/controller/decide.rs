@@ -945,6 +945,41 @@ mod tests {
         assert!(matches!(plan(&claim, &with(same)), Plan::GiveUp { .. }));
     }
 
+    /// The published promise never runs past the maxHoldSeconds bound (the controller releases
+    /// then), at the grant and at a renewal; without a bound it is four TTLs.
+    #[tokio::test]
+    async fn the_promise_stops_at_the_max_hold_bound() {
+        let store = MemoryStore::new();
+        let bounded = TargetLeaseSpec {
+            max_hold_seconds: Some(45),
+            ..test_spec("t", "w")
+        };
+        let lease = fixture(bounded.clone(), None);
+        let claim = Claim::new(&lease).expect("claim");
+        let answer = store.acquire(&acquire_of(&claim)).await.expect("acquire");
+        let granted = after_acquire(&claim, &answer).observed;
+        let acquired = granted.acquired_at.expect("acquiredAt");
+        assert_eq!(
+            granted.expires_at,
+            Some(acquired + SignedDuration::from_secs(45))
+        );
+        let status = granted.into_status(Some(1), None, Timestamp::now());
+        let lease = fixture(bounded, Some(status));
+        let claim = Claim::new(&lease).expect("claim");
+        let handle = claim.held_handle().expect("held");
+        let step = renewed(&store, &claim, &handle).await;
+        assert!(step.observed.expires_at <= Some(acquired + SignedDuration::from_secs(45)));
+        let free = fixture(test_spec("t2", "w"), None);
+        let claim = Claim::new(&free).expect("claim");
+        let answer = store.acquire(&acquire_of(&claim)).await.expect("acquire");
+        let granted = after_acquire(&claim, &answer).observed;
+        let acquired = granted.acquired_at.expect("acquiredAt");
+        assert_eq!(
+            granted.expires_at,
+            Some(acquired + SignedDuration::from_secs(120))
+        );
+    }
+
     #[test]
     fn max_hold_waits_for_a_measured_clock() {
         let bounded = TargetLeaseSpec {

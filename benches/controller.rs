@@ -346,6 +346,7 @@ fn lease(name: &str, target: &str, holder: &str, ttl: u32, label: &str) -> Targe
             holder: holder.to_owned(),
             holder_ref: None,
             ttl_seconds: ttl,
+            permits: 1,
             max_hold_seconds: None,
             release: false,
             priority: None,
@@ -872,15 +873,13 @@ impl Bench {
                 let api = api.clone();
                 let grant = Grant {
                     token,
+                    slot: targetlease::store::Slot::ZERO,
                     acquired_at_ms: 1_764_000_000_000,
                     server_time_ms: 1_764_000_000_000,
                     expires_in_ms: 30_000,
                 };
-                let new = Observed::held(&grant, "worker").into_status(
-                    Some(1),
-                    None,
-                    jiff::Timestamp::now(),
-                );
+                let new = Observed::held(&grant, targetlease::store::Permits::ONE, "worker")
+                    .into_status(Some(1), None, jiff::Timestamp::now());
                 Box::pin(async move {
                     if apply {
                         let patch = serde_json::json!({

@@ -34,8 +34,9 @@ use redis::aio::MultiplexedConnection;
 use targetlease::redact::SecretUrl;
 use targetlease::store::valkey::{DEFAULT_POOL_SIZE, ValkeyConfig, ValkeyStore};
 use targetlease::store::{
-    AcquireOutcome, AcquireRequest, LeaseHandle, LeaseId, LeaseStore, Owner, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, RequestId, TargetRef, Token, Ttl,
+    AcquireOutcome, AcquireRequest, LeaseHandle, LeaseId, LeaseStore, Owner, Permits,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId, Slot, TargetRef, Token,
+    Ttl,
 };
 use tokio::sync::Barrier;
 
@@ -235,6 +236,7 @@ async fn setup(w: Workload, sh: &Shared, task: usize) -> Result<TaskState, Strin
                 target: target.clone(),
                 lease_id: lease_id.clone(),
                 owner: owner.clone(),
+                permits: Permits::ONE,
                 ttl: lease_ttl(),
                 min_token: 0,
                 request_id: RequestId::random(),
@@ -243,6 +245,8 @@ async fn setup(w: Workload, sh: &Shared, task: usize) -> Result<TaskState, Strin
                 Ok(AcquireOutcome::Acquired(grant)) => TaskState::Renew {
                     handle: LeaseHandle {
                         target,
+                        permits: Permits::ONE,
+                        slot: grant.slot,
                         lease_id,
                         owner,
                         token: Token::new(grant.token).map_err(|e| e.to_string())?,
@@ -305,6 +309,7 @@ async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
                 target: target.clone(),
                 lease_id: lease_id.clone(),
                 owner: owner.clone(),
+                permits: Permits::ONE,
                 ttl: lease_ttl(),
                 min_token: 0,
                 request_id: RequestId::random(),
@@ -318,6 +323,8 @@ async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
             let release = ReleaseRequest {
                 lease: LeaseHandle {
                     target: target.clone(),
+                    permits: Permits::ONE,
+                    slot: Slot::ZERO,
                     lease_id: lease_id.clone(),
                     owner: owner.clone(),
                     token,
@@ -944,6 +951,7 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             target: targets[i].clone(),
             lease_id,
             owner,
+            permits: Permits::ONE,
             ttl: lease_ttl(),
             min_token: 0,
             request_id: RequestId::random(),
@@ -958,6 +966,8 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
         let (lease_id, owner) = claim(i, who);
         LeaseHandle {
             target: targets[i].clone(),
+            permits: Permits::ONE,
+            slot: Slot::ZERO,
             lease_id,
             owner,
             token: Token::new(token.parse().unwrap_or(1)).expect("token"),
@@ -1279,6 +1289,7 @@ async fn memory_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
                     target: targets[i].clone(),
                     lease_id,
                     owner,
+                    permits: Permits::ONE,
                     ttl: lease_ttl(),
                     min_token: 0,
                     request_id: RequestId::random(),
@@ -1328,6 +1339,8 @@ async fn memory_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
                 let req = ReleaseRequest {
                     lease: LeaseHandle {
                         target: targets[i].clone(),
+                        permits: Permits::ONE,
+                        slot: Slot::ZERO,
                         lease_id,
                         owner,
                         token: Token::new(token).expect("token"),

@@ -1,15 +1,36 @@
--- inspect: read-only view of a target for operators.
--- KEYS: lease, fence
+-- inspect: read-only view of a target for operators: every slot held, whatever the permits value
+-- in force says (a view never hides a holder).
+-- KEYS: lease, fence, top, permits
+-- KEYS per further slot: slot_lease
+--   slot 0's lease hash and fence; the newest token of slots from 1; the permits value in
+--   force; the lease hashes of slots 1 and up (as many as the largest permits value)
 -- ARGV: (none)
--- Reply: 'free <fence> <server_ms>' |
---   'held <fence> <server_ms> <token> <acquired_ms> <pttl_ms> <owner_bytes> <owner> <lease_id>'
---   (two free-text fields: the owner's length in bytes says where it ends)
-local lease, lease_err = read_lease(KEYS[1])
-if lease_err then return lease_err end
+-- Reply: 'view <fence> <server_ms> <permits> <holders>' followed, for each held slot, by
+--   ' <slot> <permits> <token> <acquired_ms> <pttl_ms> <owner_bytes> <owner> <lease_id_bytes>
+--   <lease_id>' (permits: what that lease was granted under)
+--   (free-text fields are preceded by their length in bytes)
 local fence, fence_err = read_fence(KEYS[2])
 if not fence then return fence_err end
+local top, top_err = read_fence(KEYS[3])
+if not top then return top_err end
+local in_force, permits_err = read_permits(KEYS[4])
+if permits_err then return permits_err end
+local permits = in_force or 1
+local held = {}
+for s = 0, #KEYS - 4 do
+  local key = KEYS[1]
+  if s > 0 then key = KEYS[4 + s] end
+  local lease, lease_err = read_lease(key)
+  if lease_err then return lease_err end
+  if lease then
+    if not in_force and lease.permits > permits then permits = lease.permits end
+    table.insert(held, int(s) .. ' ' .. int(lease.permits) .. ' ' .. lease.token_text .. ' ' .. lease.acquired_ms .. ' ' ..
+      int(lease.pttl) .. ' ' .. #lease.owner .. ' ' .. lease.owner .. ' ' .. #lease.lease_id ..
+      ' ' .. lease.lease_id)
+  end
+end
 local _, now_ms = server_now()
-if not lease then return 'free ' .. int(fence) .. ' ' .. int(now_ms) end
-return 'held ' .. int(fence) .. ' ' .. int(now_ms) .. ' ' .. lease.token_text .. ' ' ..
-  lease.acquired_ms .. ' ' .. int(lease.pttl) .. ' ' .. #lease.owner .. ' ' .. lease.owner ..
-  ' ' .. lease.lease_id
+local reply = 'view ' .. int(math.max(fence, top)) .. ' ' .. int(now_ms) .. ' ' .. int(permits) ..
+  ' ' .. #held
+if #held > 0 then reply = reply .. ' ' .. table.concat(held, ' ') end
+return reply

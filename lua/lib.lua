@@ -50,6 +50,10 @@ local function arg_int(s)
   return n
 end
 
+-- The most permits a target may have (src/store/protocol.rs, MAX_PERMITS): an acquire reads
+-- every slot, so the bound keeps the longest call short.
+local MAX_PERMITS = 100
+
 -- The longest lease TTL, 24 hours: what the client accepts (`Ttl`), checked again here for a
 -- caller that goes around the client.
 local MAX_TTL_MS = 86400000
@@ -122,14 +126,17 @@ end
 
 -- Reads the lease hash at `key`. Returns nil when there is no lease, the record table when it is
 -- well formed, or (false, error_reply) when the key holds anything else. A lease without a TTL
--- (a restore or migration that dropped it, a PERSIST) is corrupt: it would never expire.
+-- (a restore or migration that dropped it, a PERSIST) is corrupt: it would never expire. The
+-- record's `permits` is what it was granted under: absent for an exclusive lease (1), 2 to
+-- MAX_PERMITS for a permit.
 local function read_lease(key)
   -- EXISTS first: the free target (the hot path of acquire) costs one command, and a key that
   -- exists but holds none of our fields is corrupt, not free.
   if redis.call('EXISTS', key) == 0 then
     return nil
   end
-  local r = redis.pcall('HMGET', key, 'record_version', 'lease_id', 'owner', 'token', 'acquired_ms')
+  local r = redis.pcall('HMGET', key, 'record_version', 'lease_id', 'owner', 'token', 'acquired_ms',
+    'permits')
   if type(r) == 'table' and r.err then
     return false, read_error(r, 'lease record at ' .. key .. ' is not a hash')
   end
@@ -152,12 +159,20 @@ local function read_lease(key)
   if not arg_int(r[5]) then
     return false, corrupt('lease record at ' .. key .. ' has a non-numeric acquired_ms')
   end
+  local permits = 1
+  if r[6] then
+    permits = arg_int(r[6])
+    if not permits or permits < 2 or permits > MAX_PERMITS then
+      return false, corrupt('lease record at ' .. key .. ' has permits that are not 2 to ' ..
+        MAX_PERMITS)
+    end
+  end
   local pttl = redis.call('PTTL', key)
   if pttl < 0 then
     return false, corrupt('lease record at ' .. key .. ' has no expiry (a lease must expire)')
   end
   return {lease_id = r[2], owner = r[3], token = token, token_text = r[4], acquired_ms = r[5],
-    pttl = pttl}
+    pttl = pttl, permits = permits}
 end
 
 -- Reads the fence: the newest token issued for the target (0 when absent). Returns the number,
@@ -174,6 +189,35 @@ local function read_fence(key)
       '(targetlease lease repair resets it)')
   end
   return n
+end
+
+-- Reads the permits value in force: what the held permits of a target were granted under, kept
+-- while any of them may be held (it expires after the last one). Returns nil when none is in
+-- force, the number, or (false, error_reply).
+local function read_permits(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' and v.err then
+    return false, read_error(v, 'permits record at ' .. key .. ' is not a string')
+  end
+  if not v then return nil end
+  local n = arg_int(v)
+  if not n or n < 2 or n > MAX_PERMITS then
+    return false, corrupt('permits record at ' .. key .. ' is not a number from 2 to ' ..
+      MAX_PERMITS .. ' (targetlease lease repair deletes it)')
+  end
+  if redis.call('PTTL', key) < 0 then
+    return false, corrupt('permits record at ' .. key .. ' has no expiry (it must expire ' ..
+      'with the permits it stands for)')
+  end
+  return n
+end
+
+-- Keeps the permits value in force for at least `ttl_ms` more: written before the permit it
+-- stands for, so no refused write can leave a permit held without it.
+local function keep_permits(key, permits_text, ttl_ms)
+  if redis.call('PTTL', key) < ttl_ms then
+    redis.call('SET', key, permits_text, 'PX', ttl_ms)
+  end
 end
 
 -- The reply cache makes a retried call with the same request id return the first reply without

@@ -1,49 +1,106 @@
--- repair: the operator's way out of a record that fails closed. A lease record that cannot be
--- read is deleted (nobody can renew it anyway); a fence that is not a token is replaced by the
--- largest of the operator's floor, the readable lease token and the server clock in
--- microseconds plus MAX_LEAD (where every new token starts), so the next token is
+-- repair: the operator's way out of a record that fails closed, in any slot. A lease record that
+-- cannot be read is deleted (nobody can renew it anyway); a fence (or `top`) that is not a token
+-- is replaced by the largest of the operator's floor, the readable lease token and the server
+-- clock in microseconds plus MAX_LEAD (where every new token starts), so the next token is
 -- still above every token this store could have issued; a grant record that is not a string
--- is deleted (it only names the request id of the newest grant, so that a replay of it is
--- refused once its cached reply expired; an unreadable one fails every grant). Readable records
--- are left alone.
--- KEYS: lease, fence, grant
+-- is deleted (it only names the request id of a slot's newest grant, so that a replay of it is
+-- refused once its cached reply expired; an unreadable one fails every grant); an unreadable
+-- permits value is rewritten from the readable leases that were granted under one (their
+-- largest value, kept as long as the longest of them), or deleted when none is held. Readable
+-- records are left alone.
+-- KEYS: lease, fence, grant, top, permits
+-- KEYS per further slot: slot_lease, slot_fence, slot_grant
+--   slot 0's lease hash, fence and grant record; the newest token of slots from 1; the permits
+--   value in force; then the same three for slots 1 and up (as many as the largest permits)
 -- ARGV: floor
--- Reply: 'intact <fence>' | 'repaired <fence> <what>'
+-- Reply: 'intact <fence>' | 'repaired <fence> <what>' (the newest token of the target)
 local floor = arg_int(ARGV[1])
 if not floor or floor >= MAX_TOKEN then return invalid('floor must be an integer from 0 to 2^53-2') end
-local repaired = {}
-local lease_token = 0
+local function slot_key(s, i)
+  if s == 0 then return KEYS[i] end
+  return KEYS[5 + 3 * (s - 1) + i]
+end
+local function tolerate(err)
+  return err and not string.find(err.err, 'TLCORRUPT', 1, true)
+end
 -- Everything is read first and written last: a script refused at a write (an ACL rule without
 -- SET) has then deleted nothing the operator's floor was meant to replace.
-local lease, lease_err = read_lease(KEYS[1])
-if lease_err then
-  if not string.find(lease_err.err, 'TLCORRUPT', 1, true) then return lease_err end
-elseif lease then
-  lease_token = lease.token
+local slots = (#KEYS - 5) / 3 + 1
+local bad_leases, bad_fences, bad_grants = {}, {}, {}
+local highest_token, held_permits, held_pttl = 0, nil, 0
+local fences = {}
+for s = 0, slots - 1 do
+  local lease, lease_err = read_lease(slot_key(s, 1))
+  if tolerate(lease_err) then return lease_err end
+  if lease_err then
+    table.insert(bad_leases, s)
+  elseif lease then
+    highest_token = math.max(highest_token, lease.token)
+    if lease.permits > 1 then
+      held_permits = math.max(held_permits or 0, lease.permits)
+      held_pttl = math.max(held_pttl, lease.pttl)
+    end
+  end
+  local fence, fence_err = read_fence(slot_key(s, 2))
+  if tolerate(fence_err) then return fence_err end
+  if fence then fences[s] = fence else table.insert(bad_fences, s) end
+  local grant = redis.pcall('GET', slot_key(s, 3))
+  if type(grant) == 'table' and grant.err then
+    local grant_err = read_error(grant, 'grant record at ' .. slot_key(s, 3) .. ' is not a string')
+    if tolerate(grant_err) then return grant_err end
+    table.insert(bad_grants, s)
+  end
 end
-local grant = redis.pcall('GET', KEYS[3])
-local grant_unreadable = type(grant) == 'table' and grant.err
-if grant_unreadable then
-  local grant_err = read_error(grant, 'grant record at ' .. KEYS[3] .. ' is not a string')
-  if not string.find(grant_err.err, 'TLCORRUPT', 1, true) then return grant_err end
-end
-local fence, fence_err = read_fence(KEYS[2])
-if not fence then
-  if not string.find(fence_err.err, 'TLCORRUPT', 1, true) then return fence_err end
+local top, top_err = read_fence(KEYS[4])
+if tolerate(top_err) then return top_err end
+local _, permits_err = read_permits(KEYS[5])
+if tolerate(permits_err) then return permits_err end
+
+local repaired = {}
+local reset = nil
+if #bad_fences > 0 or not top then
   local now_us = server_now()
   if floor > now_us + MAX_FLOOR_LEAD then return floor_too_far(floor, now_us) end
-  fence = math.max(floor, lease_token, now_us + MAX_LEAD)
+  reset = math.max(floor, highest_token, now_us + MAX_LEAD)
+end
+local function slots_named(list)
+  -- Slot 0 alone is the exclusive lease's record: named as it always was.
+  if #list == 1 and list[1] == 0 then return '' end
+  local names = {}
+  for _, s in ipairs(list) do table.insert(names, int(s)) end
+  return ' (slot ' .. table.concat(names, ', ') .. ')'
+end
+if #bad_fences > 0 then
   -- SET replaces a value of any type: no DEL first.
-  redis.call('SET', KEYS[2], int(fence))
-  table.insert(repaired, 'reset the fence')
+  for _, s in ipairs(bad_fences) do
+    redis.call('SET', slot_key(s, 2), int(reset))
+    fences[s] = reset
+  end
+  table.insert(repaired, 'reset the fence' .. slots_named(bad_fences))
 end
-if grant_unreadable then
-  redis.call('DEL', KEYS[3])
-  table.insert(repaired, 'deleted the unreadable grant record')
+if not top then
+  redis.call('SET', KEYS[4], int(reset))
+  top = reset
+  table.insert(repaired, 'reset the newest token of the other slots')
 end
-if lease_err then
-  redis.call('DEL', KEYS[1])
-  table.insert(repaired, 1, 'deleted the unreadable lease record')
+if #bad_grants > 0 then
+  for _, s in ipairs(bad_grants) do redis.call('DEL', slot_key(s, 3)) end
+  table.insert(repaired, 'deleted the unreadable grant record' .. slots_named(bad_grants))
 end
-if #repaired == 0 then return 'intact ' .. int(fence) end
-return 'repaired ' .. int(fence) .. ' ' .. table.concat(repaired, '; ')
+if permits_err then
+  if held_permits then
+    redis.call('SET', KEYS[5], int(held_permits), 'PX', held_pttl)
+    table.insert(repaired, 'rewrote the unreadable permits record from the held permits')
+  else
+    redis.call('DEL', KEYS[5])
+    table.insert(repaired, 'deleted the unreadable permits record')
+  end
+end
+if #bad_leases > 0 then
+  for _, s in ipairs(bad_leases) do redis.call('DEL', slot_key(s, 1)) end
+  table.insert(repaired, 1, 'deleted the unreadable lease record' .. slots_named(bad_leases))
+end
+local newest = top
+for _, fence in pairs(fences) do newest = math.max(newest, fence) end
+if #repaired == 0 then return 'intact ' .. int(newest) end
+return 'repaired ' .. int(newest) .. ' ' .. table.concat(repaired, '; ')

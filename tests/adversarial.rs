@@ -19,8 +19,8 @@ use targetlease::store::valkey::scripts::SCRIPTS;
 use targetlease::store::valkey::{PasswordSource, ValkeyStore};
 use targetlease::store::{
     CheckOutcome, CommitOutcome, ErrorKind, LeaseStore, MAX_FLOOR_LEAD_MICROS, MAX_TOKEN,
-    MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, RenewOutcome, RepairOutcome, RequestId, StoreError,
-    Token,
+    MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, RenewOutcome, RepairOutcome, RequestId, Slot,
+    StoreError, Token,
 };
 
 use support::contract_cases::{
@@ -103,7 +103,10 @@ async fn reused_request_id_is_refused(h: Harness) {
     to_y.request_id = to_x.request_id.clone();
     refused(h.store.commit(&to_y).await, "request id already used");
     assert_eq!(
-        h.store.read_guarded(&t, &guarded("y")).await.expect("read"),
+        h.store
+            .read_guarded(&t, Slot::ZERO, &guarded("y"))
+            .await
+            .expect("read"),
         None
     );
     // Another operation with the same id is refused too.
@@ -307,7 +310,7 @@ async fn script_arguments_are_checked_again(h: Harness) {
     );
     assert_eq!(
         h.store
-            .read_guarded(&t, &support::contract_cases::guarded("data"))
+            .read_guarded(&t, Slot::ZERO, &support::contract_cases::guarded("data"))
             .await
             .expect("read"),
         None
@@ -387,7 +390,7 @@ async fn reentrant_acquire_respects_floor_and_fence(h: Harness) {
     // The old token is stale now; the new one is current.
     assert_eq!(
         h.store
-            .check(&t, token_of(first.token))
+            .check(&t, Slot::ZERO, token_of(first.token))
             .await
             .expect("check"),
         CheckOutcome::Stale {
@@ -429,14 +432,17 @@ async fn tokens_never_issued_are_refused(h: Harness) {
     let t = target("never-issued");
     let g = acquired(&*h.store, &acquire_req(&t, "lease-a", "alice", TTL)).await;
     let typo = g.token + 12_345;
-    refused(h.store.check(&t, token_of(typo)).await, "never issued");
+    refused(
+        h.store.check(&t, Slot::ZERO, token_of(typo)).await,
+        "never issued",
+    );
     refused(
         h.store.commit(&commit_req(&t, typo, "typo")).await,
         "never issued",
     );
     assert_eq!(
         h.store
-            .read_guarded(&t, &guarded("data"))
+            .read_guarded(&t, Slot::ZERO, &guarded("data"))
             .await
             .expect("read"),
         None
@@ -450,12 +456,17 @@ async fn tokens_never_issued_are_refused(h: Harness) {
         CommitOutcome::Committed { token: g.token }
     );
     assert_eq!(
-        h.store.check(&t, token_of(g.token)).await.expect("check"),
+        h.store
+            .check(&t, Slot::ZERO, token_of(g.token))
+            .await
+            .expect("check"),
         CheckOutcome::Current { newest: g.token }
     );
     // A target that never had a token accepts none.
     refused(
-        h.store.check(&target("nothing-here"), token_of(7)).await,
+        h.store
+            .check(&target("nothing-here"), Slot::ZERO, token_of(7))
+            .await,
         "never issued",
     );
 }
@@ -482,7 +493,7 @@ async fn late_commit_replay_cannot_roll_back(h: Harness) {
         "a late replay of v1 must be refused"
     );
     let stored = store
-        .read_guarded(&t, &guarded("data"))
+        .read_guarded(&t, Slot::ZERO, &guarded("data"))
         .await
         .expect("read");
     assert_eq!(stored.map(|v| v.value), Some("v2".to_owned()));
@@ -667,12 +678,15 @@ async fn workload_user_cannot_touch_leases(h: Harness) {
         CommitOutcome::Committed { token: g.token }
     );
     assert!(matches!(
-        workload.check(&t, token_of(g.token)).await.expect("check"),
+        workload
+            .check(&t, Slot::ZERO, token_of(g.token))
+            .await
+            .expect("check"),
         CheckOutcome::Current { .. }
     ));
     assert!(
         workload
-            .read_guarded(&t, &guarded("data"))
+            .read_guarded(&t, Slot::ZERO, &guarded("data"))
             .await
             .expect("read")
             .is_some()

@@ -472,6 +472,7 @@ async fn workload(api: Api<TargetLease>, until: Instant, ops: Arc<AtomicU64>, se
                     holder: format!("holder-{serial}"),
                     holder_ref: None,
                     ttl_seconds: TTL_SECONDS as u32,
+                    permits: 1,
                     max_hold_seconds: None,
                     release: false,
                     priority: None,

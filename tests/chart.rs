@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use serde_json::{Value, json};
 use targetlease::api::{Reason, TargetLeaseStatus};
 use targetlease::controller::status::Observed;
-use targetlease::store::{Grant, StoreError};
+use targetlease::store::{Grant, Permits, Slot, StoreError};
 
 use support::chart::*;
 use support::kube::{repo, run_with_input};
@@ -502,12 +502,13 @@ fn gitops_samples() -> Vec<(
     let token = 1_764_423_912_004_117u64;
     let grant = Grant {
         token,
+        slot: Slot::ZERO,
         acquired_at_ms: 1_764_423_912_004,
         server_time_ms: 1_764_423_912_004,
         expires_in_ms: 30_000,
     };
     // The statuses the controller writes, made by its own code.
-    let held = Observed::held(&grant, "worker-7").into_status(Some(1), None, now);
+    let held = Observed::held(&grant, Permits::ONE, "worker-7").into_status(Some(1), None, now);
     let waiting = Observed::waiting("worker-3", None).into_status(Some(1), None, now);
     let released = Observed::released(
         Reason::ReleaseRequested,

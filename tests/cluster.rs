@@ -13,8 +13,8 @@ use targetlease::redact::{Secret, SecretUrl};
 use targetlease::store::valkey::keys::TargetKeys;
 use targetlease::store::valkey::{PasswordSource, ValkeyConfig, ValkeyStore};
 use targetlease::store::{
-    AcquireOutcome, AcquireRequest, LeaseId, LeaseStore, Owner, ReleaseOutcome, RequestId,
-    TargetRef, Ttl,
+    AcquireOutcome, AcquireRequest, LeaseId, LeaseStore, Owner, Permits, ReleaseOutcome, RequestId,
+    Slot, TargetRef, Ttl,
 };
 
 use support::admin::Admin;
@@ -147,6 +147,7 @@ async fn workload(store: Arc<dyn LeaseStore>, t: TargetRef, until: Instant) -> S
             target: t.clone(),
             lease_id: LeaseId::new(lease.clone()).expect("lease id"),
             owner: Owner::new("worker").expect("owner"),
+            permits: Permits::ONE,
             ttl: Ttl::new(WORKLOAD_TTL).expect("ttl"),
             min_token: seen.tokens.last().copied().unwrap_or(0),
             request_id: RequestId::random(),
@@ -165,6 +166,9 @@ async fn workload(store: Arc<dyn LeaseStore>, t: TargetRef, until: Instant) -> S
                 }
                 Ok(AcquireOutcome::Expired { token }) => {
                     panic!("a fresh request id was answered as a retry of token {token}")
+                }
+                Ok(AcquireOutcome::PermitsConflict { in_force }) => {
+                    panic!("one permit asked, yet permits {in_force} are in force")
                 }
                 Err(_) => {
                     seen.errors += 1;
@@ -346,7 +350,7 @@ async fn slot_moved_between_primaries() {
     // The slot map the client holds is stale: MOVED, refresh, retry on the new owner.
     let t = target("moving");
     let read = store
-        .read_guarded(&t, &guarded("data"))
+        .read_guarded(&t, Slot::ZERO, &guarded("data"))
         .await
         .expect("read after the move (MOVED)");
     assert_eq!(read.map(|v| v.value).as_deref(), Some("before"));

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use targetlease::store::valkey::keys::TargetKeys;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
-    AcquireOutcome, CommitOutcome, ErrorKind, Grant, LeaseStore, ReleaseOutcome, TargetRef,
+    AcquireOutcome, CommitOutcome, ErrorKind, Grant, LeaseStore, ReleaseOutcome, Slot, TargetRef,
 };
 
 use support::admin::Admin;
@@ -187,7 +187,7 @@ async fn dropped_reply_retried_returns_the_first_result() {
     );
     let stored = f
         .store
-        .read_guarded(&t, &guarded("data"))
+        .read_guarded(&t, Slot::ZERO, &guarded("data"))
         .await
         .expect("read")
         .expect("written");

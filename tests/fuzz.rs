@@ -16,8 +16,8 @@ use targetlease::store::valkey::wire;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
     AcquireOutcome, AcquireRequest, CommitRequest, ErrorKind, GuardedKey, LeaseHandle, LeaseId,
-    LeaseStore, MAX_TOKEN, Owner, ReleaseRequest, RenewRequest, RequestId, StoreError, TargetRef,
-    Token, Ttl,
+    LeaseStore, MAX_PERMITS, MAX_TOKEN, Owner, Permits, ReleaseRequest, RenewRequest, RequestId,
+    Slot, StoreError, TargetRef, Token, Ttl,
 };
 
 use support::cases;
@@ -54,7 +54,10 @@ fn reply_decoders_never_panic() {
         .run(&proptest::collection::vec(element(), 0..10), |parts| {
             // Fields joined as the scripts join them, and once more with the spaces doubled.
             for reply in [parts.join(" "), parts.join("  ")] {
-                let _ = wire::acquire(&reply);
+                for permits in [1, 3, MAX_PERMITS] {
+                    let permits = Permits::new(permits).expect("permits");
+                    let _ = wire::acquire(&reply, permits);
+                }
                 let _ = wire::renew(&reply);
                 let _ = wire::release(&reply);
                 let _ = wire::commit(&reply);
@@ -240,6 +243,7 @@ fn arbitrary_lease_records_fail_closed() {
                 target,
                 lease_id: LeaseId::new("FUZZ-LEASE").expect("id"),
                 owner: Owner::new("FUZZ-OWNER").expect("owner"),
+                permits: Permits::ONE,
                 ttl: Ttl::new(Duration::from_secs(30)).expect("ttl"),
                 min_token: 0,
                 request_id: RequestId::random(),
@@ -375,6 +379,8 @@ fn hostile_arguments_are_refused_cleanly() {
                 |token: u64, owner: &str, lease: &str| -> Result<LeaseHandle, StoreError> {
                     Ok(LeaseHandle {
                         target: target.clone(),
+                        permits: Permits::ONE,
+                        slot: Slot::ZERO,
                         lease_id: lease_id(lease),
                         owner: Owner::new(owner)?,
                         token: Token::new(token)?,
@@ -396,6 +402,7 @@ fn hostile_arguments_are_refused_cleanly() {
                                     target: target.clone(),
                                     lease_id: lease_id(lease),
                                     owner,
+                                    permits: Permits::ONE,
                                     ttl,
                                     min_token: *floor,
                                     request_id: rid(*n),
@@ -404,7 +411,8 @@ fn hostile_arguments_are_refused_cleanly() {
                                 .map(|o| match o {
                                     AcquireOutcome::Acquired(g) => Some((g.token, *floor)),
                                     AcquireOutcome::Held { .. }
-                                    | AcquireOutcome::Expired { .. } => None,
+                                    | AcquireOutcome::Expired { .. }
+                                    | AcquireOutcome::PermitsConflict { .. } => None,
                                 }),
                             Err(e) => Err(e),
                         },
@@ -448,6 +456,7 @@ fn hostile_arguments_are_refused_cleanly() {
                             Ok(token) => store
                                 .commit(&CommitRequest {
                                     target: target.clone(),
+                                    slot: Slot::ZERO,
                                     token,
                                     key: GuardedKey::new("data").expect("key"),
                                     value: value.clone(),
@@ -459,7 +468,9 @@ fn hostile_arguments_are_refused_cleanly() {
                             Err(e) => Err(e),
                         },
                         Hostile::Check { token } => match Token::new(*token) {
-                            Ok(token) => store.check(&target, token).await.map(|_| None),
+                            Ok(token) => {
+                                store.check(&target, Slot::ZERO, token).await.map(|_| None)
+                            }
                             Err(e) => Err(e),
                         },
                     }

@@ -16,8 +16,8 @@ use targetlease::store::memory::{ManualClock, MemoryStore};
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
     AcquireOutcome, AcquireRequest, CommitOutcome, CommitRequest, ErrorKind, GuardedKey,
-    LeaseHandle, LeaseId, LeaseStore, LossReason, MAX_TOKEN, Owner, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, RequestId, StoreError, TargetRef, Token, Ttl,
+    LeaseHandle, LeaseId, LeaseStore, LossReason, MAX_TOKEN, Owner, Permits, ReleaseOutcome,
+    ReleaseRequest, RenewOutcome, RenewRequest, RequestId, Slot, StoreError, TargetRef, Token, Ttl,
 };
 
 use support::cases;
@@ -193,6 +193,8 @@ impl World {
     fn handle(&self, client: usize, target: usize, pick: usize) -> LeaseHandle {
         LeaseHandle {
             target: self.target(target),
+            permits: Permits::ONE,
+            slot: Slot::ZERO,
             lease_id: LeaseId::new(format!("lease-{client}")).expect("lease id"),
             owner: owner(client),
             token: self.token(client, target, pick),
@@ -222,6 +224,9 @@ impl World {
                 AcquireOutcome::Acquired(g) => Seen::Acquired { token: g.token },
                 AcquireOutcome::Held { owner, .. } => Seen::Held { owner },
                 AcquireOutcome::Expired { token } => Seen::Expired { token },
+                AcquireOutcome::PermitsConflict { in_force } => {
+                    panic!("every claim asks one permit, yet permits {in_force} are in force")
+                }
             }),
             Call::Renew(r) => refused(store.renew(r).await, |o| match o {
                 RenewOutcome::Renewed { .. } => Seen::Renewed,
@@ -364,6 +369,7 @@ impl World {
                     target: self.target(target),
                     lease_id: LeaseId::new(format!("lease-{client}")).expect("id"),
                     owner: owner(client),
+                    permits: Permits::ONE,
                     ttl,
                     min_token: floor,
                     request_id: RequestId::random(),
@@ -407,6 +413,7 @@ impl World {
                 (
                     Call::Commit(CommitRequest {
                         target: self.target(target),
+                        slot: Slot::ZERO,
                         token: self.token(client, target, pick),
                         key: GuardedKey::new("data").expect("key"),
                         value: format!("by {client} #{sequence}"),

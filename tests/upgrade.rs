@@ -14,8 +14,9 @@ use targetlease::redact::SecretUrl;
 use targetlease::store::valkey::keys::TargetKeys;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
-    AcquireOutcome, AcquireRequest, ErrorKind, LeaseHandle, LeaseId, LeaseStore, Owner,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId, TargetRef, Token, Ttl,
+    AcquireOutcome, AcquireRequest, ErrorKind, LeaseHandle, LeaseId, LeaseStore, Owner, Permits,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RequestId, Slot, TargetRef, Token,
+    Ttl,
 };
 
 use support::admin::Admin;
@@ -116,6 +117,7 @@ fn acquire_req(t: &TargetRef, who: &str, rid: &str) -> AcquireRequest {
         target: t.clone(),
         lease_id: LeaseId::new(format!("lease-{who}")).expect("lease id"),
         owner: Owner::new(who).expect("owner"),
+        permits: Permits::ONE,
         ttl: Ttl::new(Duration::from_millis(TTL_MS)).expect("ttl"),
         min_token: 0,
         request_id: RequestId::new(rid).expect("request id"),
@@ -125,6 +127,8 @@ fn acquire_req(t: &TargetRef, who: &str, rid: &str) -> AcquireRequest {
 fn handle(t: &TargetRef, who: &str, token: u64) -> LeaseHandle {
     LeaseHandle {
         target: t.clone(),
+        permits: Permits::ONE,
+        slot: Slot::ZERO,
         lease_id: LeaseId::new(format!("lease-{who}")).expect("lease id"),
         owner: Owner::new(who).expect("owner"),
         token: Token::new(token).expect("token"),

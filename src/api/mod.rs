@@ -32,8 +32,9 @@ pub const MAX_HOLD_SECONDS: u32 = 7 * 24 * 3600;
 /// it whose value has not changed for half the TTL has lost its holder and is released.
 pub const HEARTBEAT_ANNOTATION: &str = "targetlease.dev/heartbeat";
 
-/// A claim on a named target: at most one TargetLease per (namespace, target) holds it at a time,
-/// and each tenure gets a fencing token larger than every earlier one.
+/// A claim on a named target: at most `permits` TargetLeases per (namespace, target) hold it at a
+/// time (one by default), each in its own slot, and each tenure gets a fencing token larger than
+/// every earlier one.
 // Several printer columns share a type; clippy reads the repeated `type_` as a duplicate.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -51,6 +52,7 @@ pub const HEARTBEAT_ANNOTATION: &str = "targetlease.dev/heartbeat";
     printcolumn(name = "Holder", type_ = "string", json_path = ".spec.holder"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken"),
+    printcolumn(name = "Slot", type_ = "integer", json_path = ".status.slot"),
     printcolumn(name = "Expires", type_ = "string", json_path = ".status.expiresAt"),
     printcolumn(
         name = "Age",
@@ -85,6 +87,16 @@ pub struct TargetLeaseSpec {
     #[schemars(with = "i32", range(min = 1, max = 3600))]
     pub ttl_seconds: u32,
 
+    /// How many TargetLeases may hold the target at once (1 to 100; default 1, an exclusive
+    /// lease). Each holder gets its own slot (status.slot, 0 to permits-1) and a fencing token
+    /// larger than every token issued on the target; a token is current for its slot while it
+    /// is the newest grant of that slot. Every claim on a target must ask the same value: a
+    /// claim asking another while permits granted under a different value are held waits with
+    /// reason PermitsConflict until they are all gone.
+    #[serde(default = "default_permits")]
+    #[schemars(with = "i32", range(min = 1, max = 100))]
+    pub permits: u32,
+
     /// Hard bound on one tenure, in seconds; the lease is released when it is reached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<i32>", range(min = 1, max = 604800))]
@@ -105,6 +117,10 @@ pub struct TargetLeaseSpec {
 
 fn default_ttl() -> u32 {
     DEFAULT_TTL_SECONDS
+}
+
+fn default_permits() -> u32 {
+    1
 }
 
 /// The object whose life bounds the lease.
@@ -132,6 +148,7 @@ pub(crate) fn test_spec(target: &str, holder: &str) -> TargetLeaseSpec {
         holder: holder.into(),
         holder_ref: None,
         ttl_seconds: DEFAULT_TTL_SECONDS,
+        permits: 1,
         max_hold_seconds: None,
         release: false,
         priority: None,

@@ -68,6 +68,8 @@ pub enum Reason {
     TtlTooShort,
     /// The holder pod could not be read: the lease is renewed, its holder is not tracked.
     HolderUnknown,
+    /// The target's permits are held under another `spec.permits` value than this claim's.
+    PermitsConflict,
 }
 
 impl Reason {
@@ -93,6 +95,7 @@ impl Reason {
             Reason::BackendUnexpectedReply => "BackendUnexpectedReply",
             Reason::TtlTooShort => "TTLTooShort",
             Reason::HolderUnknown => "HolderUnknown",
+            Reason::PermitsConflict => "PermitsConflict",
         }
     }
 }
@@ -144,6 +147,16 @@ pub struct TargetLeaseStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<i64>", range(min = 1, max = 9007199254740991_i64))]
     pub fencing_token: Option<u64>,
+    /// While Held: the slot of the target this claim holds, 0 to permits-1 (0 for an exclusive
+    /// lease). Its fencing token is current for this slot while it is the slot's newest grant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<i32>", range(min = 0, max = 99))]
+    pub slot: Option<u32>,
+    /// While Held: the permits value the tenure was granted under (a later edit of
+    /// spec.permits applies to the next tenure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<i32>", range(min = 1, max = 100))]
+    pub permits: Option<u32>,
     /// When this tenure began (Valkey server time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acquired_at: Option<Timestamp>,

@@ -1,7 +1,8 @@
 //! `targetlease lease ...`: one store call per invocation, one JSON object on stdout.
 //!
 //! Exit status: 0 when the call did what was asked, 3 when it was refused (held by someone
-//! else, lost, not the holder, stale token) or `read` found no record (`absent`), 4 when an
+//! else, a permits conflict, lost, not the holder, stale token) or `read` found no record
+//! (`absent`), 4 when an
 //! acquire retried with its request id finds its grant ended (`expired`), 1 on a failure (see
 //! [`super::exit`]; 2 is clap's usage error).
 
@@ -16,8 +17,8 @@ use super::valkey_args::ValkeyArgs;
 use super::{Span, exit};
 use crate::store::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, GuardedKey,
-    LeaseHandle, LeaseId, LeaseStore, Owner, ReleaseOutcome, ReleaseRequest, RenewOutcome,
-    RenewRequest, RequestId, StoreError, TargetRef, Token, Ttl,
+    LeaseHandle, LeaseId, LeaseStore, Owner, Permits, ReleaseOutcome, ReleaseRequest, RenewOutcome,
+    RenewRequest, RequestId, Slot, StoreError, TargetRef, Token, Ttl,
 };
 
 #[derive(Debug, Subcommand)]
@@ -28,6 +29,10 @@ pub enum LeaseCommand {
         target: TargetArgs,
         #[command(flatten)]
         claim: ClaimArgs,
+        /// How many holders the target admits, each in its own slot (1 to 100). Every claim
+        /// on a target must ask the same value while any permit is held.
+        #[arg(long, default_value_t = 1)]
+        permits: u32,
         /// Lease time-to-live (30, 30s, 500ms, 2m).
         #[arg(long, default_value_t = Span(crate::api::DEFAULT_TTL))]
         ttl: Span,
@@ -44,6 +49,8 @@ pub enum LeaseCommand {
         target: TargetArgs,
         #[command(flatten)]
         claim: ClaimArgs,
+        #[command(flatten)]
+        permit: PermitArgs,
         /// The fencing token the lease was granted with.
         #[arg(long)]
         token: u64,
@@ -59,24 +66,30 @@ pub enum LeaseCommand {
         target: TargetArgs,
         #[command(flatten)]
         claim: ClaimArgs,
+        #[command(flatten)]
+        permit: PermitArgs,
         /// The fencing token the lease was granted with.
         #[arg(long)]
         token: u64,
         #[command(flatten)]
         request: RequestArgs,
     },
-    /// Fencing check: is this token still the newest for the target?
+    /// Fencing check: is this token still the newest grant of its slot?
     Check {
         #[command(flatten)]
         target: TargetArgs,
+        #[command(flatten)]
+        slot: SlotArgs,
         /// The token to check.
         #[arg(long)]
         token: u64,
     },
-    /// Fenced write of a value to a guarded record of the target.
+    /// Fenced write of a value to a guarded record of the target's slot.
     Commit {
         #[command(flatten)]
         target: TargetArgs,
+        #[command(flatten)]
+        slot: SlotArgs,
         /// The writer's fencing token.
         #[arg(long)]
         token: u64,
@@ -98,19 +111,22 @@ pub enum LeaseCommand {
     Read {
         #[command(flatten)]
         target: TargetArgs,
+        #[command(flatten)]
+        slot: SlotArgs,
         /// Name of the guarded record.
         #[arg(long)]
         key: String,
     },
-    /// Show the target's lease and fence.
+    /// Show the target's leases (every held slot), the permits in force and the fence.
     Inspect {
         #[command(flatten)]
         target: TargetArgs,
     },
-    /// Replace the target's records that fail closed: an unreadable lease or grant record is
-    /// deleted, an unreadable fence (not a number, above 2^53-1) is set to the largest of
-    /// --floor, the lease's token and the server clock in microseconds plus one hour. Readable
-    /// records are left alone.
+    /// Replace the target's records that fail closed, in every slot: an unreadable lease or
+    /// grant record is deleted, an unreadable fence (not a number, above 2^53-1) is set to the
+    /// largest of --floor, the leases' tokens and the server clock in microseconds plus one
+    /// hour, an unreadable permits record is rewritten from the held permits (deleted when
+    /// none is held). Readable records are left alone.
     Repair {
         #[command(flatten)]
         target: TargetArgs,
@@ -144,6 +160,26 @@ pub struct ClaimArgs {
     owner: String,
 }
 
+/// Which permit a lease is.
+#[derive(Debug, Args)]
+pub struct PermitArgs {
+    /// The permits value the lease was granted under (1: the exclusive lease).
+    #[arg(long, default_value_t = 1)]
+    permits: u32,
+    /// The slot the lease was granted (0 for the exclusive lease).
+    #[arg(long, default_value_t = 0)]
+    slot: u32,
+}
+
+/// Which slot's fence a token is checked against.
+#[derive(Debug, Args)]
+pub struct SlotArgs {
+    /// The slot the token was granted (0 for the exclusive lease): each slot has its own
+    /// fence and guarded records.
+    #[arg(long, default_value_t = 0)]
+    slot: u32,
+}
+
 /// Idempotency.
 #[derive(Debug, Args)]
 pub struct RequestArgs {
@@ -169,9 +205,19 @@ impl TargetArgs {
 }
 
 impl ClaimArgs {
-    fn handle(&self, target: TargetRef, token: u64) -> Result<LeaseHandle, StoreError> {
+    fn handle(
+        &self,
+        target: TargetRef,
+        permit: &PermitArgs,
+        token: u64,
+    ) -> Result<LeaseHandle, StoreError> {
+        let permits = Permits::new(permit.permits)?;
+        let slot = Slot::new(permit.slot)?;
+        permits.check_slot(slot)?;
         Ok(LeaseHandle {
             target,
+            permits,
+            slot,
             lease_id: LeaseId::new(self.lease_id.clone())?,
             owner: Owner::new(self.owner.clone())?,
             token: Token::new(token)?,
@@ -220,6 +266,7 @@ impl LeaseCommand {
             LeaseCommand::Acquire {
                 target,
                 claim,
+                permits,
                 ttl,
                 min_token,
                 request,
@@ -231,6 +278,7 @@ impl LeaseCommand {
                         target,
                         lease_id: LeaseId::new(claim.lease_id.clone())?,
                         owner: Owner::new(claim.owner.clone())?,
+                        permits: Permits::new(*permits)?,
                         ttl: Ttl::new(ttl.0)?,
                         min_token: *min_token,
                         request_id: request_id.clone(),
@@ -238,7 +286,9 @@ impl LeaseCommand {
                     .await?;
                 let code = match outcome {
                     AcquireOutcome::Acquired(_) => exit::OK,
-                    AcquireOutcome::Held { .. } => exit::REFUSED,
+                    AcquireOutcome::Held { .. } | AcquireOutcome::PermitsConflict { .. } => {
+                        exit::REFUSED
+                    }
                     AcquireOutcome::Expired { .. } => exit::GRANT_ENDED,
                 };
                 Ok(printed(&outcome, code, Some(&request_id)))
@@ -246,6 +296,7 @@ impl LeaseCommand {
             LeaseCommand::Renew {
                 target,
                 claim,
+                permit,
                 token,
                 ttl,
                 request,
@@ -254,7 +305,7 @@ impl LeaseCommand {
                 let request_id = request.resolve()?;
                 let outcome = store
                     .renew(&RenewRequest {
-                        lease: claim.handle(target, *token)?,
+                        lease: claim.handle(target, permit, *token)?,
                         ttl: Ttl::new(ttl.0)?,
                         request_id: request_id.clone(),
                     })
@@ -265,6 +316,7 @@ impl LeaseCommand {
             LeaseCommand::Release {
                 target,
                 claim,
+                permit,
                 token,
                 request,
             } => {
@@ -272,21 +324,28 @@ impl LeaseCommand {
                 let request_id = request.resolve()?;
                 let outcome = store
                     .release(&ReleaseRequest {
-                        lease: claim.handle(target, *token)?,
+                        lease: claim.handle(target, permit, *token)?,
                         request_id: request_id.clone(),
                     })
                     .await?;
                 let done = outcome == ReleaseOutcome::Released;
                 Ok(printed(&outcome, done_or_refused(done), Some(&request_id)))
             }
-            LeaseCommand::Check { target, token } => {
+            LeaseCommand::Check {
+                target,
+                slot,
+                token,
+            } => {
                 let (store, target) = target.open().await?;
-                let outcome = store.check(&target, Token::new(*token)?).await?;
+                let outcome = store
+                    .check(&target, Slot::new(slot.slot)?, Token::new(*token)?)
+                    .await?;
                 let done = matches!(outcome, CheckOutcome::Current { .. });
                 Ok(printed(&outcome, done_or_refused(done), None))
             }
             LeaseCommand::Commit {
                 target,
+                slot,
                 token,
                 key,
                 value,
@@ -298,6 +357,7 @@ impl LeaseCommand {
                 let outcome = store
                     .commit(&CommitRequest {
                         target,
+                        slot: Slot::new(slot.slot)?,
                         token: Token::new(*token)?,
                         key: GuardedKey::new(key.clone())?,
                         value: value.clone(),
@@ -308,10 +368,14 @@ impl LeaseCommand {
                 let done = matches!(outcome, CommitOutcome::Committed { .. });
                 Ok(printed(&outcome, done_or_refused(done), Some(&request_id)))
             }
-            LeaseCommand::Read { target, key } => {
+            LeaseCommand::Read { target, slot, key } => {
                 let (store, target) = target.open().await?;
                 let found = store
-                    .read_guarded(&target, &GuardedKey::new(key.clone())?)
+                    .read_guarded(
+                        &target,
+                        Slot::new(slot.slot)?,
+                        &GuardedKey::new(key.clone())?,
+                    )
                     .await?;
                 let body = match &found {
                     Some(v) => json!({"outcome": "present", "token": v.token, "value": v.value}),

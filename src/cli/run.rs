@@ -120,6 +120,10 @@ pub struct RunArgs {
     /// not the holder.
     #[arg(long, env = "POD_UID")]
     pod_uid: Option<String>,
+    /// How many holders the target admits at once (1 to 100; every claim on the target must
+    /// ask the same value). The command gets its slot in TARGETLEASE_SLOT.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::store::MAX_PERMITS)))]
+    permits: u32,
     /// Lease time-to-live: also the longest `run` trusts its lease without a confirmation.
     #[arg(long, default_value_t = Span(crate::api::DEFAULT_TTL))]
     ttl: Span,
@@ -137,6 +141,15 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
+/// The tenure the command runs under.
+#[derive(Debug, Clone, Copy)]
+struct Tenure {
+    /// Its fencing token.
+    token: u64,
+    /// Its slot (0 for an exclusive lease).
+    slot: u32,
+}
+
 /// Why the command was stopped.
 #[derive(Debug, Clone)]
 enum Stop {
@@ -148,7 +161,8 @@ enum Stop {
 
 /// How waiting for the lease ended.
 enum Waited {
-    Held(u64),
+    /// Held with this token, in this slot.
+    Held(u64, u32),
     TimedOut,
     Deleted,
     Interrupted(Signal),
@@ -170,10 +184,14 @@ fn lost_because(lease: &TargetLease, token: u64) -> Option<String> {
     })
 }
 
-/// The token of a Held TargetLease that is not being deleted.
-fn held_token(lease: &TargetLease) -> Option<u64> {
-    let token = lease.status.as_ref()?.fencing_token?;
-    lost_because(lease, token).is_none().then_some(token)
+/// The token and slot of a Held TargetLease that is not being deleted.
+fn held_token(lease: &TargetLease) -> Option<(u64, u32)> {
+    let status = lease.status.as_ref()?;
+    let token = status.fencing_token?;
+    let slot = status.slot.unwrap_or(0);
+    lost_because(lease, token)
+        .is_none()
+        .then_some((token, slot))
 }
 
 /// This boot of the machine: pids and start times mean something only within one boot.
@@ -530,6 +548,7 @@ impl RunArgs {
                     uid: self.pod_uid.clone(),
                 }),
                 ttl_seconds: self.ttl_seconds(),
+                permits: self.permits,
                 max_hold_seconds: None,
                 release: false,
                 priority: None,
@@ -601,8 +620,9 @@ impl RunArgs {
             signalled: false,
         };
         let code = match self.wait_until_held(&mut monitor, &windows).await {
-            Waited::Held(token) => {
-                self.run_command(&api, &name, &holder, token, &windows, monitor)
+            Waited::Held(token, slot) => {
+                let held = Tenure { token, slot };
+                self.run_command(&api, &name, &holder, held, &windows, monitor)
                     .await
             }
             Waited::TimedOut => {
@@ -757,10 +777,10 @@ impl RunArgs {
                     // Started only while a recent heartbeat stands: the command must be able to
                     // run until the next one is due. Otherwise the next reply decides.
                     Heard::Lease(lease) | Heard::Beat { lease, .. } => {
-                        if let Some(token) = held_token(&lease)
+                        if let Some((token, slot)) = held_token(&lease)
                             && Instant::now() < monitor.last_beat + windows.term
                         {
-                            return Waited::Held(token);
+                            return Waited::Held(token, slot);
                         }
                     }
                     Heard::Gone => return Waited::Deleted,
@@ -775,16 +795,18 @@ impl RunArgs {
         api: &Api<TargetLease>,
         name: &str,
         holder: &str,
-        token: u64,
+        held: Tenure,
         windows: &Windows,
         mut monitor: Monitor,
     ) -> Result<u8, String> {
-        info!(%name, token, "lease held; starting the command");
+        let Tenure { token, slot } = held;
+        info!(%name, token, slot, "lease held; starting the command");
         let (program, args) = self.command.split_first().ok_or("no command given")?;
         let mut command = Command::new(program);
         command
             .args(args)
             .env("TARGETLEASE_TOKEN", token.to_string())
+            .env("TARGETLEASE_SLOT", slot.to_string())
             .env("TARGETLEASE_OWNER", holder)
             .env("TARGETLEASE_TARGET", &self.target)
             .env("TARGETLEASE_NAME", name)

@@ -18,8 +18,8 @@ use super::renewals::{Standing, State};
 use super::status::{Observed, published_expiry};
 use crate::api::{Phase, Reason, TargetLease, TargetLeaseStatus};
 use crate::store::{
-    AcquireOutcome, Grant, LeaseHandle, LeaseId, LossReason, Owner, RenewOutcome, TargetRef, Token,
-    Ttl,
+    AcquireOutcome, Grant, LeaseHandle, LeaseId, LossReason, Owner, Permits, RenewOutcome, Slot,
+    TargetRef, Token, Ttl,
 };
 
 /// One TargetLease as the store sees it: its target, its lease id (the resource's uid) and what
@@ -37,6 +37,8 @@ pub struct Claim<'a> {
     pub owner: Owner,
     /// The lease's time-to-live.
     pub lease_ttl: Ttl,
+    /// How many holders the spec says the target admits.
+    pub permits: Permits,
 }
 
 impl<'a> Claim<'a> {
@@ -56,6 +58,7 @@ impl<'a> Claim<'a> {
             lease_ttl: Ttl::new(Duration::from_secs(u64::from(
                 lease.spec.ttl_seconds.max(1),
             )))?,
+            permits: Permits::new(lease.spec.permits)?,
         })
     }
 
@@ -69,14 +72,22 @@ impl<'a> Claim<'a> {
         self.lease_ttl.duration()
     }
 
-    /// The handle of the tenure the status records, if it says Held.
+    /// The handle of the tenure the status records, if it says Held: its slot and the permits
+    /// it was granted under as the status records them (a status without them is an exclusive
+    /// lease's, as written before permits existed).
     pub fn held_handle(&self) -> Option<LeaseHandle> {
         let status = self.status?;
         if status.phase != Phase::Held {
             return None;
         }
+        // A slot or permits no store can have granted holds nothing.
+        let permits = Permits::new(status.permits.unwrap_or(1)).ok()?;
+        let slot = Slot::new(status.slot.unwrap_or(0)).ok()?;
+        permits.check_slot(slot).ok()?;
         Some(LeaseHandle {
             target: self.target.clone(),
+            permits,
+            slot,
             lease_id: self.lease_id.clone(),
             owner: self.owner.clone(),
             // A status token no store can have issued (0, above 2^53-1) holds nothing.
@@ -486,6 +497,7 @@ pub fn after_renew(claim: &Claim<'_>, handle: &LeaseHandle, outcome: &RenewOutco
             // forward to stay a promise of more than one TTL (every ninth renewal).
             let grant = Grant {
                 token: handle.token.get(),
+                slot: handle.slot,
                 acquired_at_ms: claim
                     .status
                     .and_then(|s| s.acquired_at)
@@ -495,7 +507,7 @@ pub fn after_renew(claim: &Claim<'_>, handle: &LeaseHandle, outcome: &RenewOutco
                 server_time_ms: *server_time_ms,
                 expires_in_ms: *expires_in_ms,
             };
-            let mut observed = Observed::held(&grant, claim.holder());
+            let mut observed = Observed::held(&grant, handle.permits, claim.holder());
             observed.expires_at = published_expiry(
                 claim.status.and_then(|s| s.expires_at),
                 millis_to_time(*server_time_ms),
@@ -546,13 +558,20 @@ fn within_max_hold(claim: &Claim<'_>, mut observed: Observed) -> Observed {
 pub fn after_acquire(claim: &Claim<'_>, outcome: &AcquireOutcome) -> Step {
     match outcome {
         AcquireOutcome::Acquired(grant) => Step {
-            observed: within_max_hold(claim, Observed::held(grant, claim.holder())),
+            observed: within_max_hold(claim, Observed::held(grant, claim.permits, claim.holder())),
             event: Some((
                 Reason::Acquired,
-                format!(
-                    "acquired {} with fencing token {}",
-                    claim.target, grant.token
-                ),
+                if claim.permits.is_exclusive() {
+                    format!(
+                        "acquired {} with fencing token {}",
+                        claim.target, grant.token
+                    )
+                } else {
+                    format!(
+                        "acquired slot {} of {} permits on {} with fencing token {}",
+                        grant.slot, claim.permits, claim.target, grant.token
+                    )
+                },
             )),
             next: renew_interval(claim.ttl()),
         },
@@ -569,6 +588,27 @@ pub fn after_acquire(claim: &Claim<'_>, outcome: &AcquireOutcome) -> Step {
             // holder that stopped renewing: try again when Valkey said the lease expires.
             next: Duration::from_millis(*expires_in_ms) + Duration::from_millis(20),
         },
+        // Permits granted under another value are held: this claim waits until they are all
+        // gone or its spec agrees. A release on the target wakes it; the requeue covers holders
+        // that expire.
+        AcquireOutcome::PermitsConflict { in_force } => {
+            let message = format!(
+                "{} is held under permits {in_force} and this claim asks spec.permits {}: every \
+                 claim on a target must ask the same value; this one is admitted once it asks \
+                 {in_force} or no permit granted under {in_force} is held",
+                claim.target, claim.permits
+            );
+            let mut observed = Observed::waiting("", claim.last_token());
+            // Who holds the target is not known from the store's refusal.
+            observed.held_by = None;
+            observed.reason = Reason::PermitsConflict;
+            observed.message = message.clone();
+            Step {
+                observed,
+                event: Some((Reason::PermitsConflict, message)),
+                next: renew_interval(claim.ttl()),
+            }
+        }
         // The store's own retry of this call came after the grant had already ended (a TTL
         // shorter than the call's retries): nothing is held; claim again at once with a new
         // request id, which can only get a larger token.
@@ -891,12 +931,15 @@ mod tests {
         Standing {
             handle: LeaseHandle {
                 target: claim.target.clone(),
+                permits: claim.permits,
+                slot: Slot::ZERO,
                 lease_id: claim.lease_id.clone(),
                 owner: claim.owner.clone(),
                 token: Token::new(token).expect("token"),
             },
             grant: Grant {
                 token,
+                slot: Slot::ZERO,
                 acquired_at_ms: 1_000,
                 server_time_ms: 2_000,
                 expires_in_ms: 30_000,
@@ -1016,6 +1059,7 @@ mod tests {
             target: claim.target.clone(),
             lease_id: claim.lease_id.clone(),
             owner: claim.owner.clone(),
+            permits: claim.permits,
             ttl: claim.lease_ttl,
             min_token: 0,
             request_id: RequestId::random(),

@@ -547,6 +547,7 @@ async fn acquire(
         target: claim.target.clone(),
         lease_id: claim.lease_id.clone(),
         owner: claim.owner.clone(),
+        permits: claim.permits,
         ttl: claim.lease_ttl,
         min_token: min_token(claim, ctx).await?,
         request_id: RequestId::random(),
@@ -567,6 +568,8 @@ async fn acquire(
         // next reconcile publishes this grant instead of asking for another.
         let handle = LeaseHandle {
             target: claim.target.clone(),
+            permits: claim.permits,
+            slot: grant.slot,
             lease_id: claim.lease_id.clone(),
             owner: claim.owner.clone(),
             token: Token::new(grant.token)?,
@@ -666,14 +669,16 @@ async fn release_by_lease_id(claim: &Claim<'_>, ctx: &Context) -> Result<(), Err
         .result
     {
         Ok(seen) => seen
-            .lease
-            .filter(|l| l.lease_id == claim.lease_id)
+            .holders()
+            .find(|l| l.lease_id == claim.lease_id)
             .and_then(|l| {
                 // What the store reports is what it validated when it granted the lease.
                 Some(LeaseHandle {
                     target: claim.target.clone(),
+                    permits: l.permits,
+                    slot: l.slot,
                     lease_id: claim.lease_id.clone(),
-                    owner: Owner::new(l.owner).ok()?,
+                    owner: Owner::new(l.owner.clone()).ok()?,
                     token: Token::new(l.token).ok()?,
                 })
             }),

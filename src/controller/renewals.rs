@@ -230,6 +230,7 @@ impl Renewals {
             Start::FromStatus { acquired_at_ms } => (
                 Grant {
                     token: handle.token.get(),
+                    slot: handle.slot,
                     acquired_at_ms,
                     server_time_ms: acquired_at_ms,
                     expires_in_ms: 0,
@@ -691,6 +692,7 @@ mod tests {
             target: TargetRef::new("ns", name).expect("target"),
             lease_id: LeaseId::new(format!("uid-{name}")).expect("lease id"),
             owner: Owner::new("w").expect("owner"),
+            permits: crate::store::Permits::ONE,
             ttl,
             min_token: 0,
             request_id: RequestId::random(),
@@ -707,6 +709,8 @@ mod tests {
         };
         let handle = LeaseHandle {
             target: request.target,
+            permits: request.permits,
+            slot: grant.slot,
             lease_id: request.lease_id,
             owner: request.owner,
             token: crate::store::Token::new(grant.token).expect("token"),
@@ -817,7 +821,8 @@ mod backlog_tests {
     use crate::store::memory::MemoryStore;
     use crate::store::{
         AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, GuardedKey,
-        GuardedValue, Inspection, ReleaseOutcome, ReleaseRequest, RepairOutcome, TargetRef, Token,
+        GuardedValue, Inspection, ReleaseOutcome, ReleaseRequest, RepairOutcome, Slot, TargetRef,
+        Token,
     };
     use async_trait::async_trait;
 
@@ -846,12 +851,18 @@ mod backlog_tests {
         async fn read_guarded(
             &self,
             t: &TargetRef,
+            slot: Slot,
             k: &GuardedKey,
         ) -> Result<Option<GuardedValue>, StoreError> {
-            self.inner.read_guarded(t, k).await
+            self.inner.read_guarded(t, slot, k).await
         }
-        async fn check(&self, t: &TargetRef, token: Token) -> Result<CheckOutcome, StoreError> {
-            self.inner.check(t, token).await
+        async fn check(
+            &self,
+            t: &TargetRef,
+            slot: Slot,
+            token: Token,
+        ) -> Result<CheckOutcome, StoreError> {
+            self.inner.check(t, slot, token).await
         }
         async fn inspect(&self, t: &TargetRef) -> Result<Inspection, StoreError> {
             self.inner.inspect(t).await

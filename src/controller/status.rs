@@ -6,7 +6,7 @@ use jiff::Timestamp;
 use super::budget::Priority;
 use super::error::{store_message, store_reason};
 use crate::api::{Condition, ConditionType, Phase, Reason, TargetLeaseStatus};
-use crate::store::{Grant, StoreError};
+use crate::store::{Grant, Permits, StoreError};
 
 /// What one reconcile learned about a TargetLease.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,6 +19,10 @@ pub struct Observed {
     pub owner: Option<String>,
     /// The token of the current or last tenure.
     pub token: Option<u64>,
+    /// The slot held, while held.
+    pub slot: Option<u32>,
+    /// The permits the tenure was granted under, while held.
+    pub permits: Option<u32>,
     /// Start of the tenure.
     pub acquired_at: Option<Timestamp>,
     /// Expiry as of this observation.
@@ -40,17 +44,26 @@ fn millis(ms: u64) -> Option<Timestamp> {
 
 impl Observed {
     /// The lease is held with `grant`.
-    pub fn held(grant: &Grant, holder: &str) -> Self {
+    pub fn held(grant: &Grant, permits: Permits, holder: &str) -> Self {
         Self {
             phase: Phase::Held,
             ready: true,
             owner: Some(holder.to_owned()),
             token: Some(grant.token),
+            slot: Some(grant.slot.get()),
+            permits: Some(permits.get()),
             acquired_at: millis(grant.acquired_at_ms),
             expires_at: millis(promise(grant.server_time_ms, grant.expires_in_ms)),
             held_by: None,
             reason: Reason::Acquired,
-            message: format!("held by {holder} with fencing token {}", grant.token),
+            message: if permits.is_exclusive() {
+                format!("held by {holder} with fencing token {}", grant.token)
+            } else {
+                format!(
+                    "held by {holder} in slot {} of {permits} with fencing token {}",
+                    grant.slot, grant.token
+                )
+            },
             held_unknown: false,
         }
     }
@@ -62,6 +75,8 @@ impl Observed {
             ready: false,
             owner: None,
             token: last_token,
+            slot: None,
+            permits: None,
             acquired_at: None,
             expires_at: None,
             held_by: Some(owner.to_owned()),
@@ -99,6 +114,8 @@ impl Observed {
             ready,
             owner: None,
             token: last_token,
+            slot: None,
+            permits: None,
             acquired_at: None,
             expires_at: None,
             held_by: None,
@@ -167,6 +184,8 @@ impl Observed {
             ready: false,
             owner: previous.owner.filter(|_| phase == Phase::Held),
             token: previous.fencing_token,
+            slot: previous.slot.filter(|_| phase == Phase::Held),
+            permits: previous.permits.filter(|_| phase == Phase::Held),
             acquired_at: previous.acquired_at.filter(|_| phase == Phase::Held),
             expires_at: previous.expires_at.filter(|_| phase == Phase::Held),
             held_by: previous.held_by,
@@ -245,6 +264,8 @@ impl Observed {
             phase: self.phase,
             owner: self.owner,
             fencing_token: self.token,
+            slot: self.slot,
+            permits: self.permits,
             acquired_at: self.acquired_at,
             expires_at: self.expires_at,
             held_by: self.held_by,
@@ -315,6 +336,8 @@ fn says_the_same(old: &TargetLeaseStatus, new: &TargetLeaseStatus) -> bool {
             s.phase,
             s.owner.clone(),
             s.fencing_token,
+            s.slot,
+            s.permits,
             s.acquired_at,
             s.held_by.clone(),
             s.observed_generation,
@@ -349,6 +372,7 @@ mod tests {
     fn grant(token: u64) -> Grant {
         Grant {
             token,
+            slot: crate::store::Slot::ZERO,
             acquired_at_ms: 1_000,
             server_time_ms: 2_000,
             expires_in_ms: 30_000,
@@ -361,7 +385,11 @@ mod tests {
 
     #[test]
     fn held_is_ready_and_not_reconciling() {
-        let s = Observed::held(&grant(7), "w").into_status(Some(3), None, Timestamp::UNIX_EPOCH);
+        let s = Observed::held(&grant(7), Permits::ONE, "w").into_status(
+            Some(3),
+            None,
+            Timestamp::UNIX_EPOCH,
+        );
         assert_eq!(s.phase, Phase::Held);
         assert_eq!(s.fencing_token, Some(7));
         assert_eq!(
@@ -395,10 +423,10 @@ mod tests {
     #[test]
     fn renewal_is_not_a_transition_but_a_new_token_is() {
         let now = Timestamp::UNIX_EPOCH;
-        let first = Observed::held(&grant(7), "w").into_status(Some(1), None, now);
+        let first = Observed::held(&grant(7), Permits::ONE, "w").into_status(Some(1), None, now);
         let mut later = grant(7);
         later.server_time_ms += 10_000;
-        let mut observed = Observed::held(&later, "w");
+        let mut observed = Observed::held(&later, Permits::ONE, "w");
         observed.expires_at = published_expiry(
             first.expires_at,
             at(12_000),
@@ -406,14 +434,17 @@ mod tests {
         );
         let renewed = observed.into_status(Some(1), Some(&first), now);
         assert!(!is_transition(Some(&first), &renewed));
-        let moved = Observed::held(&later, "w").into_status(Some(1), Some(&first), now);
+        let moved =
+            Observed::held(&later, Permits::ONE, "w").into_status(Some(1), Some(&first), now);
         assert!(
             is_transition(Some(&first), &moved),
             "a new expiry is written"
         );
-        let new_token = Observed::held(&grant(8), "w").into_status(Some(1), Some(&first), now);
+        let new_token =
+            Observed::held(&grant(8), Permits::ONE, "w").into_status(Some(1), Some(&first), now);
         assert!(is_transition(Some(&first), &new_token));
-        let new_generation = Observed::held(&grant(7), "w").into_status(Some(2), Some(&first), now);
+        let new_generation =
+            Observed::held(&grant(7), Permits::ONE, "w").into_status(Some(2), Some(&first), now);
         assert!(is_transition(Some(&first), &new_generation));
     }
 
@@ -427,7 +458,8 @@ mod tests {
             condition(&second, "Ready").map(|c| c.last_transition_time),
             Some(t0)
         );
-        let held = Observed::held(&grant(1), "w").into_status(Some(1), Some(&second), t1);
+        let held =
+            Observed::held(&grant(1), Permits::ONE, "w").into_status(Some(1), Some(&second), t1);
         assert_eq!(
             condition(&held, "Ready").map(|c| c.last_transition_time),
             Some(t1)
@@ -436,7 +468,11 @@ mod tests {
 
     #[test]
     fn corrupt_record_fails_and_unavailable_keeps_the_phase() {
-        let held = Observed::held(&grant(7), "w").into_status(Some(1), None, Timestamp::UNIX_EPOCH);
+        let held = Observed::held(&grant(7), Permits::ONE, "w").into_status(
+            Some(1),
+            None,
+            Timestamp::UNIX_EPOCH,
+        );
         let down = StoreError::Unavailable {
             endpoint: "x:1".into(),
             cause: "refused".into(),
@@ -510,7 +546,7 @@ mod tests {
         let mut g = grant(7);
         g.server_time_ms = 0;
         g.expires_in_ms = ms_left;
-        Observed::held(&g, "w").into_status(Some(1), None, at(0))
+        Observed::held(&g, Permits::ONE, "w").into_status(Some(1), None, at(0))
     }
 
     /// A blip of any kind within the published expiry changes no phase: Held stays Held, with
@@ -589,7 +625,7 @@ mod tests {
     /// and keeps everything else; other phases are left alone.
     #[test]
     fn an_unknown_holder_keeps_held_but_not_ready() {
-        let held = Observed::held(&grant(7), "w");
+        let held = Observed::held(&grant(7), Permits::ONE, "w");
         let s = held
             .clone()
             .holder_unknown(Some("pod p could not be read"))

@@ -1,7 +1,7 @@
 //! The in-memory backend: the same protocol in one process. It is the single-process default
 //! (`--backend memory`) and the fast backend for unit tests, with an injectable clock.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -12,8 +12,8 @@ use super::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
     Grant, GuardedKey, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseStore, LeaseView,
     LossReason, MAX_FLOOR_LEAD_MICROS, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId, StoreError, TargetRef,
-    Token, check_token,
+    ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId, Slot, StoreError,
+    TargetRef, Token, check_token,
 };
 
 /// A source of time for the in-memory backend, in microseconds since the Unix epoch.
@@ -95,14 +95,26 @@ struct Cached {
     expires_us: u64,
 }
 
+/// One target: its slots (slot 0 is the exclusive lease's), as the scripts keep them.
 #[derive(Default, Clone)]
 struct TargetState {
+    slots: BTreeMap<u32, SlotState>,
+    /// The newest token issued in any slot from 1 (with slot 0's fence, the target's newest).
+    top: u64,
+    /// The permits value in force and when it expires: kept while a permit granted under a
+    /// value above 1 may be held.
+    permits: Option<(u32, u64)>,
+    /// Guarded records by slot and name.
+    guarded: HashMap<(Slot, String), GuardedRecord>,
+}
+
+#[derive(Default, Clone)]
+struct SlotState {
     lease: Option<Lease>,
-    /// The newest token issued.
+    /// The newest token granted in this slot.
     fence: u64,
     /// The request id of the acquire that issued `fence`: spent, even after its cached reply.
     fence_request: Option<String>,
-    guarded: HashMap<String, GuardedRecord>,
 }
 
 #[derive(Clone)]
@@ -116,6 +128,8 @@ struct GuardedRecord {
 struct Lease {
     lease_id: LeaseId,
     owner: String,
+    /// What it was granted under (1: the exclusive lease).
+    permits: u32,
     token: u64,
     acquired_ms: u64,
     expires_at_us: u64,
@@ -243,7 +257,9 @@ impl State {
             self.replies.retain(|_, cached| cached.expires_us > now);
             self.targets.retain(|_, t| {
                 t.expire(now);
-                t.lease.is_some() || t.fence > 0 || !t.guarded.is_empty()
+                t.top > 0
+                    || !t.guarded.is_empty()
+                    || t.slots.values().any(|s| s.lease.is_some() || s.fence > 0)
             });
         }
     }
@@ -251,18 +267,73 @@ impl State {
 
 impl TargetState {
     fn expire(&mut self, now: u64) {
-        if self.lease.as_ref().is_some_and(|l| l.expires_at_us <= now) {
-            self.lease = None;
+        for slot in self.slots.values_mut() {
+            if slot.lease.as_ref().is_some_and(|l| l.expires_at_us <= now) {
+                slot.lease = None;
+            }
+        }
+        if self.permits.is_some_and(|(_, expires)| expires <= now) {
+            self.permits = None;
         }
     }
 
+    fn slot(&self, slot: Slot) -> Option<&SlotState> {
+        self.slots.get(&slot.get())
+    }
+
+    fn slot_mut(&mut self, slot: Slot) -> &mut SlotState {
+        self.slots.entry(slot.get()).or_default()
+    }
+
+    fn lease(&self, slot: Slot) -> Option<&Lease> {
+        self.slot(slot).and_then(|s| s.lease.as_ref())
+    }
+
+    fn fence(&self, slot: Slot) -> u64 {
+        self.slot(slot).map_or(0, |s| s.fence)
+    }
+
+    /// The newest token issued on the target, in any slot.
+    fn newest(&self) -> u64 {
+        self.fence(Slot::ZERO).max(self.top)
+    }
+
     fn holds(&self, handle: &LeaseHandle) -> Option<&Lease> {
-        self.lease.as_ref().filter(|l| {
+        self.lease(handle.slot).filter(|l| {
             l.lease_id == handle.lease_id
                 && l.owner == handle.owner.as_str()
                 && l.token == handle.token.get()
         })
     }
+
+    /// Records a token just issued (above every token of the target) as `slot`'s newest grant.
+    fn issued_to(&mut self, slot: Slot, token: u64, shared: bool) {
+        self.slot_mut(slot).fence = token;
+        if shared {
+            self.top = token;
+        }
+    }
+
+    /// Raises `slot`'s fence, lost or lowered while its lease survived, to the lease's token.
+    fn restore_fence(&mut self, slot: Slot, token: u64, shared: bool) {
+        self.slot_mut(slot).fence = token;
+        if shared {
+            self.top = self.top.max(token);
+        }
+    }
+
+    /// Keeps the permits value in force for at least `ttl_ms` more.
+    fn keep_permits(&mut self, permits: u32, now: u64, ttl_ms: u64) {
+        let until = now + ttl_ms * 1000;
+        match &mut self.permits {
+            Some((_, expires)) if *expires >= until => {}
+            other => *other = Some((permits, until)),
+        }
+    }
+}
+
+fn slots_of(permits: u32) -> impl Iterator<Item = Slot> {
+    (0..permits).filter_map(|s| Slot::new(s).ok())
 }
 
 /// A replay answered with its first reply as it is: releases and commits (a release that was
@@ -334,6 +405,17 @@ fn exhausted(fence: u64, min_token: u64) -> StoreError {
     ))
 }
 
+/// Refuses a renew or a release naming other permits than the lease was granted under.
+fn granted_under(lease: Option<&Lease>, permits: u32) -> Result<(), StoreError> {
+    match lease {
+        Some(lease) if lease.permits != permits => Err(StoreError::InvalidRequest(format!(
+            "permits {permits} is not what this lease was granted under ({})",
+            lease.permits
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn never_issued(token: u64, fence: u64) -> StoreError {
     StoreError::InvalidRequest(format!(
         "token {token} was never issued for this target (the newest is {fence}; 0 means none, \
@@ -349,14 +431,21 @@ impl LeaseStore for MemoryStore {
         if req.min_token >= MAX_TOKEN {
             return Err(exhausted(0, req.min_token));
         }
-        // The floor is bound too: a retry with another floor is another call.
+        let permits = req.permits.get();
+        let shared = permits > 1;
+        // The floor and the permits are bound too: a retry with another is another call.
         let floor = req.min_token.to_string();
-        let bound = binding(&["acquire", req.lease_id.expose(), req.owner.as_str(), &floor]);
+        let permits_text = permits.to_string();
+        let mut parts = vec!["acquire", req.lease_id.expose(), req.owner.as_str(), &floor];
+        if shared {
+            parts.push(&permits_text);
+        }
+        let bound = binding(&parts);
         let rid = req.request_id.as_str();
         // A retry is answered with its first grant only while that grant still stands.
         let replay = |t: &TargetState, reply| match reply {
             Reply::Acquire(AcquireOutcome::Acquired(g))
-                if !t.lease.as_ref().is_some_and(|l| {
+                if !t.lease(g.slot).is_some_and(|l| {
                     l.lease_id == req.lease_id
                         && l.owner == req.owner.as_str()
                         && l.token == g.token
@@ -368,52 +457,105 @@ impl LeaseStore for MemoryStore {
         };
         let reply = self.idempotent(&req.target, &req.request_id, bound, replay, |t, now| {
             let now_ms = micros_to_millis(now);
-            let fence = t.fence;
-            if let Some(lease) = t.lease.as_mut() {
-                if lease.lease_id != req.lease_id || lease.owner != req.owner.as_str() {
-                    let left = micros_to_millis(lease.expires_at_us - now);
-                    let held = AcquireOutcome::Held {
-                        owner: lease.owner.clone(),
-                        expires_in_ms: left,
-                    };
-                    return Ok((Reply::Acquire(held), false));
+            let answer = |outcome| Ok((Reply::Acquire(outcome), false));
+            // Every slot is read before anything is decided, as the script does.
+            let (mut mine, mut free, mut first_out, mut conflict) = (None, None, None, None);
+            for slot in slots_of(permits) {
+                let Some(lease) = t.lease(slot) else {
+                    free = free.or(Some(slot));
+                    continue;
+                };
+                if lease.permits != permits {
+                    conflict = Some(lease.permits);
                 }
-                // Ours already: the same token, unless it is not above the floor or is below
-                // the fence (a restored record); a lost fence is raised again.
-                if lease.token <= req.min_token || lease.token < fence {
-                    lease.token = next_token(fence, req.min_token, now)?;
-                    t.fence_request = Some(rid.to_owned());
+                if lease.lease_id == req.lease_id && lease.owner == req.owner.as_str() {
+                    mine = Some(slot);
+                } else if first_out
+                    .as_ref()
+                    .is_none_or(|(_, at): &(String, u64)| lease.expires_at_us < *at)
+                {
+                    first_out = Some((lease.owner.clone(), lease.expires_at_us));
                 }
-                if t.fence < lease.token {
-                    t.fence = lease.token;
+            }
+            let held = |first_out: Option<(String, u64)>| {
+                let (owner, at) = first_out.unwrap_or_default();
+                AcquireOutcome::Held {
+                    owner,
+                    expires_in_ms: micros_to_millis(at.saturating_sub(now)),
                 }
+            };
+            if let Some(in_force) = conflict {
+                return answer(AcquireOutcome::PermitsConflict { in_force });
+            }
+            if !shared && first_out.is_some() {
+                return answer(held(first_out));
+            }
+            if let Some((in_force, _)) = t.permits.filter(|(n, _)| *n != permits) {
+                return answer(AcquireOutcome::PermitsConflict { in_force });
+            }
+            let newest = t.newest();
+            if let Some(slot) = mine {
+                // Ours already: the same slot and token, unless it is not above the floor or is
+                // below the slot's fence (a restored record); a lost fence is raised again.
+                if shared {
+                    t.keep_permits(permits, now, ttl_ms);
+                }
+                let slot_fence = t.fence(slot);
+                let mut token = t.lease(slot).map_or(0, |l| l.token);
+                if token <= req.min_token || token < slot_fence {
+                    token = next_token(newest, req.min_token, now)?;
+                    t.issued_to(slot, token, shared);
+                    t.slot_mut(slot).fence_request = Some(rid.to_owned());
+                } else if slot_fence < token {
+                    t.restore_fence(slot, token, shared);
+                }
+                let lease = t
+                    .slot_mut(slot)
+                    .lease
+                    .as_mut()
+                    .ok_or_else(|| unexpected("acquire"))?;
+                lease.token = token;
                 lease.expires_at_us = now + ttl_ms * 1000;
                 let grant = Grant {
-                    token: lease.token,
+                    token,
+                    slot,
                     acquired_at_ms: lease.acquired_ms,
                     server_time_ms: now_ms,
                     expires_in_ms: ttl_ms,
                 };
                 return Ok((Reply::Acquire(AcquireOutcome::Acquired(grant)), true));
             }
-            if t.fence_request.as_deref() == Some(rid) {
-                return Err(StoreError::InvalidRequest(format!(
-                    "request id already acquired token {fence} on this target and its cached \
-                     reply expired; a replay never takes a second tenure: use a new request id"
-                )));
+            let Some(slot) = free else {
+                return answer(held(first_out));
+            };
+            if slots_of(permits).any(|s| {
+                t.slot(s)
+                    .is_some_and(|s| s.fence_request.as_deref() == Some(rid))
+            }) {
+                return Err(StoreError::InvalidRequest(
+                    "request id already acquired a token on this target and its cached reply \
+                     expired; a replay never takes a second tenure: use a new request id"
+                        .into(),
+                ));
             }
-            let token = next_token(fence, req.min_token, now)?;
-            t.fence = token;
-            t.fence_request = Some(rid.to_owned());
-            t.lease = Some(Lease {
+            let token = next_token(newest, req.min_token, now)?;
+            if shared {
+                t.keep_permits(permits, now, ttl_ms);
+            }
+            t.issued_to(slot, token, shared);
+            let state = t.slot_mut(slot);
+            state.fence_request = Some(rid.to_owned());
+            state.lease = Some(Lease {
                 lease_id: req.lease_id.clone(),
                 owner: req.owner.as_str().to_owned(),
+                permits,
                 token,
                 acquired_ms: now_ms,
                 expires_at_us: now + ttl_ms * 1000,
             });
             let grant = Grant {
                 token,
+                slot,
                 acquired_at_ms: now_ms,
                 server_time_ms: now_ms,
                 expires_in_ms: ttl_ms,
@@ -429,6 +571,8 @@ impl LeaseStore for MemoryStore {
     async fn renew(&self, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
         let ttl_ms = req.ttl.millis();
         let handle = &req.lease;
+        handle.permits.check_slot(handle.slot)?;
+        let permits = handle.permits.get();
         let token = handle.token.to_string();
         let bound = binding(&[
             "renew",
@@ -436,12 +580,12 @@ impl LeaseStore for MemoryStore {
             handle.owner.as_str(),
             &token,
         ]);
-        // A token below the fence (a restored record) is not the holder's any more; a retry is
-        // answered with its first reply only while the lease it renewed still stands.
+        // A token below the slot's fence (a restored record) is not the holder's any more; a
+        // retry is answered with its first reply only while the lease it renewed still stands.
         let loss = |t: &TargetState| {
-            if t.lease.is_none() {
+            if t.lease(handle.slot).is_none() {
                 Some(LossReason::Expired)
-            } else if t.holds(handle).is_none() || handle.token.get() < t.fence {
+            } else if t.holds(handle).is_none() || handle.token.get() < t.fence(handle.slot) {
                 Some(LossReason::NotHolder)
             } else {
                 None
@@ -455,8 +599,12 @@ impl LeaseStore for MemoryStore {
             if let Some(reason) = loss(t) {
                 return Ok((Reply::Renew(RenewOutcome::Lost { reason }), false));
             }
-            t.fence = handle.token.get();
-            if let Some(lease) = t.lease.as_mut() {
+            granted_under(t.holds(handle), permits)?;
+            t.slot_mut(handle.slot).fence = handle.token.get();
+            if permits > 1 {
+                t.keep_permits(permits, now, ttl_ms);
+            }
+            if let Some(lease) = t.slot_mut(handle.slot).lease.as_mut() {
                 lease.expires_at_us = now + ttl_ms * 1000;
             }
             let renewed = RenewOutcome::Renewed {
@@ -473,6 +621,8 @@ impl LeaseStore for MemoryStore {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
         let handle = &req.lease;
+        handle.permits.check_slot(handle.slot)?;
+        let permits = handle.permits.get();
         let token = handle.token.to_string();
         let bound = binding(&[
             "release",
@@ -484,7 +634,12 @@ impl LeaseStore for MemoryStore {
             if t.holds(handle).is_none() {
                 return Ok((Reply::Release(ReleaseOutcome::NotHolder), false));
             }
-            t.lease = None;
+            granted_under(t.holds(handle), permits)?;
+            t.slot_mut(handle.slot).lease = None;
+            // The permits value in force goes with the last permit released.
+            if permits > 1 && !slots_of(permits).any(|s| t.lease(s).is_some()) {
+                t.permits = None;
+            }
             Ok((Reply::Release(ReleaseOutcome::Released), true))
         })?;
         match reply {
@@ -499,7 +654,12 @@ impl LeaseStore for MemoryStore {
         let digest = sha1_smol::Sha1::from(req.value.as_bytes())
             .digest()
             .to_string();
-        let bound = binding(&["commit", &token, req.key.as_str(), &sequence, &digest]);
+        // The record's name is bound with its slot, as the script's caller binds it.
+        let key = match req.slot.get() {
+            0 => req.key.as_str().to_owned(),
+            s => format!("slot {s} {}", req.key.as_str()),
+        };
+        let bound = binding(&["commit", &token, &key, &sequence, &digest]);
         let reply = self.idempotent(&req.target, &req.request_id, bound, keep, |t, _| {
             let committed = || {
                 let committed = CommitOutcome::Committed {
@@ -508,13 +668,15 @@ impl LeaseStore for MemoryStore {
                 Ok((Reply::Commit(committed), true))
             };
             let stale = |newest| Ok((Reply::Commit(CommitOutcome::Stale { newest }), false));
-            if req.token.get() < t.fence {
-                return stale(t.fence);
+            let fence = t.fence(req.slot);
+            if req.token.get() < fence {
+                return stale(fence);
             }
-            if req.token.get() > t.fence {
-                return Err(never_issued(req.token.get(), t.fence));
+            if req.token.get() > fence {
+                return Err(never_issued(req.token.get(), fence));
             }
-            if let Some(last) = t.guarded.get(req.key.as_str()) {
+            let record_key = (req.slot, req.key.as_str().to_owned());
+            if let Some(last) = t.guarded.get(&record_key) {
                 let ours = (req.token.get(), req.sequence);
                 let theirs = (last.token, last.sequence);
                 if ours < theirs || (ours == theirs && last.value != req.value) {
@@ -530,7 +692,7 @@ impl LeaseStore for MemoryStore {
                 sequence: req.sequence,
                 value: req.value.clone(),
             };
-            t.guarded.insert(req.key.as_str().to_owned(), record);
+            t.guarded.insert(record_key, record);
             committed()
         })?;
         match reply {
@@ -542,22 +704,28 @@ impl LeaseStore for MemoryStore {
     async fn read_guarded(
         &self,
         target: &TargetRef,
+        slot: Slot,
         key: &GuardedKey,
     ) -> Result<Option<GuardedValue>, StoreError> {
         let state = self.lock();
         let found = state
             .targets
             .get(target)
-            .and_then(|t| t.guarded.get(key.as_str()));
+            .and_then(|t| t.guarded.get(&(slot, key.as_str().to_owned())));
         Ok(found.map(|record| GuardedValue {
             token: record.token,
             value: record.value.clone(),
         }))
     }
 
-    async fn check(&self, target: &TargetRef, token: Token) -> Result<CheckOutcome, StoreError> {
+    async fn check(
+        &self,
+        target: &TargetRef,
+        slot: Slot,
+        token: Token,
+    ) -> Result<CheckOutcome, StoreError> {
         let token = token.get();
-        let fence = self.lock().targets.get(target).map_or(0, |t| t.fence);
+        let fence = self.lock().targets.get(target).map_or(0, |t| t.fence(slot));
         match token.cmp(&fence) {
             std::cmp::Ordering::Less => Ok(CheckOutcome::Stale { newest: fence }),
             std::cmp::Ordering::Equal => Ok(CheckOutcome::Current { newest: fence }),
@@ -572,27 +740,44 @@ impl LeaseStore for MemoryStore {
             return Ok(Inspection {
                 fence: 0,
                 server_time_ms: micros_to_millis(now),
+                permits: 1,
                 lease: None,
+                slots: Vec::new(),
             });
         };
         t.expire(now);
-        Ok(Inspection {
-            fence: t.fence,
-            server_time_ms: micros_to_millis(now),
-            lease: t.lease.as_ref().map(|l| LeaseView {
+        let mut views = t.slots.iter().filter_map(|(slot, state)| {
+            let l = state.lease.as_ref()?;
+            Some(LeaseView {
+                slot: Slot::new(*slot).ok()?,
+                permits: super::Permits::new(l.permits).ok()?,
                 owner: l.owner.clone(),
                 token: l.token,
                 acquired_at_ms: l.acquired_ms,
                 expires_in_ms: micros_to_millis(l.expires_at_us - now),
                 lease_id: l.lease_id.clone(),
-            }),
+            })
+        });
+        let lease = t.lease(Slot::ZERO).and_then(|_| views.next());
+        let slots: Vec<LeaseView> = views.collect();
+        let held_under = t
+            .slots
+            .values()
+            .filter_map(|s| s.lease.as_ref().map(|l| l.permits))
+            .max();
+        Ok(Inspection {
+            fence: t.newest(),
+            server_time_ms: micros_to_millis(now),
+            permits: t.permits.map(|(n, _)| n).or(held_under).unwrap_or(1),
+            lease,
+            slots,
         })
     }
 
     /// Nothing in this process can be unreadable: every record is intact.
     async fn repair(&self, target: &TargetRef, floor: u64) -> Result<RepairOutcome, StoreError> {
         check_token("floor", floor, false)?;
-        let fence = self.lock().targets.get(target).map_or(0, |t| t.fence);
+        let fence = self.lock().targets.get(target).map_or(0, |t| t.newest());
         Ok(RepairOutcome::Intact { fence })
     }
 

@@ -16,8 +16,9 @@ pub use error::{ErrorKind, StoreError};
 pub use protocol::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
     Grant, GuardedKey, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseView, LossReason,
-    MAX_FLOOR_LEAD_MICROS, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, Owner, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, RepairOutcome, RequestId, TargetRef, Token, Ttl, check_token,
+    MAX_FLOOR_LEAD_MICROS, MAX_PERMITS, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, Owner, Permits,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId, Slot,
+    TargetRef, Token, Ttl, check_token,
 };
 
 /// A backend that keeps leases and fencing tokens.
@@ -29,8 +30,9 @@ pub use protocol::{
 /// [`StoreError::InvalidRequest`], never answered with another caller's reply.
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
-    /// Claims the target when it is free or its lease has expired. The same lease id and owner
-    /// get their current token back with a fresh TTL.
+    /// Claims the target when it is free or its lease has expired; with permits N, claims a free
+    /// slot (the lowest) while fewer than N are held. The same lease id and owner get their
+    /// current slot and token back with a fresh TTL.
     async fn acquire(&self, request: &AcquireRequest) -> Result<AcquireOutcome, StoreError>;
 
     /// Extends a lease, only for the exact (lease id, owner, token) that holds it.
@@ -43,15 +45,22 @@ pub trait LeaseStore: Send + Sync {
     /// check for data kept in the store itself.
     async fn commit(&self, request: &CommitRequest) -> Result<CommitOutcome, StoreError>;
 
-    /// Reads a guarded record written by [`LeaseStore::commit`].
+    /// Reads a guarded record of a slot written by [`LeaseStore::commit`].
     async fn read_guarded(
         &self,
         target: &TargetRef,
+        slot: Slot,
         key: &GuardedKey,
     ) -> Result<Option<GuardedValue>, StoreError>;
 
-    /// Read-only fencing check: is `token` still the newest token of the target?
-    async fn check(&self, target: &TargetRef, token: Token) -> Result<CheckOutcome, StoreError>;
+    /// Read-only fencing check: is `token` still the newest grant of the target's `slot` (slot 0
+    /// for an exclusive lease)?
+    async fn check(
+        &self,
+        target: &TargetRef,
+        slot: Slot,
+        token: Token,
+    ) -> Result<CheckOutcome, StoreError>;
 
     /// Read-only view of a target, for operators.
     async fn inspect(&self, target: &TargetRef) -> Result<Inspection, StoreError>;

@@ -32,6 +32,94 @@ pub const MAX_TOKEN_LEAD_MICROS: u64 = 3_600_000_000;
 /// further ahead did not come from a store and is refused.
 pub const MAX_FLOOR_LEAD_MICROS: u64 = 2 * MAX_TOKEN_LEAD_MICROS;
 
+/// The most permits a target may have. An acquire with permits N reads each of the N slots in
+/// one atomic step on the server, so the bound keeps the longest call short (docs/store.md,
+/// "Permits").
+pub const MAX_PERMITS: u32 = 100;
+
+/// How many holders a target admits at once, each in its own slot with its own fencing token:
+/// 1 (an exclusive lease, the default) to [`MAX_PERMITS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct Permits(u32);
+
+impl Permits {
+    /// One permit: the exclusive lease.
+    pub const ONE: Permits = Permits(1);
+
+    /// Refuses 0 and anything above [`MAX_PERMITS`].
+    pub fn new(permits: u32) -> Result<Self, StoreError> {
+        if permits == 0 || permits > MAX_PERMITS {
+            return Err(StoreError::InvalidRequest(format!(
+                "permits {permits} is out of range: a target admits 1 to {MAX_PERMITS} holders"
+            )));
+        }
+        Ok(Self(permits))
+    }
+
+    /// The number.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+
+    /// Whether this is the exclusive lease (one permit).
+    pub fn is_exclusive(self) -> bool {
+        self.0 == 1
+    }
+
+    /// Refuses a slot that is not one of these permits' (0 to permits-1).
+    pub fn check_slot(self, slot: Slot) -> Result<(), StoreError> {
+        if slot.0 >= self.0 {
+            return Err(StoreError::InvalidRequest(format!(
+                "slot {slot} is out of range: with {} permit(s) the slots are 0 to {}",
+                self.0,
+                self.0 - 1
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Permits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// One permit's place on a target: 0 to permits-1. Slot 0 is the exclusive lease's place too,
+/// so a token is fenced per slot the same way whatever the permits: it is current for its slot
+/// while it is the newest grant of that slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct Slot(u32);
+
+impl Slot {
+    /// Slot 0: the exclusive lease's.
+    pub const ZERO: Slot = Slot(0);
+
+    /// Refuses a slot no target can have (at or above [`MAX_PERMITS`]).
+    pub fn new(slot: u32) -> Result<Self, StoreError> {
+        if slot >= MAX_PERMITS {
+            return Err(StoreError::InvalidRequest(format!(
+                "slot {slot} is out of range: slots are 0 to {}",
+                MAX_PERMITS - 1
+            )));
+        }
+        Ok(Self(slot))
+    }
+
+    /// The number.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// Checks a token (or a floor) given by a caller: at most [`MAX_TOKEN`], and non-zero where
 /// `positive` is set.
 pub fn check_token(what: &str, value: u64, positive: bool) -> Result<(), StoreError> {
@@ -280,6 +368,10 @@ impl RequestId {
 pub struct LeaseHandle {
     /// The target the lease is on.
     pub target: TargetRef,
+    /// The permits it was granted under.
+    pub permits: Permits,
+    /// Its slot (0 for an exclusive lease).
+    pub slot: Slot,
     /// The claim's identity.
     pub lease_id: LeaseId,
     /// Who the lease was claimed for.
@@ -297,6 +389,9 @@ pub struct AcquireRequest {
     pub lease_id: LeaseId,
     /// Who the lease is claimed for.
     pub owner: Owner,
+    /// How many holders the target admits: every claim on a target must ask the same value
+    /// while any permit is held, or it is refused with [`AcquireOutcome::PermitsConflict`].
+    pub permits: Permits,
     /// Lease time-to-live, kept by the backend.
     pub ttl: Ttl,
     /// The new token will be larger than this: the highest token the caller has seen for the
@@ -326,11 +421,13 @@ pub struct ReleaseRequest {
     pub request_id: RequestId,
 }
 
-/// A fenced write of `value` to the guarded record `key` of a target.
+/// A fenced write of `value` to the guarded record `key` of a target's slot.
 #[derive(Clone, Debug)]
 pub struct CommitRequest {
     /// The target whose fence guards the write.
     pub target: TargetRef,
+    /// The slot whose fence guards the write; each slot has its own guarded records.
+    pub slot: Slot,
     /// The writer's fencing token.
     pub token: Token,
     /// Name of the guarded record within the target.
@@ -367,8 +464,10 @@ pub enum RepairOutcome {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Grant {
-    /// The fencing token: larger than every token issued for the target before.
+    /// The fencing token: larger than every token issued for the target before, in any slot.
     pub token: u64,
+    /// The slot granted: 0 to permits-1 (0 for an exclusive lease).
+    pub slot: Slot,
     /// When this tenure began, in ms since the Unix epoch.
     pub acquired_at_ms: u64,
     /// The backend's time when it answered, in ms since the Unix epoch.
@@ -404,6 +503,13 @@ pub enum AcquireOutcome {
     Expired {
         /// The token the first call was granted.
         token: u64,
+    },
+    /// Permits granted under another value are held on the target: nothing was taken. Admitted
+    /// once the claim asks the value in force, or once no permit granted under it is held.
+    #[serde(rename_all = "camelCase")]
+    PermitsConflict {
+        /// The permits value the target's current holders were granted under.
+        in_force: u32,
     },
 }
 
@@ -491,18 +597,34 @@ pub enum CheckOutcome {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Inspection {
-    /// The fencing high-water mark: the newest token issued.
+    /// The fencing high-water mark: the newest token issued, in any slot.
     pub fence: u64,
     /// The backend's time when it answered, in ms since the Unix epoch.
     pub server_time_ms: u64,
-    /// The live lease, if any.
+    /// The permits value in force: what the held permits were granted under (1 when the
+    /// exclusive lease or nothing is held).
+    pub permits: u32,
+    /// The live lease of slot 0 (the exclusive lease), if any.
     pub lease: Option<LeaseView>,
+    /// The live leases of slots 1 and up, by slot.
+    pub slots: Vec<LeaseView>,
+}
+
+impl Inspection {
+    /// Every live lease, slot 0 first.
+    pub fn holders(&self) -> impl Iterator<Item = &LeaseView> {
+        self.lease.iter().chain(self.slots.iter())
+    }
 }
 
 /// A live lease as seen by [`Inspection`]. The lease id is shown hashed only.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseView {
+    /// The slot it holds.
+    pub slot: Slot,
+    /// The permits it was granted under (1: the exclusive lease).
+    pub permits: Permits,
     /// The holder.
     pub owner: String,
     /// The holder's fencing token.

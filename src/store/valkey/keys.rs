@@ -2,7 +2,7 @@
 //! so a target's keys live in one cluster slot and one script can touch them all. Targets cannot
 //! contain braces (see [`TargetRef::new`]), so the tag cannot be broken.
 
-use crate::store::{RequestId, StoreError, TargetRef};
+use crate::store::{RequestId, Slot, StoreError, TargetRef};
 
 /// The keys of one target.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +34,42 @@ impl TargetKeys {
         format!("{}:grant", self.base)
     }
 
+    /// The lease hash of `slot`: slot 0's is [`TargetKeys::lease`], so an exclusive lease and
+    /// slot 0 of permits are one record.
+    pub fn lease_of(&self, slot: Slot) -> String {
+        match slot.get() {
+            0 => self.lease(),
+            s => format!("{}:slot:{s}:lease", self.base),
+        }
+    }
+
+    /// The fence of `slot`: the newest token granted in it (slot 0's is [`TargetKeys::fence`]).
+    pub fn fence_of(&self, slot: Slot) -> String {
+        match slot.get() {
+            0 => self.fence(),
+            s => format!("{}:slot:{s}:fence", self.base),
+        }
+    }
+
+    /// The grant record of `slot`: the request id of its newest grant (slot 0's is
+    /// [`TargetKeys::grant`]).
+    pub fn grant_of(&self, slot: Slot) -> String {
+        match slot.get() {
+            0 => self.grant(),
+            s => format!("{}:slot:{s}:grant", self.base),
+        }
+    }
+
+    /// The newest token issued in any slot from 1: with slot 0's fence, the target's newest.
+    pub fn top(&self) -> String {
+        format!("{}:top", self.base)
+    }
+
+    /// The permits value in force while permits granted under a value above 1 may be held.
+    pub fn permits(&self) -> String {
+        format!("{}:permits", self.base)
+    }
+
     /// The cached reply of one request id.
     pub fn reply(&self, request_id: &RequestId) -> String {
         format!("{}:req:{}", self.base, request_id.as_str())
@@ -49,6 +85,14 @@ impl TargetKeys {
     /// A guarded record written by fenced commits.
     pub fn guarded(&self, key: &str) -> String {
         format!("{}:guarded:{key}", self.base)
+    }
+
+    /// A guarded record of `slot` (slot 0's are [`TargetKeys::guarded`]'s).
+    pub fn guarded_of(&self, slot: Slot, key: &str) -> String {
+        match slot.get() {
+            0 => self.guarded(key),
+            s => format!("{}:slot:{s}:guarded:{key}", self.base),
+        }
     }
 }
 
@@ -80,10 +124,24 @@ mod tests {
             k.commit_reply(&rid),
             k.grant(),
             k.guarded("x"),
+            k.top(),
+            k.permits(),
+            k.lease_of(Slot::new(7).unwrap()),
+            k.fence_of(Slot::new(7).unwrap()),
+            k.grant_of(Slot::new(7).unwrap()),
+            k.guarded_of(Slot::new(7).unwrap(), "x"),
         ] {
             assert!(key.starts_with("tl:{shop/orders-db/migration}:"), "{key}");
             assert_eq!(key.matches('{').count(), 1);
         }
+        // Slot 0 is the exclusive lease's record; other slots' keys are their own.
+        assert_eq!(k.lease_of(Slot::ZERO), k.lease());
+        assert_eq!(k.fence_of(Slot::ZERO), k.fence());
+        assert_eq!(k.guarded_of(Slot::ZERO, "x"), k.guarded("x"));
+        assert_ne!(
+            k.guarded_of(Slot::new(1).unwrap(), "x"),
+            k.guarded("slot:1:x")
+        );
         assert!(check_prefix("tl").is_ok());
         assert!(check_prefix("a{b").is_err());
     }

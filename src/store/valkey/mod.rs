@@ -36,7 +36,7 @@ use super::Ttl;
 use super::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, ErrorKind,
     GuardedKey, GuardedValue, Inspection, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome,
-    RenewRequest, RepairOutcome, StoreError, TargetRef, Token, check_token,
+    RenewRequest, RepairOutcome, Slot, StoreError, TargetRef, Token, check_token,
 };
 
 /// The Valkey lease store. Cheap to clone; clones share the pool.
@@ -411,7 +411,7 @@ impl LeaseStore for ValkeyStore {
         } else {
             self.run_durable(call).await
         }
-        .and_then(|r| wire::acquire(&r));
+        .and_then(|r| wire::acquire(&r, req.permits));
         debug!(target = %req.target, lease = %req.lease_id, ?result, "acquire");
         logged("acquire", &req.target, result)
     }
@@ -419,6 +419,7 @@ impl LeaseStore for ValkeyStore {
     async fn renew(&self, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
         let ttl_ms = req.ttl.millis().to_string();
         let lease = &req.lease;
+        lease.permits.check_slot(lease.slot)?;
         let keys = self.keys(&lease.target);
         let result = self
             .run(wire::renew_call(
@@ -435,6 +436,7 @@ impl LeaseStore for ValkeyStore {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
         let lease = &req.lease;
+        lease.permits.check_slot(lease.slot)?;
         let keys = self.keys(&lease.target);
         let result = self
             .run(wire::release_call(&keys, req, &self.inner.reply_ttl_ms))
@@ -458,20 +460,26 @@ impl LeaseStore for ValkeyStore {
     async fn read_guarded(
         &self,
         target: &TargetRef,
+        slot: Slot,
         key: &GuardedKey,
     ) -> Result<Option<GuardedValue>, StoreError> {
         let keys = self.keys(target);
         let result = self
-            .run(wire::read_call(&keys, key))
+            .run(wire::read_call(&keys, slot, key))
             .await
             .and_then(|r| wire::read(&r));
         logged("read", target, result)
     }
 
-    async fn check(&self, target: &TargetRef, token: Token) -> Result<CheckOutcome, StoreError> {
+    async fn check(
+        &self,
+        target: &TargetRef,
+        slot: Slot,
+        token: Token,
+    ) -> Result<CheckOutcome, StoreError> {
         let keys = self.keys(target);
         let result = self
-            .run(wire::check_call(&keys, token))
+            .run(wire::check_call(&keys, slot, token))
             .await
             .and_then(|r| wire::check(&r));
         logged("check", target, result)

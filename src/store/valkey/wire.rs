@@ -9,8 +9,9 @@ use super::keys::TargetKeys;
 use super::scripts::{LuaScript, SCRIPTS};
 use crate::store::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, Grant, GuardedKey,
-    GuardedValue, Inspection, LeaseId, LeaseView, LossReason, MAX_TOKEN, ReleaseOutcome,
-    ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, StoreError, Token,
+    GuardedValue, Inspection, LeaseId, LeaseView, LossReason, MAX_PERMITS, MAX_TOKEN, Permits,
+    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, Slot, StoreError,
+    Token,
 };
 
 /// An operation's KEYS and ARGV by name, as its script's header lists them.
@@ -19,6 +20,8 @@ pub struct Contract {
     pub script: fn() -> &'static LuaScript,
     /// KEYS, in order.
     pub keys: &'static [&'static str],
+    /// KEYS repeated after those, once per further slot (slots 1 and up), in order.
+    pub per_slot: &'static [&'static str],
     /// ARGV, in order.
     pub argv: &'static [&'static str],
 }
@@ -26,10 +29,23 @@ pub struct Contract {
 impl Contract {
     /// The call of this contract's script; the names and the values must pair up.
     fn call(&self, keys: &[&str], argv: &[&str]) -> ScriptCall<'static> {
-        debug_assert_eq!(keys.len(), self.keys.len(), "KEYS of {:?}", self.keys);
+        debug_assert!(
+            keys.len() >= self.keys.len()
+                && (self.per_slot.is_empty() && keys.len() == self.keys.len()
+                    || !self.per_slot.is_empty()
+                        && (keys.len() - self.keys.len()).is_multiple_of(self.per_slot.len())),
+            "KEYS of {:?} then {:?} per further slot",
+            self.keys,
+            self.per_slot
+        );
         debug_assert_eq!(argv.len(), self.argv.len(), "ARGV of {:?}", self.argv);
         ScriptCall::new((self.script)(), keys, argv)
     }
+}
+
+/// The slots from 1 up to `slots` (exclusive): the further slots whose keys follow a call's own.
+fn further_slots(slots: u32) -> impl Iterator<Item = Slot> {
+    (1..slots).filter_map(|s| Slot::new(s).ok())
 }
 
 /// A reply this version's scripts do not send. Only its length is named: free-text fields may
@@ -85,7 +101,8 @@ fn token(field: &str, s: &str) -> Result<u64, StoreError> {
 /// `lua/acquire.lua`.
 pub const ACQUIRE: Contract = Contract {
     script: || &SCRIPTS.acquire,
-    keys: &["lease", "fence", "reply", "grant"],
+    keys: &["lease", "fence", "reply", "grant", "top", "permits"],
+    per_slot: &["slot_lease", "slot_fence", "slot_grant"],
     argv: &[
         "lease_id",
         "owner",
@@ -93,6 +110,7 @@ pub const ACQUIRE: Contract = Contract {
         "min_token",
         "reply_ttl_ms",
         "request_id",
+        "permits",
     ],
 };
 
@@ -103,13 +121,20 @@ pub fn acquire_call(
     ttl_ms: &str,
     reply_ttl_ms: &str,
 ) -> ScriptCall<'static> {
+    let mut keys = vec![
+        k.lease(),
+        k.fence(),
+        k.reply(&req.request_id),
+        k.grant(),
+        k.top(),
+        k.permits(),
+    ];
+    for slot in further_slots(req.permits.get()) {
+        keys.extend([k.lease_of(slot), k.fence_of(slot), k.grant_of(slot)]);
+    }
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     ACQUIRE.call(
-        &[
-            &k.lease(),
-            &k.fence(),
-            &k.reply(&req.request_id),
-            &k.grant(),
-        ],
+        &keys,
         &[
             req.lease_id.expose(),
             req.owner.as_str(),
@@ -117,22 +142,57 @@ pub fn acquire_call(
             &req.min_token.to_string(),
             reply_ttl_ms,
             req.request_id.as_str(),
+            &req.permits.to_string(),
         ],
     )
 }
 
-/// Decodes the reply of `acquire.lua`.
-pub fn acquire(reply: &str) -> Result<AcquireOutcome, StoreError> {
+/// A slot in a reply: one the permits asked for have (a reply naming another is not what this
+/// version's scripts send).
+fn slot_field(s: &str, permits: Permits) -> Result<Slot, StoreError> {
+    let slot = u32::try_from(number("slot", s)?)
+        .map_err(|_| StoreError::UnexpectedReply("slot is out of range".into()))
+        .and_then(|n| {
+            Slot::new(n).map_err(|_| StoreError::UnexpectedReply("slot is out of range".into()))
+        })?;
+    permits
+        .check_slot(slot)
+        .map_err(|_| StoreError::UnexpectedReply("slot is beyond the permits asked for".into()))?;
+    Ok(slot)
+}
+
+/// Decodes the reply of `acquire.lua` to a call with `permits`: a grant names its slot only
+/// under permits above 1.
+pub fn acquire(reply: &str, permits: Permits) -> Result<AcquireOutcome, StoreError> {
     match outcome(reply) {
-        ("acquired", rest) => {
+        ("acquired", rest) if permits.is_exclusive() => {
             let [granted, pttl, now, acquired] =
                 fields(rest).ok_or_else(|| bad("acquire reply", reply))?;
             Ok(AcquireOutcome::Acquired(Grant {
                 token: token("token", granted)?,
+                slot: Slot::ZERO,
                 expires_in_ms: number("pttl", pttl)?,
                 server_time_ms: number("server time", now)?,
                 acquired_at_ms: number("acquired_ms", acquired)?,
             }))
+        }
+        ("acquired", rest) => {
+            let [granted, pttl, now, acquired, slot] =
+                fields(rest).ok_or_else(|| bad("acquire reply", reply))?;
+            Ok(AcquireOutcome::Acquired(Grant {
+                token: token("token", granted)?,
+                slot: slot_field(slot, permits)?,
+                expires_in_ms: number("pttl", pttl)?,
+                server_time_ms: number("server time", now)?,
+                acquired_at_ms: number("acquired_ms", acquired)?,
+            }))
+        }
+        ("conflict", Some(in_force)) => {
+            let in_force = u32::try_from(number("permits in force", in_force)?)
+                .ok()
+                .filter(|n| (1..=MAX_PERMITS).contains(n) && *n != permits.get())
+                .ok_or_else(|| bad("acquire reply", reply))?;
+            Ok(AcquireOutcome::PermitsConflict { in_force })
         }
         ("held", rest) => {
             let [pttl, owner] = fields(rest).ok_or_else(|| bad("acquire reply", reply))?;
@@ -154,8 +214,16 @@ pub fn acquire(reply: &str) -> Result<AcquireOutcome, StoreError> {
 /// `lua/renew.lua`.
 pub const RENEW: Contract = Contract {
     script: || &SCRIPTS.renew,
-    keys: &["lease", "fence", "reply"],
-    argv: &["lease_id", "owner", "token", "ttl_ms", "reply_ttl_ms"],
+    keys: &["lease", "fence", "reply", "permits"],
+    per_slot: &[],
+    argv: &[
+        "lease_id",
+        "owner",
+        "token",
+        "ttl_ms",
+        "reply_ttl_ms",
+        "permits",
+    ],
 };
 
 /// The renew call for `req`.
@@ -167,13 +235,19 @@ pub fn renew_call(
 ) -> ScriptCall<'static> {
     let lease = &req.lease;
     RENEW.call(
-        &[&k.lease(), &k.fence(), &k.reply(&req.request_id)],
+        &[
+            &k.lease_of(lease.slot),
+            &k.fence_of(lease.slot),
+            &k.reply(&req.request_id),
+            &k.permits(),
+        ],
         &[
             lease.lease_id.expose(),
             lease.owner.as_str(),
             &lease.token.to_string(),
             ttl_ms,
             reply_ttl_ms,
+            &lease.permits.to_string(),
         ],
     )
 }
@@ -201,7 +275,8 @@ pub fn renew(reply: &str) -> Result<RenewOutcome, StoreError> {
 /// `lua/release.lua`.
 pub const RELEASE: Contract = Contract {
     script: || &SCRIPTS.release,
-    keys: &["lease", "reply"],
+    keys: &["lease", "reply", "permits"],
+    per_slot: &["other_lease"],
     argv: &["lease_id", "owner", "token", "reply_ttl_ms"],
 };
 
@@ -212,8 +287,16 @@ pub fn release_call(
     reply_ttl_ms: &str,
 ) -> ScriptCall<'static> {
     let lease = &req.lease;
+    let mut keys = vec![
+        k.lease_of(lease.slot),
+        k.reply(&req.request_id),
+        k.permits(),
+    ];
+    let all = (0..lease.permits.get()).filter_map(|s| Slot::new(s).ok());
+    keys.extend(all.filter(|s| *s != lease.slot).map(|s| k.lease_of(s)));
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     RELEASE.call(
-        &[&k.lease(), &k.reply(&req.request_id)],
+        &keys,
         &[
             lease.lease_id.expose(),
             lease.owner.as_str(),
@@ -236,15 +319,21 @@ pub fn release(reply: &str) -> Result<ReleaseOutcome, StoreError> {
 pub const COMMIT: Contract = Contract {
     script: || &SCRIPTS.commit,
     keys: &["fence", "guarded", "commit_reply"],
+    per_slot: &[],
     argv: &["token", "value", "reply_ttl_ms", "sequence", "key"],
 };
 
-/// The commit call for `req`.
+/// The commit call for `req`. The guarded record's name is bound into the request id with its
+/// slot (slot 0's as it is), so one request id never commits to two slots.
 pub fn commit_call(k: &TargetKeys, req: &CommitRequest, reply_ttl_ms: &str) -> ScriptCall<'static> {
+    let bound_key = match req.slot.get() {
+        0 => req.key.as_str().to_owned(),
+        s => format!("slot {s} {}", req.key.as_str()),
+    };
     COMMIT.call(
         &[
-            &k.fence(),
-            &k.guarded(req.key.as_str()),
+            &k.fence_of(req.slot),
+            &k.guarded_of(req.slot, req.key.as_str()),
             &k.commit_reply(&req.request_id),
         ],
         &[
@@ -252,7 +341,7 @@ pub fn commit_call(k: &TargetKeys, req: &CommitRequest, reply_ttl_ms: &str) -> S
             &req.value,
             reply_ttl_ms,
             &req.sequence.to_string(),
-            req.key.as_str(),
+            &bound_key,
         ],
     )
 }
@@ -274,12 +363,13 @@ pub fn commit(reply: &str) -> Result<CommitOutcome, StoreError> {
 pub const READ: Contract = Contract {
     script: || &SCRIPTS.read,
     keys: &["guarded"],
+    per_slot: &[],
     argv: &[],
 };
 
-/// The read call of the guarded record `key`.
-pub fn read_call(k: &TargetKeys, key: &GuardedKey) -> ScriptCall<'static> {
-    READ.call(&[&k.guarded(key.as_str())], &[])
+/// The read call of the guarded record `key` of `slot`.
+pub fn read_call(k: &TargetKeys, slot: Slot, key: &GuardedKey) -> ScriptCall<'static> {
+    READ.call(&[&k.guarded_of(slot, key.as_str())], &[])
 }
 
 /// Decodes the reply of `read.lua`.
@@ -301,12 +391,13 @@ pub fn read(reply: &str) -> Result<Option<GuardedValue>, StoreError> {
 pub const CHECK: Contract = Contract {
     script: || &SCRIPTS.check,
     keys: &["fence"],
+    per_slot: &[],
     argv: &["token"],
 };
 
-/// The check call of `token`.
-pub fn check_call(k: &TargetKeys, token: Token) -> ScriptCall<'static> {
-    CHECK.call(&[&k.fence()], &[&token.to_string()])
+/// The check call of `token` against `slot`'s fence.
+pub fn check_call(k: &TargetKeys, slot: Slot, token: Token) -> ScriptCall<'static> {
+    CHECK.call(&[&k.fence_of(slot)], &[&token.to_string()])
 }
 
 /// Decodes the reply of `check.lua`.
@@ -325,62 +416,114 @@ pub fn check(reply: &str) -> Result<CheckOutcome, StoreError> {
 /// `lua/inspect.lua`.
 pub const INSPECT: Contract = Contract {
     script: || &SCRIPTS.inspect,
-    keys: &["lease", "fence"],
+    keys: &["lease", "fence", "top", "permits"],
+    per_slot: &["slot_lease"],
     argv: &[],
 };
 
-/// The inspect call.
+/// The inspect call: every slot a target can have, so no holder is missed.
 pub fn inspect_call(k: &TargetKeys) -> ScriptCall<'static> {
-    INSPECT.call(&[&k.lease(), &k.fence()], &[])
+    let mut keys = vec![k.lease(), k.fence(), k.top(), k.permits()];
+    keys.extend(further_slots(MAX_PERMITS).map(|s| k.lease_of(s)));
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    INSPECT.call(&keys, &[])
 }
 
 /// Decodes the reply of `inspect.lua`.
 pub fn inspect(reply: &str) -> Result<Inspection, StoreError> {
-    match outcome(reply) {
-        ("free", rest) => {
-            let [fence, now] = fields(rest).ok_or_else(|| bad("inspect reply", reply))?;
-            Ok(Inspection {
-                fence: token("fence", fence)?,
-                server_time_ms: number("server time", now)?,
-                lease: None,
-            })
+    let err = || bad("inspect reply", reply);
+    let ("view", rest) = outcome(reply) else {
+        return Err(err());
+    };
+    let mut rest = rest.ok_or_else(err)?;
+    let fence = token("fence", next_field(&mut rest))?;
+    let server_time_ms = number("server time", next_field(&mut rest))?;
+    let permits = u32::try_from(number("permits", next_field(&mut rest))?)
+        .ok()
+        .filter(|n| (1..=MAX_PERMITS).contains(n))
+        .ok_or_else(err)?;
+    let count = number("holders", next_field(&mut rest))?;
+    let mut inspection = Inspection {
+        fence,
+        server_time_ms,
+        permits,
+        lease: None,
+        slots: Vec::new(),
+    };
+    for _ in 0..count {
+        let slot = slot_field(next_field(&mut rest), Permits::new(MAX_PERMITS)?)?;
+        let permits = u32::try_from(number("permits", next_field(&mut rest))?)
+            .ok()
+            .and_then(|n| Permits::new(n).ok())
+            .ok_or_else(err)?;
+        permits.check_slot(slot).map_err(|_| err())?;
+        let held = token("token", next_field(&mut rest))?;
+        let acquired_at_ms = number("acquired_ms", next_field(&mut rest))?;
+        let expires_in_ms = remaining("pttl", next_field(&mut rest))?;
+        let owner = sized(&mut rest, reply)?;
+        let lease_id = sized(&mut rest, reply)?;
+        let view = LeaseView {
+            slot,
+            permits,
+            owner: owner.to_owned(),
+            token: held,
+            acquired_at_ms,
+            expires_in_ms,
+            lease_id: LeaseId::new(lease_id)?,
+        };
+        if slot == Slot::ZERO && inspection.lease.is_none() {
+            inspection.lease = Some(view);
+        } else if slot != Slot::ZERO && inspection.slots.last().is_none_or(|l| l.slot < slot) {
+            inspection.slots.push(view);
+        } else {
+            return Err(err());
         }
-        ("held", rest) => {
-            let [fence, now, held, acquired, pttl, owner_bytes, both] =
-                fields(rest).ok_or_else(|| bad("inspect reply", reply))?;
-            // `<owner> <lease_id>`: the owner is `owner_bytes` long and may hold spaces.
-            let at = usize::try_from(number("owner length", owner_bytes)?)
-                .map_err(|_| bad("inspect reply", reply))?;
-            let (owner, lease_id) = both
-                .get(..at)
-                .zip(both.get(at..).and_then(|r| r.strip_prefix(' ')))
-                .ok_or_else(|| bad("inspect reply", reply))?;
-            Ok(Inspection {
-                fence: token("fence", fence)?,
-                server_time_ms: number("server time", now)?,
-                lease: Some(LeaseView {
-                    owner: owner.to_owned(),
-                    token: token("token", held)?,
-                    acquired_at_ms: number("acquired_ms", acquired)?,
-                    expires_in_ms: remaining("pttl", pttl)?,
-                    lease_id: LeaseId::new(lease_id)?,
-                }),
-            })
-        }
-        _ => Err(bad("inspect reply", reply)),
     }
+    if !rest.is_empty() {
+        return Err(err());
+    }
+    Ok(inspection)
+}
+
+/// The next space-separated field of `rest`, taken from its front.
+fn next_field<'a>(rest: &mut &'a str) -> &'a str {
+    let (head, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+    *rest = tail;
+    head
+}
+
+/// A free-text field preceded by its length in bytes (`<bytes> <text>`), taken from the front of
+/// `rest` with the space after it.
+fn sized<'a>(rest: &mut &'a str, reply: &str) -> Result<&'a str, StoreError> {
+    let err = || bad("inspect reply", reply);
+    let (bytes, tail) = rest.split_once(' ').ok_or_else(err)?;
+    let at = usize::try_from(number("field length", bytes)?).map_err(|_| err())?;
+    let text = tail.get(..at).ok_or_else(err)?;
+    let after = tail.get(at..).ok_or_else(err)?;
+    *rest = match after.strip_prefix(' ') {
+        Some(next) => next,
+        None if after.is_empty() => "",
+        None => return Err(err()),
+    };
+    Ok(text)
 }
 
 /// `lua/repair.lua`.
 pub const REPAIR: Contract = Contract {
     script: || &SCRIPTS.repair,
-    keys: &["lease", "fence", "grant"],
+    keys: &["lease", "fence", "grant", "top", "permits"],
+    per_slot: &["slot_lease", "slot_fence", "slot_grant"],
     argv: &["floor"],
 };
 
-/// The repair call with `floor`.
+/// The repair call with `floor`: every slot a target can have.
 pub fn repair_call(k: &TargetKeys, floor: u64) -> ScriptCall<'static> {
-    REPAIR.call(&[&k.lease(), &k.fence(), &k.grant()], &[&floor.to_string()])
+    let mut keys = vec![k.lease(), k.fence(), k.grant(), k.top(), k.permits()];
+    for slot in further_slots(MAX_PERMITS) {
+        keys.extend([k.lease_of(slot), k.fence_of(slot), k.grant_of(slot)]);
+    }
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    REPAIR.call(&keys, &[&floor.to_string()])
 }
 
 /// Decodes the reply of `repair.lua`.
@@ -407,22 +550,22 @@ mod tests {
     #[test]
     fn decodes_each_outcome() {
         assert!(matches!(
-            acquire("acquired 17 30000 5 4"),
+            acquire("acquired 17 30000 5 4", Permits::ONE),
             Ok(AcquireOutcome::Acquired(Grant { token: 17, .. }))
         ));
         assert!(matches!(
-            acquire("held -1 w"),
+            acquire("held -1 w", Permits::ONE),
             Ok(AcquireOutcome::Held {
                 expires_in_ms: 0,
                 ..
             })
         ));
         assert_eq!(
-            acquire("expired 17").unwrap(),
+            acquire("expired 17", Permits::ONE).unwrap(),
             AcquireOutcome::Expired { token: 17 }
         );
-        assert!(acquire("expired 17 3").is_err());
-        assert!(acquire("expired").is_err());
+        assert!(acquire("expired 17 3", Permits::ONE).is_err());
+        assert!(acquire("expired", Permits::ONE).is_err());
         assert_eq!(
             renew("lost expired").unwrap(),
             RenewOutcome::Lost {
@@ -441,7 +584,7 @@ mod tests {
     #[test]
     fn free_text_fields_keep_their_spaces() {
         assert_eq!(
-            acquire("held 250 team a / job 7").unwrap(),
+            acquire("held 250 team a / job 7", Permits::ONE).unwrap(),
             AcquireOutcome::Held {
                 owner: "team a / job 7".into(),
                 expires_in_ms: 250,
@@ -458,18 +601,32 @@ mod tests {
             read("present 5 ").unwrap().map(|v| v.value),
             Some(String::new())
         );
-        let held = inspect("held 9 100 9 90 10 5 a b c id with spaces")
-            .unwrap()
-            .lease
-            .expect("held");
+        let seen = inspect("view 9 100 1 1 0 1 9 90 10 5 a b c 14 id with spaces").unwrap();
+        let held = seen.lease.expect("held");
         assert_eq!(held.owner, "a b c");
         assert_eq!(held.lease_id.expose(), "id with spaces");
+        // Several slots, each with its own free text, in slot order.
+        let seen = inspect("view 12 100 3 2 0 3 9 90 10 1 a 2 i0 2 3 12 95 20 3 b c 2 i2").unwrap();
+        assert_eq!(seen.permits, 3);
+        assert_eq!(seen.lease.as_ref().map(|l| l.token), Some(9));
+        assert_eq!(seen.slots.len(), 1);
+        assert_eq!(seen.slots[0].slot.get(), 2);
+        assert_eq!(seen.slots[0].owner, "b c");
+        assert_eq!(seen.holders().count(), 2);
+        assert_eq!(inspect("view 0 100 1 0").unwrap().lease, None);
         for garbage in [
-            "held 9 100 9 90 10 6 a b c",
-            "held 9 100 9 90 10 99 a b c id",
-            "held 9 100 9 90 10 5 a b cXid",
-            "held 9 100 9 90 10 -1 a b c id",
-            "held 9 100 9 90 10 2 a\u{e9} id",
+            "view 9 100 1 1 0 1 9 90 10 6 a b c 2 id",
+            "view 9 100 1 1 0 1 9 90 10 99 a b c 2 id",
+            "view 9 100 1 1 0 1 9 90 10 5 a b cX2 id",
+            "view 9 100 1 1 0 1 9 90 10 -1 a b c 2 id",
+            "view 9 100 1 1 0 1 9 90 10 2 a\u{e9} 2 id",
+            "view 9 100 1 2 0 1 9 90 10 1 a 2 id",
+            "view 9 100 1 1 0 1 9 90 10 1 a 2 id trailing",
+            // Slot 3 of a lease granted under permits 3, slot 0 twice, slots out of order.
+            "view 9 100 3 1 3 3 9 90 10 1 a 2 id",
+            "view 9 100 1 2 0 1 9 90 10 1 a 2 id 0 1 9 90 10 1 b 2 id",
+            "view 9 100 3 2 2 3 9 90 10 1 a 2 id 1 3 9 90 10 1 b 2 id",
+            "held 9 100 9 90 10 1 a id",
         ] {
             assert!(inspect(garbage).is_err(), "{garbage}");
         }
@@ -502,6 +659,13 @@ mod tests {
             };
             assert_eq!(listed("-- KEYS: "), contract.keys, "{:?}", contract.keys);
             assert_eq!(listed("-- ARGV: "), contract.argv, "{:?}", contract.argv);
+            let per_slot = if contract.per_slot.is_empty() {
+                assert!(!source.contains("-- KEYS per further slot: "));
+                Vec::new()
+            } else {
+                listed("-- KEYS per further slot: ")
+            };
+            assert_eq!(per_slot, contract.per_slot, "{:?}", contract.per_slot);
             // The script reads no ARGV or KEYS past what its header lists.
             for (table, names) in [("ARGV", contract.argv), ("KEYS", contract.keys)] {
                 let past = format!("{table}[{}]", names.len() + 1);
@@ -520,6 +684,8 @@ mod tests {
         let request_id = RequestId::random();
         let handle = LeaseHandle {
             target: target.clone(),
+            permits: Permits::ONE,
+            slot: Slot::ZERO,
             lease_id: lease_id.clone(),
             owner: Owner::new("o").expect("owner"),
             token: Token::new(1).expect("token"),
@@ -528,6 +694,7 @@ mod tests {
             target: target.clone(),
             lease_id,
             owner: Owner::new("o").expect("owner"),
+            permits: Permits::ONE,
             ttl: Ttl::new(std::time::Duration::from_secs(1)).expect("ttl"),
             min_token: 0,
             request_id: request_id.clone(),
@@ -543,6 +710,7 @@ mod tests {
         };
         let commit = CommitRequest {
             target,
+            slot: Slot::ZERO,
             token: Token::new(1).expect("token"),
             key: GuardedKey::new("k").expect("key"),
             value: "v".into(),
@@ -554,23 +722,63 @@ mod tests {
             (&RENEW, renew_call(&k, &renew, "1000", "60000")),
             (&RELEASE, release_call(&k, &release, "60000")),
             (&COMMIT, commit_call(&k, &commit, "60000")),
-            (&READ, read_call(&k, &GuardedKey::new("k").expect("key"))),
-            (&CHECK, check_call(&k, Token::new(1).expect("token"))),
+            (
+                &READ,
+                read_call(&k, Slot::ZERO, &GuardedKey::new("k").expect("key")),
+            ),
+            (
+                &CHECK,
+                check_call(&k, Slot::ZERO, Token::new(1).expect("token")),
+            ),
             (&INSPECT, inspect_call(&k)),
             (&REPAIR, repair_call(&k, 0)),
         ];
         for (contract, call) in calls {
             let (keys, args) = call.keys_and_args();
-            assert_eq!(keys.len(), contract.keys.len(), "{:?}", contract.keys);
+            // Inspect and repair name every slot a target can have; the others the permits'.
+            let all_slots = std::ptr::eq(contract, &INSPECT) || std::ptr::eq(contract, &REPAIR);
+            let further = if all_slots {
+                MAX_PERMITS as usize - 1
+            } else {
+                0
+            };
+            let expected = contract.keys.len() + contract.per_slot.len() * further;
+            assert_eq!(keys.len(), expected, "{:?}", contract.keys);
             assert_eq!(args.len(), contract.argv.len(), "{:?}", contract.argv);
             assert!(std::ptr::eq(call.script, (contract.script)()));
         }
+        // Permits 3: acquire names every slot's three keys, release every other slot's lease.
+        let three = Permits::new(3).expect("permits");
+        let acquire = AcquireRequest {
+            permits: three,
+            ..acquire
+        };
+        let (keys, _) = acquire_call(&k, &acquire, "1000", "60000").keys_and_args();
+        assert_eq!(keys.len(), ACQUIRE.keys.len() + 2 * ACQUIRE.per_slot.len());
+        assert!(keys.contains(&k.lease_of(Slot::new(2).expect("slot"))));
+        let release = ReleaseRequest {
+            lease: LeaseHandle {
+                permits: three,
+                slot: Slot::new(1).expect("slot"),
+                ..release.lease
+            },
+            request_id: release.request_id,
+        };
+        let (keys, _) = release_call(&k, &release, "60000").keys_and_args();
+        assert_eq!(keys[0], k.lease_of(Slot::new(1).expect("slot")));
+        assert_eq!(
+            keys[3..],
+            [
+                k.lease_of(Slot::ZERO),
+                k.lease_of(Slot::new(2).expect("slot"))
+            ]
+        );
     }
 
     #[test]
     fn refuses_garbage() {
-        assert!(acquire("acquired x 1 1 1").is_err());
-        assert!(acquire("").is_err());
+        assert!(acquire("acquired x 1 1 1", Permits::ONE).is_err());
+        assert!(acquire("", Permits::ONE).is_err());
         assert!(renew("lost why").is_err());
         assert!(release("released extra").is_err());
         assert!(check("current -3").is_err());

@@ -125,7 +125,10 @@ pub(super) async fn old_owner_refused_after_reacquire(h: Harness) {
         CommitOutcome::Stale { newest: new.token }
     );
     assert_eq!(
-        h.store.check(&t, token_of(old.token)).await.unwrap(),
+        h.store
+            .check(&t, Slot::ZERO, token_of(old.token))
+            .await
+            .unwrap(),
         CheckOutcome::Stale { newest: new.token }
     );
     // The new holder is untouched and can commit.
@@ -148,7 +151,7 @@ pub(super) async fn old_owner_refused_after_reacquire(h: Harness) {
     ));
     let stored = h
         .store
-        .read_guarded(&t, &guarded("data"))
+        .read_guarded(&t, Slot::ZERO, &guarded("data"))
         .await
         .unwrap()
         .expect("written");

@@ -13,6 +13,7 @@ pub fn acquire_req(t: &TargetRef, lease: &str, owner: &str, ttl: Duration) -> Ac
         target: t.clone(),
         lease_id: LeaseId::new(lease).expect("lease id"),
         owner: Owner::new(owner).expect("owner"),
+        permits: Permits::ONE,
         ttl: Ttl::new(ttl).expect("ttl"),
         min_token: 0,
         request_id: RequestId::random(),
@@ -23,6 +24,8 @@ pub fn acquire_req(t: &TargetRef, lease: &str, owner: &str, ttl: Duration) -> Ac
 pub fn handle(t: &TargetRef, lease: &str, owner: &str, token: u64) -> LeaseHandle {
     LeaseHandle {
         target: t.clone(),
+        permits: Permits::ONE,
+        slot: Slot::ZERO,
         lease_id: LeaseId::new(lease).expect("lease id"),
         owner: Owner::new(owner).expect("owner"),
         token: token_of(token),
@@ -52,6 +55,7 @@ pub fn commit_req(t: &TargetRef, token: u64, value: &str) -> CommitRequest {
     static SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     CommitRequest {
         target: t.clone(),
+        slot: Slot::ZERO,
         token: token_of(token),
         key: data_key(),
         value: value.into(),

@@ -35,8 +35,14 @@ pub(super) async fn client_sends_only_scripts(h: Harness) {
     let lease = handle(&t, "lease-a", "alice", g.token);
     store.renew(&renew_req(lease.clone(), TTL)).await.unwrap();
     store.commit(&commit_req(&t, g.token, "v")).await.unwrap();
-    store.check(&t, token_of(g.token)).await.unwrap();
-    store.read_guarded(&t, &guarded("data")).await.unwrap();
+    store
+        .check(&t, Slot::ZERO, token_of(g.token))
+        .await
+        .unwrap();
+    store
+        .read_guarded(&t, Slot::ZERO, &guarded("data"))
+        .await
+        .unwrap();
     store.inspect(&t).await.unwrap();
     store.release(&release_req(lease)).await.unwrap();
     store.health().await.unwrap();

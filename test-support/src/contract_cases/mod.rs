@@ -21,8 +21,8 @@ use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, ErrorKind, Grant,
     GuardedKey, LeaseHandle, LeaseId, LeaseStore, LossReason, MAX_TOKEN_LEAD_MICROS, Owner,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId,
-    StoreError, TargetRef, Token, Ttl,
+    Permits, ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId,
+    Slot, StoreError, TargetRef, Token, Ttl,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -35,6 +35,7 @@ mod failures;
 mod fixtures;
 mod harness;
 mod hygiene;
+mod permits;
 mod retries;
 mod stale;
 
@@ -44,6 +45,8 @@ pub use harness::*;
 use exclusion::*;
 use failures::*;
 use hygiene::*;
+use permits::*;
+pub use permits::{permit_handle, permit_req, permits, slot};
 use retries::*;
 pub use stale::*;
 
@@ -71,7 +74,7 @@ macro_rules! cases {
 }
 
 /// Every contract test and what it needs.
-const CASES: [(&str, Needs, TestFn); 16] = cases![
+const CASES: [(&str, Needs, TestFn); 24] = cases![
     Store acquire_free_then_held,
     Store hundred_concurrent_acquires_one_winner,
     Store expiry_then_reacquire_gives_larger_token,
@@ -88,6 +91,14 @@ const CASES: [(&str, Needs, TestFn); 16] = cases![
     Store repair_leaves_readable_records_alone,
     Raw client_sends_only_scripts,
     Raw logs_hide_password_and_lease_id,
+    Store two_hundred_racing_for_five_permits_get_five,
+    Store permit_retries_never_take_two_slots,
+    Store expired_permits_are_reclaimed,
+    Store permits_conflict_is_refused,
+    Store permit_tokens_grow_across_data_loss,
+    Store fencing_is_per_slot,
+    Store renew_and_release_are_per_permit,
+    Admin corrupt_permit_records_fail_closed,
 ];
 
 /// Makes a fresh harness for one test.

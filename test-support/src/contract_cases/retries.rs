@@ -147,7 +147,7 @@ pub(super) async fn retried_commit_acts_once(h: Harness) {
     assert_eq!(h.store.commit(&first).await.unwrap(), committed);
     let stored = h
         .store
-        .read_guarded(&t, &guarded("data"))
+        .read_guarded(&t, Slot::ZERO, &guarded("data"))
         .await
         .unwrap()
         .expect("written");

@@ -32,11 +32,17 @@ async fn assert_above_lost_tokens(store: &dyn LeaseStore, t: &TargetRef, lost: &
         g.token
     );
     assert!(matches!(
-        store.check(t, token_of(newest_lost)).await.expect("check"),
+        store
+            .check(t, Slot::ZERO, token_of(newest_lost))
+            .await
+            .expect("check"),
         CheckOutcome::Stale { .. }
     ));
     assert!(matches!(
-        store.check(t, token_of(g.token)).await.expect("check"),
+        store
+            .check(t, Slot::ZERO, token_of(g.token))
+            .await
+            .expect("check"),
         CheckOutcome::Current { .. }
     ));
 }

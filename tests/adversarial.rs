@@ -18,15 +18,15 @@ use targetlease::redact::Secret;
 use targetlease::store::valkey::scripts::SCRIPTS;
 use targetlease::store::valkey::{PasswordSource, ValkeyStore};
 use targetlease::store::{
-    CheckOutcome, CommitOutcome, ErrorKind, LeaseStore, MAX_FLOOR_LEAD_MICROS, MAX_TOKEN,
-    MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, RenewOutcome, RepairOutcome, RequestId, Slot,
+    CheckOutcome, CommitOutcome, CommitRequest, ErrorKind, LeaseStore, MAX_FLOOR_LEAD_MICROS,
+    MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, RenewOutcome, RepairOutcome, RequestId, Slot,
     StoreError, Token,
 };
 
 use support::contract_cases::{
     Harness, TTL, a_retry_never_answers_for_an_ended_grant, acquire_req, acquired, commit_req,
-    guarded, handle, plain_variants, release_req, renew_req,
-    scripts_refused_half_way_leave_nothing_unreadable, target, token_of,
+    guarded, handle, permit_req, plain_variants, release_req, renew_req,
+    scripts_refused_half_way_leave_nothing_unreadable, slot, target, token_of,
     tokens_grow_past_a_promoted_replica, tokens_grow_past_a_restored_snapshot, trials_of,
     valkey_config,
 };
@@ -691,6 +691,41 @@ async fn workload_user_cannot_touch_leases(h: Harness) {
             .expect("read")
             .is_some()
     );
+    // A permit's slot has its own fence and guarded records: the rule reaches them too.
+    let permits_target = target("workload-permits");
+    let p = acquired(
+        &controller,
+        &permit_req(&permits_target, "lease-p", "pat", 3, TTL),
+    )
+    .await;
+    let p2 = acquired(
+        &controller,
+        &permit_req(&permits_target, "lease-q", "quin", 3, TTL),
+    )
+    .await;
+    assert_eq!(p2.slot, slot(1));
+    let commit = CommitRequest {
+        slot: p2.slot,
+        ..commit_req(&permits_target, p2.token, "slot one")
+    };
+    assert_eq!(
+        workload.commit(&commit).await.expect("commit to slot 1"),
+        CommitOutcome::Committed { token: p2.token }
+    );
+    assert!(matches!(
+        workload
+            .check(&permits_target, p2.slot, token_of(p2.token))
+            .await
+            .expect("check slot 1"),
+        CheckOutcome::Current { .. }
+    ));
+    assert!(matches!(
+        workload
+            .check(&permits_target, p.slot, token_of(p.token))
+            .await
+            .expect("check slot 0"),
+        CheckOutcome::Current { .. }
+    ));
     let denied = |r: Result<(), StoreError>, what: &str| match r {
         Err(e) => assert_eq!(e.kind(), ErrorKind::AccessDenied, "{what}: {e}"),
         Ok(()) => panic!("{what}: the workload user was allowed"),

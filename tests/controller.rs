@@ -5,6 +5,7 @@
 use targetlease_test_support as support;
 use targetlease_test_support::scenarios;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -2025,6 +2026,115 @@ async fn data_loss_never_shows_two_held_for_long(s: Scenario) {
     );
 }
 
+/// Watches every TargetLease on `target` until `stop`, failing at once if more than `permits`
+/// show Held at one moment or two Held share a slot; answers the most seen Held at once.
+fn never_more_held_than(
+    s: &Scenario,
+    target: &str,
+    permits: usize,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<usize> {
+    let (api, target) = (s.api(), target.to_owned());
+    tokio::spawn(async move {
+        let mut most = 0;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let all = api.list(&Default::default()).await.expect("list").items;
+            let held: Vec<(String, Option<u32>)> = all
+                .iter()
+                .filter(|l| l.spec.target == target && phase_of(l) == Some(Phase::Held))
+                .map(|l| (l.name_any(), l.status.as_ref().and_then(|st| st.slot)))
+                .collect();
+            assert!(
+                held.len() <= permits,
+                "more than {permits} show Held: {held:?}"
+            );
+            let slots: std::collections::BTreeSet<_> = held.iter().map(|(_, s)| *s).collect();
+            assert_eq!(slots.len(), held.len(), "two Held share a slot: {held:?}");
+            most = most.max(held.len());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        most
+    })
+}
+
+// Permits 3 on one target, eight claims created 150 ms apart: never more than three Held, in
+// distinct slots; the first three hold first; a deleted holder's permit goes to the oldest
+// waiter, in the freed slot, with a token above every earlier one; a claim asking another
+// permits value waits with PermitsConflict, naming the value in force.
+async fn permits_cap_holders_and_pass_in_order(s: Scenario) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = never_more_held_than(&s, "permit-target", 3, stop.clone());
+    let names: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        s.apply(name, "permit-target", &format!("worker-{i}"), "permits: 3");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let mut first = Vec::new();
+    for name in &names[..3] {
+        first.push(s.wait_phase(name, Phase::Held, 30 * SEC).await);
+    }
+    for name in &names[3..] {
+        s.wait_phase(name, Phase::Waiting, 30 * SEC).await;
+    }
+    let slot_of = |l: &TargetLease| l.status.as_ref().and_then(|st| st.slot);
+    let slots: std::collections::BTreeSet<_> = first.iter().map(slot_of).collect();
+    assert_eq!(slots, [Some(0), Some(1), Some(2)].into_iter().collect());
+    assert!(
+        first
+            .iter()
+            .all(|l| l.status.as_ref().and_then(|st| st.permits) == Some(3))
+    );
+    let seen = s.inspect("permit-target").await;
+    assert_eq!(seen.holders().count(), 3);
+    // Each deleted holder's permit goes to the oldest waiter, in the freed slot.
+    let mut newest = first.iter().map(token_of).max().expect("tokens");
+    for (gone, next) in [(1usize, 3usize), (0, 4), (2, 5)] {
+        let freed = slot_of(&s.get(&names[gone]).await);
+        let start = Instant::now();
+        s.delete(&names[gone]).await;
+        let took = s.wait_phase(&names[next], Phase::Held, 10 * SEC).await;
+        eprintln!(
+            "{} took {}'s permit after {:?}",
+            names[next],
+            names[gone],
+            start.elapsed()
+        );
+        assert_eq!(
+            slot_of(&took),
+            freed,
+            "{} did not take the freed slot",
+            names[next]
+        );
+        assert!(
+            token_of(&took) > newest,
+            "{} got a token below an earlier one",
+            names[next]
+        );
+        newest = token_of(&took);
+        for waiter in &names[next + 1..] {
+            assert_eq!(
+                phase_of(&s.get(waiter).await),
+                Some(Phase::Waiting),
+                "{waiter} went before {}",
+                names[next]
+            );
+        }
+    }
+    // Another permits value is refused while these permits are held.
+    s.apply("other-value", "permit-target", "worker-x", "permits: 2");
+    let refused = s
+        .wait("other-value", "PermitsConflict", 30 * SEC, |l| {
+            condition(l, "Ready").is_some_and(|c| c.reason == "PermitsConflict")
+        })
+        .await;
+    let message = &condition(&refused, "Ready").expect("Ready").message;
+    assert!(message.contains("permits 3"), "{message}");
+    assert_eq!(phase_of(&refused), Some(Phase::Waiting));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let most = watcher.await.expect("watcher");
+    assert_eq!(most, 3, "never saw three held at once");
+}
+
 fn main() {
     let scenarios = scenarios![
         apply_leads_to_held,
@@ -2054,6 +2164,7 @@ fn main() {
         store_blip_while_refreshes_are_shed_loses_no_lease,
         ttl_edit_while_held_reaches_the_store,
         data_loss_never_shows_two_held_for_long,
+        permits_cap_holders_and_pass_in_order,
     ];
     run_suite("controller", scenarios.to_vec());
 }

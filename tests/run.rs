@@ -853,6 +853,51 @@ async fn controller_restart_keeps_a_live_run_and_frees_a_dead_one(mut s: Scenari
     );
 }
 
+// Three `run --permits 2` of one target from one host (each its own --instance) at once: never
+// more than two commands run together, the two running have distinct slots (TARGETLEASE_SLOT),
+// and the third runs once a permit is free.
+async fn runs_with_permits_never_exceed_them(s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    let d = dir.path().display().to_string();
+    let mut runs = Vec::new();
+    for i in 0..3 {
+        let script = format!(
+            "touch {d}/running-{i}; n=$(ls {d} | grep -c '^running-'); \
+             echo \"{i} $TARGETLEASE_SLOT $n $TARGETLEASE_TOKEN\" >> {d}/log; sleep 2; rm {d}/running-{i}"
+        );
+        let instance = format!("i{i}");
+        let extra = ["--permits", "2", "--instance", &instance];
+        runs.push(
+            s.run_command("permit-run", &extra, &script)
+                .spawn()
+                .expect("run"),
+        );
+    }
+    for run in &mut runs {
+        assert_eq!(exits(run, 60 * SEC).await, Some(0), "a run failed");
+    }
+    let log = std::fs::read_to_string(dir.path().join("log")).expect("the commands ran");
+    let lines: Vec<Vec<u64>> = log
+        .lines()
+        .map(|l| {
+            l.split_whitespace()
+                .map(|f| f.parse().expect("number"))
+                .collect()
+        })
+        .collect();
+    assert_eq!(lines.len(), 3, "{log}");
+    for line in &lines {
+        assert!(line[2] <= 2, "three commands ran together: {log}");
+        assert!(line[1] < 2, "a slot beyond the permits: {log}");
+    }
+    assert_ne!(
+        lines[0][1], lines[1][1],
+        "the first two ran in one slot: {log}"
+    );
+    // The third got a token above both earlier ones.
+    assert!(lines[2][3] > lines[0][3].max(lines[1][3]), "{log}");
+}
+
 fn main() {
     let scenarios = scenarios![
         lost_lease_exit_status_and_basics,
@@ -870,6 +915,7 @@ fn main() {
         dead_runs_claim_stays_released_after_a_controller_restart,
         run_replaces_a_dead_twins_lease_once_released,
         controller_restart_keeps_a_live_run_and_frees_a_dead_one,
+        runs_with_permits_never_exceed_them,
     ];
     run_suite("run", scenarios.to_vec());
 }

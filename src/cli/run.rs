@@ -121,7 +121,8 @@ pub struct RunArgs {
     #[arg(long, env = "POD_UID")]
     pod_uid: Option<String>,
     /// How many holders the target admits at once (1 to 100; every claim on the target must
-    /// ask the same value). The command gets its slot in TARGETLEASE_SLOT.
+    /// ask the same value). The command gets its slot in TARGETLEASE_SLOT. Several `run`s of
+    /// one target from one pod or host each need their own --instance.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::store::MAX_PERMITS)))]
     permits: u32,
     /// Lease time-to-live: also the longest `run` trusts its lease without a confirmation.
@@ -136,6 +137,11 @@ pub struct RunArgs {
     /// How long the command gets between SIGTERM and SIGKILL.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     grace: Duration,
+    /// Which of several `run`s of this target from one pod or host this is (1 to 63 characters
+    /// of a-z, 0-9 and '-'): each instance has its own TargetLease, kept across its restarts.
+    /// Default: none (one `run` per target per pod or host).
+    #[arg(long, value_parser = parse_instance)]
+    instance: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -379,6 +385,19 @@ fn lease_name(who: &str, identity: &str, target: &str) -> String {
     format!("{}-{}", label(who), &digest[..10])
 }
 
+/// An `--instance` name: it becomes part of a TargetLease name.
+fn parse_instance(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err("an instance is 1 to 63 characters of a-z, 0-9 and '-'".into())
+    }
+}
+
 /// SIGTERM and SIGINT, whenever they come: one listener for the whole life of `run`.
 fn listen_for_signals() -> watch::Receiver<Option<Signal>> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -574,6 +593,13 @@ impl RunArgs {
             (None, _) => (host.clone(), format!("host:{host}")),
         };
         let api: Api<TargetLease> = Api::namespaced(client, &namespace);
+        let (who, identity) = match &self.instance {
+            Some(instance) => (
+                format!("{who}-{instance}"),
+                format!("{identity}/{instance}"),
+            ),
+            None => (who, identity),
+        };
         let name = lease_name(&who, &identity, &self.target);
         let (uid, sent, ttl_seconds) = match self.claim(&api, &name, &holder, &signals).await? {
             Claimed::Ours {

@@ -1,4 +1,5 @@
-//! `targetlease wait NAME`: blocks until the TargetLease is Held and prints its fencing token.
+//! `targetlease wait NAME`: blocks until the TargetLease is Held and prints its fencing token
+//! (with `--env`, its token and slot as shell assignments).
 //! Survives watch errors (retried with backoff), resolves on deletion, never waits past its
 //! timeout, and exits on SIGTERM/SIGINT; the exit statuses are in [`super::exit`].
 
@@ -26,6 +27,10 @@ pub struct WaitArgs {
     /// Give up after this long (exit status 75).
     #[arg(long, value_parser = parse_duration, default_value = "5m")]
     timeout: Duration,
+    /// Print `TARGETLEASE_TOKEN=<token>` and `TARGETLEASE_SLOT=<slot>` lines (for `eval`, or an
+    /// env file) instead of the token alone; the slot is 0 for an exclusive lease.
+    #[arg(long)]
+    env: bool,
 }
 
 /// Whether the lease is held: Held with a token, and not being deleted.
@@ -38,10 +43,14 @@ pub fn is_held(lease: &TargetLease) -> bool {
 }
 
 impl WaitArgs {
-    /// Waits and prints the token.
+    /// Waits and prints the token (and the slot, with `--env`).
     pub async fn run(self) -> ExitCode {
         let (code, message) = match self.wait().await {
-            Ok(token) => {
+            Ok((token, slot)) if self.env => {
+                println!("TARGETLEASE_TOKEN={token}\nTARGETLEASE_SLOT={slot}");
+                (exit::OK, None)
+            }
+            Ok((token, _)) => {
                 println!("{token}");
                 (exit::OK, None)
             }
@@ -53,7 +62,7 @@ impl WaitArgs {
         ExitCode::from(code)
     }
 
-    async fn wait(&self) -> Result<u64, (u8, String)> {
+    async fn wait(&self) -> Result<(u64, u32), (u8, String)> {
         let (Ok(mut term), Ok(mut int)) = (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
@@ -86,9 +95,10 @@ impl WaitArgs {
                     Some(Sighting::Present(lease)) => {
                         existed = true;
                         if is_held(&lease)
-                            && let Some(token) = lease.status.as_ref().and_then(|s| s.fencing_token)
+                            && let Some(status) = lease.status.as_ref()
+                            && let Some(token) = status.fencing_token
                         {
-                            return Ok(token);
+                            return Ok((token, status.slot.unwrap_or(0)));
                         }
                     }
                     Some(Sighting::Gone) if existed => return Err((exit::DELETED, format!("{what} was deleted"))),

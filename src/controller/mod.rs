@@ -110,6 +110,38 @@ pub fn shortest_ttl(call_timeout: Duration, election: Option<&election::Election
     Duration::from_secs(u64::try_from(ms.div_ceil(1000)).unwrap_or(u64::MAX).max(1))
 }
 
+/// Wakes the claims waiting on a target when a watch event shows one of its permits freed
+/// ([`queue::frees_a_permit`]): by then the cache shows it, so the claim whose turn it is asks.
+fn wake_for_freed_permit(
+    event: &watcher::Event<TargetLease>,
+    targets: &TargetIndex,
+    leases: &Store<TargetLease>,
+    wake: &UnboundedSender<ObjectRef<TargetLease>>,
+) {
+    let (lease, deleted) = match event {
+        watcher::Event::Apply(lease) => (lease, false),
+        watcher::Event::Delete(lease) => (lease, true),
+        _ => return,
+    };
+    if !queue::frees_a_permit(lease, deleted) {
+        return;
+    }
+    let Some(namespace) = lease.metadata.namespace.as_deref() else {
+        return;
+    };
+    for other in targets.leases_on(leases, namespace, &lease.spec.target) {
+        let waiting = other.status.as_ref().is_none_or(|s| {
+            !matches!(
+                s.phase,
+                crate::api::Phase::Held | crate::api::Phase::Released
+            )
+        });
+        if waiting && other.uid() != lease.uid() {
+            let _ = wake.send(ObjectRef::from_obj(other.as_ref()));
+        }
+    }
+}
+
 /// Drops what the controller never reads before an object enters the cache: `managedFields`
 /// and kubectl's copy of the last applied object are most of an object's size, and the cache
 /// holds every TargetLease. The controller only writes the finalizer (a JSON patch) and the
@@ -185,12 +217,14 @@ pub async fn run(
     });
     let stream = {
         let (leases, targets, renewals) = (leases.clone(), targets.clone(), renewals.clone());
+        let wake_freed = wake.clone();
         let started = leadership.clone();
         watcher(api, watcher::Config::default().any_semantic())
             .modify(slim)
             .reflect(writer)
             .inspect_ok(move |event| {
                 targets.observe(event, &leases);
+                wake_for_freed_permit(event, &targets, &leases, &wake_freed);
                 // The cache is whole: reconciles can start. A leader renews its Lease only
                 // once this has happened (or not for long).
                 if matches!(event, watcher::Event::InitDone) {

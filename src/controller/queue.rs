@@ -7,6 +7,14 @@
 //! stream of new claims can never starve an old one, and on a release the next claim in line
 //! takes the target instead of whichever reconciles first.
 //!
+//! With `spec.permits` N, the first claims in line ask the store together, as many as there are
+//! free permits (N minus the claims the cache shows Held, at least one): each freed permit goes
+//! to the oldest claim waiting, and no claim behind the free permits' worth asks before them. The
+//! claim at the head of the line always asks, so a cache that still shows a holder that is gone
+//! can delay a hand-over by one watch event, never stop it. Claims asking another permits value
+//! are not in this line: the store refuses them while these permits are held, and they must
+//! not block it.
+//!
 //! Pure functions over the controller's cache, unit-tested below. The cache lags the API server
 //! by a watch event at most; a claim the cache does not show yet is simply not in line yet.
 
@@ -45,21 +53,48 @@ fn in_line(lease: &TargetLease) -> bool {
         && !matches!(phase, Some(Phase::Held | Phase::Released | Phase::Failed))
 }
 
-/// The claim in line before `me` on the same target, if any: then `me` waits its turn. `seen`
-/// gives each claim's place in the order the controller first saw them.
+fn shows_held(lease: &TargetLease) -> bool {
+    lease
+        .status
+        .as_ref()
+        .is_some_and(|s| s.phase == Phase::Held)
+}
+
+/// The head of the line before `me` on the same target when `me` must wait its turn: as many
+/// claims are in line before it as there are free permits (see the module's doc), or more.
+/// `seen` gives each claim's place in the order the controller first saw them.
 pub fn ahead_of(
     me: &TargetLease,
     on_target: &[Arc<TargetLease>],
     seen: impl Fn(&TargetLease) -> u64,
 ) -> Option<Arc<TargetLease>> {
+    let others = || on_target.iter().filter(|other| other.uid() != me.uid());
+    let held = others().filter(|other| shows_held(other)).count();
+    let permits = usize::try_from(me.spec.permits).unwrap_or(usize::MAX);
+    let free = permits.saturating_sub(held).max(1);
     let mine = place(me, &seen);
-    on_target
-        .iter()
-        .filter(|other| other.uid() != me.uid() && in_line(other))
+    let mut ahead: Vec<_> = others()
+        .filter(|other| in_line(other) && other.spec.permits == me.spec.permits)
         .map(|other| (place(other, &seen), other))
         .filter(|(theirs, _)| *theirs < mine)
-        .min_by(|a, b| a.0.cmp(&b.0))
-        .map(|(_, other)| other.clone())
+        .collect();
+    if ahead.len() < free {
+        return None;
+    }
+    ahead.sort_by(|a, b| a.0.cmp(&b.0));
+    ahead.first().map(|(_, other)| (*other).clone())
+}
+
+/// Whether a watch event shows `lease` giving up a permit of a target with permits above 1 (it
+/// left Held, or is being deleted): the claims in line are then looked at again, once the cache
+/// shows it, so that each free permit finds the claim whose turn it is even when the wake-up of
+/// the release came before the cache had caught up.
+pub fn frees_a_permit(lease: &TargetLease, deleted: bool) -> bool {
+    let phase = lease.status.as_ref().map(|s| s.phase);
+    lease.spec.permits > 1
+        && (deleted
+            || lease.metadata.deletion_timestamp.is_some()
+            || matches!(phase, Some(Phase::Released | Phase::Lost)))
 }
 
 #[cfg(test)]
@@ -149,6 +184,63 @@ mod tests {
             )),
             Some("old".into())
         );
+    }
+
+    /// Permits 3: with one held, the two oldest waiters ask, the rest wait; with none held, the
+    /// three oldest; with all held, only the head (it polls the expiry). A claim asking another
+    /// permits value is not in this line.
+    #[test]
+    fn as_many_ask_as_there_are_free_permits() {
+        let with = |name: &str, created: i64, phase: Option<Phase>, permits: u32| {
+            let mut lease = (*claim(name, created, None, phase)).clone();
+            lease.spec.permits = permits;
+            Arc::new(lease)
+        };
+        let holder = with("holder", -10, Some(Phase::Held), 3);
+        let waiters: Vec<_> = (0..5)
+            .map(|i| with(&format!("w{i}"), i, Some(Phase::Waiting), 3))
+            .collect();
+        let asking = |all: &[Arc<TargetLease>]| -> Vec<String> {
+            all.iter()
+                .filter(|l| l.status.as_ref().is_none_or(|s| s.phase != Phase::Held))
+                .filter(|l| ahead_of(l, all).is_none())
+                .map(|l| l.name_any())
+                .collect()
+        };
+        let mut one_held = vec![holder.clone()];
+        one_held.extend(waiters.iter().cloned());
+        assert_eq!(asking(&one_held), ["w0", "w1"]);
+        assert_eq!(names(ahead_of(&waiters[2], &one_held)), Some("w0".into()));
+        assert_eq!(asking(&waiters), ["w0", "w1", "w2"]);
+        let mut all_held = vec![holder.clone(), with("h2", -9, Some(Phase::Held), 3)];
+        all_held.push(with("h3", -8, Some(Phase::Held), 3));
+        all_held.extend(waiters.iter().cloned());
+        assert_eq!(asking(&all_held), ["w0"]);
+        // An older claim asking permits 2 blocks none of them and is not blocked by them.
+        let mut mixed = vec![holder, with("other-value", -5, Some(Phase::Waiting), 2)];
+        mixed.extend(waiters.iter().cloned());
+        assert_eq!(asking(&mixed), ["other-value", "w0", "w1"]);
+        // Permits 1 is the exclusive line: only the head asks, whatever the cache shows held.
+        let exclusive: Vec<_> = (0..3)
+            .map(|i| with(&format!("x{i}"), i, Some(Phase::Waiting), 1))
+            .collect();
+        assert_eq!(asking(&exclusive), ["x0"]);
+    }
+
+    #[test]
+    fn a_permit_is_freed_when_its_claim_leaves_held_or_goes() {
+        let with = |phase: Phase, permits: u32| {
+            let mut lease = (*claim("c", 0, None, Some(phase))).clone();
+            lease.spec.permits = permits;
+            lease
+        };
+        assert!(frees_a_permit(&with(Phase::Released, 3), false));
+        assert!(frees_a_permit(&with(Phase::Lost, 3), false));
+        assert!(frees_a_permit(&with(Phase::Held, 3), true));
+        assert!(!frees_a_permit(&with(Phase::Held, 3), false));
+        assert!(!frees_a_permit(&with(Phase::Waiting, 3), false));
+        // The exclusive lease's release wakes its waiters itself: the head of line polls.
+        assert!(!frees_a_permit(&with(Phase::Released, 1), false));
     }
 
     #[test]

@@ -13,6 +13,8 @@
 //! - f: the fenced lock users pick instead of targetlease (bsm/redislock's fenced obtain): `SET
 //!   NX PX` plus an `INCR` of a fence counter in one script, released by compare-and-delete. It
 //!   issues tokens, but without request ids, a data-loss rule or token bounds.
+//! - g, h: targetlease `acquire` then `release` of one permit of a target with permits 10 (g)
+//!   and 100 (h, the largest allowed), one target per task: every acquire reads every slot.
 //!
 //! The runs are interleaved: every round runs every workload at every concurrency level, the
 //! workloads in a rotated order, and each figure is the median over the rounds, so machine noise
@@ -66,8 +68,8 @@ struct Options {
     /// Connections of the store's pool and of the baseline (the store's default pool size)
     #[arg(long, default_value_t = DEFAULT_POOL_SIZE)]
     connections: usize,
-    /// Which of a,b,c,d,e,f to run, comma-separated
-    #[arg(long, value_delimiter = ',', default_value = "a,b,c,d,e,f")]
+    /// Which of a,b,c,d,e,f,g,h to run, comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "a,b,c,d,e,f,g,h")]
     workloads: Vec<String>,
     /// The server: the contract suite's valkey-9.1, valkey-8.1 or redis-7.0
     #[arg(long, default_value = "valkey-9.1", value_parser = ["valkey-9.1", "valkey-8.1", "redis-7.0"])]
@@ -105,16 +107,20 @@ enum Workload {
     Renew,
     Extend,
     Fenced,
+    Permits10,
+    Permits100,
 }
 
 impl Workload {
-    const ALL: [Workload; 6] = [
+    const ALL: [Workload; 8] = [
         Workload::Lease,
         Workload::Redlock,
         Workload::Noop,
         Workload::Renew,
         Workload::Extend,
         Workload::Fenced,
+        Workload::Permits10,
+        Workload::Permits100,
     ];
 
     fn letter(self) -> &'static str {
@@ -125,6 +131,8 @@ impl Workload {
             Workload::Renew => "d",
             Workload::Extend => "e",
             Workload::Fenced => "f",
+            Workload::Permits10 => "g",
+            Workload::Permits100 => "h",
         }
     }
 
@@ -134,6 +142,8 @@ impl Workload {
             Workload::Redlock => "Redlock SET NX PX + Lua compare-and-delete",
             Workload::Noop => "2 x EVALSHA of an empty script (ceiling)",
             Workload::Renew => "targetlease renew",
+            Workload::Permits10 => "targetlease acquire+release, permits 10",
+            Workload::Permits100 => "targetlease acquire+release, permits 100",
             Workload::Extend => "Redlock Lua compare-and-PEXPIRE",
             Workload::Fenced => {
                 "fenced lock: SET NX PX + INCR fence in one script, compare-and-delete"
@@ -144,7 +154,12 @@ impl Workload {
     /// Round trips per cycle.
     fn calls(self) -> u32 {
         match self {
-            Workload::Lease | Workload::Redlock | Workload::Noop | Workload::Fenced => 2,
+            Workload::Lease
+            | Workload::Redlock
+            | Workload::Noop
+            | Workload::Fenced
+            | Workload::Permits10
+            | Workload::Permits100 => 2,
             Workload::Renew | Workload::Extend => 1,
         }
     }
@@ -193,6 +208,7 @@ enum TaskState {
         target: TargetRef,
         lease_id: LeaseId,
         owner: Owner,
+        permits: Permits,
     },
     Redlock {
         key: String,
@@ -217,11 +233,17 @@ async fn setup(w: Workload, sh: &Shared, task: usize) -> Result<TaskState, Strin
     let lease_id =
         LeaseId::new(format!("{:032x}", rand::random::<u128>())).map_err(|e| e.to_string())?;
     let owner = Owner::new(format!("worker-{task}")).map_err(|e| e.to_string())?;
+    let permits = |n| Permits::new(n).map_err(|e| e.to_string());
     Ok(match w {
-        Workload::Lease => TaskState::Lease {
+        Workload::Lease | Workload::Permits10 | Workload::Permits100 => TaskState::Lease {
             target,
             lease_id,
             owner,
+            permits: match w {
+                Workload::Permits10 => permits(10)?,
+                Workload::Permits100 => permits(100)?,
+                _ => Permits::ONE,
+            },
         },
         Workload::Redlock => TaskState::Redlock {
             key: format!("rl:{{bench-b/t{task}}}:lock"),
@@ -304,27 +326,29 @@ async fn cycle(state: &mut TaskState, sh: &Shared) -> Result<(), String> {
             target,
             lease_id,
             owner,
+            permits,
         } => {
             let acquire = AcquireRequest {
                 target: target.clone(),
                 lease_id: lease_id.clone(),
                 owner: owner.clone(),
-                permits: Permits::ONE,
+                permits: *permits,
                 ttl: lease_ttl(),
                 min_token: 0,
                 request_id: RequestId::random(),
             };
-            let token = match sh.store.acquire(&acquire).await {
-                Ok(AcquireOutcome::Acquired(grant)) => {
-                    Token::new(grant.token).map_err(|e| e.to_string())?
-                }
+            let (token, slot) = match sh.store.acquire(&acquire).await {
+                Ok(AcquireOutcome::Acquired(grant)) => (
+                    Token::new(grant.token).map_err(|e| e.to_string())?,
+                    grant.slot,
+                ),
                 other => return Err(format!("acquire: {other:?}")),
             };
             let release = ReleaseRequest {
                 lease: LeaseHandle {
                     target: target.clone(),
-                    permits: Permits::ONE,
-                    slot: Slot::ZERO,
+                    permits: *permits,
+                    slot,
                     lease_id: lease_id.clone(),
                     owner: owner.clone(),
                     token,
@@ -725,8 +749,10 @@ fn main() {
                     .expect("baseline connection"),
             );
         }
+        // No response timeout either: a pipelined batch of permit calls keeps the server busy
+        // for longer than the client library's default.
         let mut admin = client
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&options)
             .await
             .expect("admin connection");
         let info: String = redis::cmd("INFO")
@@ -793,8 +819,24 @@ fn main() {
             }
         }
         eprintln!("all runs took {:.0} s", started.elapsed().as_secs_f64());
-        let costs = server_costs(&mut admin, if smoke { 200 } else { 20_000 }).await;
-        let memory = memory_costs(&mut admin, if smoke { 200 } else { 20_000 }).await;
+        let mut costs = server_costs(&mut admin, if smoke { 200 } else { 20_000 }).await;
+        let mut memory = memory_costs(&mut admin, if smoke { 200 } else { 20_000 }).await;
+        memory.push_str(
+            "\nServer memory per target with every permit held (one lease, fence and grant \
+             record per slot, the value in force; reply entries expired):\n\n\
+             | permits | bytes per target | bytes per permit |\n|---|---|---|\n",
+        );
+        for permits in [1u32, 10, 100] {
+            // Calls of 100 permits read 100 slots: fewer targets keep the section short.
+            let targets = if smoke { 20 } else { 200_000 / permits.max(10) as usize };
+            let (permit_costs, bytes) = permit_costs(&mut admin, targets, permits).await;
+            costs.extend(permit_costs);
+            let _ = writeln!(
+                memory,
+                "| {permits} | {bytes:.0} | {:.0} |",
+                bytes / f64::from(permits)
+            );
+        }
         (runs, header, (costs, memory))
     });
     let (costs, memory) = costs;
@@ -1139,14 +1181,14 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
         (
             "acquire.lua without the reply-cache write (SET PX)",
             &[(
-                "return remember(KEYS[3], bound, 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. now,\n  reply_ttl)",
-                "return 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. now",
+                "  return remember(KEYS[3], bound, reply, reply_ttl)",
+                "  return reply",
             )],
         ),
         (
             "acquire.lua without the request-id binding (SHA-1 of the call)",
             &[(
-                "local bound = binding('acquire', ARGV[1], ARGV[2], ARGV[4])",
+                "local bound = binding('acquire', ARGV[1], ARGV[2], ARGV[4], shared and ARGV[7] or nil)",
                 "local bound = string.rep('0', 40)",
             )],
         ),
@@ -1154,12 +1196,12 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             "acquire.lua without the spent-grant record (GET and SET)",
             &[
                 (
-                    "local last_request = redis.pcall('GET', KEYS[4])",
+                    "local last_request = redis.pcall('GET', grant_key(s))",
                     "local last_request = nil",
                 ),
                 (
-                    "redis.call('SET', KEYS[2], token)\nredis.call('SET', KEYS[4], ARGV[6])\nreturn remember",
-                    "redis.call('SET', KEYS[2], token)\nreturn remember",
+                    "redis.call('SET', grant_key(free_slot), ARGV[6])\nreturn granted",
+                    "return granted",
                 ),
             ],
         ),
@@ -1174,27 +1216,42 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             "acquire.lua without the fence (GET and SET)",
             &[
                 (
-                    "local fence, fence_err = read_fence(KEYS[2])\nif not fence then return fence_err end\n-- TIME",
+                    "local fence, fence_err = newest()\nif not fence then return fence_err end\n-- TIME",
                     "local fence, fence_err = 0, nil\n-- TIME",
                 ),
-                (
-                    "redis.call('SET', KEYS[2], token)\nredis.call('SET', KEYS[4], ARGV[6])\nreturn remember",
-                    "redis.call('SET', KEYS[4], ARGV[6])\nreturn remember",
-                ),
+                ("issued_to(free_slot, token)\n", ""),
             ],
         ),
         (
             "acquire.lua without the lease record (HSET and PEXPIRE)",
-            &[(
-                "redis.call('HSET', KEYS[1], 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner', ARGV[2],\n  'token', token, 'acquired_ms', now)\nredis.call('PEXPIRE', KEYS[1], ttl)\n",
-                "",
-            )],
+            &[
+                (
+                    "else\n  redis.call('HSET', lease, 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner',\n    ARGV[2], 'token', token, 'acquired_ms', now)\nend",
+                    "else\nend",
+                ),
+                ("redis.call('PEXPIRE', lease, ttl)\n", ""),
+            ],
         ),
     ];
-    let mut variants: Vec<(&'static str, Option<Script>)> = vec![(
-        "acquire.lua, unmodified (reference for the rows below)",
-        Some(SCRIPTS.acquire.script.clone()),
-    )];
+    // The release before permits: its acquire takes the exclusive lease's keys and arguments
+    // only (the first four KEYS, the first six ARGV), which the current call starts with.
+    let before_permits = Script::new(&format!(
+        "{}\n{}",
+        include_str!("../tests/fixtures/lua-v2/lib.lua"),
+        include_str!("../tests/fixtures/lua-v2/acquire.lua")
+    ));
+    let mut variants: Vec<(&'static str, Option<Script>, (usize, usize))> = vec![
+        (
+            "acquire.lua, unmodified (reference for the rows below)",
+            Some(SCRIPTS.acquire.script.clone()),
+            (usize::MAX, usize::MAX),
+        ),
+        (
+            "acquire.lua of the release before permits (exclusive only)",
+            Some(before_permits),
+            (4, 6),
+        ),
+    ];
     for (what, edits) in ablations {
         let mut source = SCRIPTS.acquire.source.to_owned();
         let mut applies = true;
@@ -1203,9 +1260,13 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             source = source.replacen(from, to, 1);
         }
         // A step that is no longer written this way is reported, not measured wrongly.
-        variants.push((what, applies.then(|| Script::new(&source))));
+        variants.push((
+            what,
+            applies.then(|| Script::new(&source)),
+            (usize::MAX, usize::MAX),
+        ));
     }
-    for (what, script) in variants {
+    for (what, script, (key_count, arg_count)) in variants {
         let Some(script) = script else {
             costs.push(Cost {
                 what,
@@ -1234,7 +1295,9 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
                 .map(|i| {
                     let call =
                         wire::acquire_call(&keys[i], &acquire_request(i, "w"), &ttl, reply_ttl);
-                    let (keys, args) = call.keys_and_args();
+                    let (mut keys, mut args) = call.keys_and_args();
+                    keys.truncate(key_count);
+                    args.truncate(arg_count);
                     evalsha(&script, &keys, &args)
                 })
                 .collect(),
@@ -1243,6 +1306,122 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
         costs.push(c);
     }
     costs
+}
+
+/// Server CPU per call of one permit of `permits` on `n` targets: an acquire on a free target,
+/// one that takes the last free slot (every other slot held), one refused (all held), and the
+/// release of a permit; and the server memory per target with every permit held once the reply
+/// entries expired. Calls are built by `wire`, exactly as `ValkeyStore` builds them.
+async fn permit_costs(
+    conn: &mut redis::aio::MultiplexedConnection,
+    n: usize,
+    permits: u32,
+) -> (Vec<Cost>, f64) {
+    use targetlease::store::valkey::keys::TargetKeys;
+    use targetlease::store::valkey::wire;
+
+    let _: Result<(), _> = redis::cmd("FLUSHALL").arg("SYNC").query_async(conn).await;
+    let n_permits = Permits::new(permits).expect("permits");
+    let targets: Vec<TargetRef> = (0..n)
+        .map(|i| TargetRef::new("permits", &format!("team-{i}/gpu-queue")).expect("target"))
+        .collect();
+    let keys: Vec<TargetKeys> = targets.iter().map(|t| TargetKeys::new("tl", t)).collect();
+    let ttl = LEASE_TTL.as_millis().to_string();
+    let reply_ttl = "60000";
+    let claim = |i: usize, who: u32| AcquireRequest {
+        target: targets[i].clone(),
+        lease_id: LeaseId::new(format!("{i:08x}-7c4e-4f0a-9d1e-{who:012x}")).expect("lease id"),
+        owner: Owner::new(format!("worker-7d9f8b6c4-{i:05}-{who}")).expect("owner"),
+        permits: n_permits,
+        ttl: lease_ttl(),
+        min_token: 0,
+        request_id: RequestId::random(),
+    };
+    let acquire = |i: usize, who: u32| {
+        wire::acquire_call(&keys[i], &claim(i, who), &ttl, reply_ttl)
+            .evalsha()
+            .clone()
+    };
+    // The permit's handle from the acquire's reply: `acquired <token> <ttl> <now> <acquired>
+    // [<slot>]`.
+    let release = |i: usize, who: u32, reply: &redis::Value| {
+        let text = reply_text(reply);
+        let fields: Vec<&str> = text.split(' ').collect();
+        let token = fields.get(1).and_then(|t| t.parse().ok()).unwrap_or(1);
+        let slot = fields.get(5).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let req = claim(i, who);
+        let req = ReleaseRequest {
+            lease: LeaseHandle {
+                target: req.target,
+                permits: n_permits,
+                slot: Slot::new(slot).expect("slot"),
+                lease_id: req.lease_id,
+                owner: req.owner,
+                token: Token::new(token).expect("token"),
+            },
+            request_id: RequestId::random(),
+        };
+        wire::release_call(&keys[i], &req, reply_ttl)
+            .evalsha()
+            .clone()
+    };
+    let mut costs = Vec::new();
+    let label = |what: &str| -> &'static str {
+        Box::leak(format!("permits {permits}: {what}").into_boxed_str())
+    };
+    let (c, first) = pipelined(
+        conn,
+        label("acquire.lua, target never used"),
+        (0..n).map(|i| acquire(i, 0)).collect(),
+    )
+    .await;
+    costs.push(c);
+    // Every other slot taken, not timed.
+    for who in 1..permits.saturating_sub(1) {
+        let _ = pipelined(conn, "setup", (0..n).map(|i| acquire(i, who)).collect()).await;
+    }
+    let last = permits.saturating_sub(1).max(1);
+    let (c, taken) = pipelined(
+        conn,
+        label("acquire.lua, takes the last free slot (every slot read)"),
+        (0..n).map(|i| acquire(i, last)).collect(),
+    )
+    .await;
+    if permits > 1 {
+        costs.push(c);
+    }
+    let (c, _) = pipelined(
+        conn,
+        label("acquire.lua, every slot held (answers held)"),
+        (0..n).map(|i| acquire(i, permits + 1)).collect(),
+    )
+    .await;
+    costs.push(c);
+    // What a target costs with every permit held, once the reply entries expired.
+    let all_replies: Vec<String> = redis::cmd("KEYS")
+        .arg("tl:{permits/*}:req:*")
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    for chunk in all_replies.chunks(500) {
+        let _: Result<i64, _> = redis::cmd("DEL").arg(chunk).query_async(conn).await;
+    }
+    let held = used_memory(conn).await;
+    let _: Result<(), _> = redis::cmd("FLUSHALL").arg("SYNC").query_async(conn).await;
+    let empty = used_memory(conn).await;
+    let bytes = (held - empty) as f64 / n.max(1) as f64;
+    // The release of a permit whose target has others held: measured on fresh grants.
+    let (_, again) = pipelined(conn, "setup", (0..n).map(|i| acquire(i, 0)).collect()).await;
+    let (_, second) = pipelined(conn, "setup", (0..n).map(|i| acquire(i, 1)).collect()).await;
+    let (c, _) = pipelined(
+        conn,
+        label("release.lua, holder"),
+        (0..n).map(|i| release(i, 0, &again[i])).collect(),
+    )
+    .await;
+    costs.push(c);
+    drop((first, taken, second));
+    (costs, bytes)
 }
 
 /// `used_memory` from INFO memory, in bytes.
@@ -1451,17 +1630,19 @@ fn report(runs: &[Run], levels: &[usize], header: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "| tasks | a/b (vs Redlock) | a/f (vs a fenced lock) | a/c (vs ceiling) | d/e renew vs Redlock extend |"
+        "| tasks | a/b (vs Redlock) | a/f (vs a fenced lock) | a/c (vs ceiling) | d/e renew vs Redlock extend | g/a (permits 10 vs 1) | h/a (permits 100 vs 1) |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for &c in levels {
         let _ = writeln!(
             out,
-            "| {c} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {c} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             ratio(runs, c, Workload::Lease, Workload::Redlock),
             ratio(runs, c, Workload::Lease, Workload::Fenced),
             ratio(runs, c, Workload::Lease, Workload::Noop),
-            ratio(runs, c, Workload::Renew, Workload::Extend)
+            ratio(runs, c, Workload::Renew, Workload::Extend),
+            ratio(runs, c, Workload::Permits10, Workload::Lease),
+            ratio(runs, c, Workload::Permits100, Workload::Lease)
         );
     }
     let _ = writeln!(

@@ -238,7 +238,7 @@ impl World {
 
 /// Builds the application image for the examples: busybox (static), the targetlease binary at
 /// /usr/local/bin (as the examples' comment tells users to copy it), and /app/reports-writer and
-/// /app/migrate, which print the token they were given.
+/// /app/migrate and /app/report, which print the token (and slot) they were given.
 fn app_image(cluster: &Cluster, controller: &Layout) -> PathBuf {
     let rootfs = cluster.scratch().join("app-rootfs");
     let dir = |p: &Path| p.display().to_string();
@@ -264,6 +264,10 @@ fn app_image(cluster: &Cluster, controller: &Layout) -> PathBuf {
         (
             "app/reports-writer",
             "#!/bin/sh\n# The Deployment example's application: shows the token it was started with.\necho \"reports-writer: token=$TARGETLEASE_TOKEN\"\nexec sleep 3600\n",
+        ),
+        (
+            "app/report",
+            "#!/bin/sh\n# The permits Job example's report: shows its slot, token and arguments, works a little, exits.\necho \"report: start slot=$TARGETLEASE_SLOT token=$TARGETLEASE_TOKEN args=$*\"\nsleep \"${REPORT_SECONDS:-6}\"\necho \"report: done slot=$TARGETLEASE_SLOT\"\n",
         ),
         (
             "app/migrate",
@@ -642,6 +646,70 @@ fn deleted_holder_pod_hands_over() {
     assert!(token_e > token_d, "{token_e} is not above {token_d}");
 }
 
+/// examples/job-permits.yaml: four pods in parallel on a target with two permits. Never more
+/// than two of their TargetLeases show Held (watched all along), the two running at once have
+/// slots 0 and 1, every pod runs once a permit is free, and the Job completes.
+fn permits_cap_a_parallel_job() {
+    let w = &*world();
+    w.cluster.apply(&w.example("job-permits.yaml"));
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut most = 0;
+    loop {
+        let leases = w.kubectl_json(&["get", "targetleases", "-n", APP_NS]);
+        let held: Vec<(String, u64)> = leases["items"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter(|l| {
+                        l["spec"]["target"] == "reports-db/nightly"
+                            && l["metadata"]["deletionTimestamp"].is_null()
+                            && l["status"]["phase"] == "Held"
+                    })
+                    .map(|l| {
+                        let name = l["metadata"]["name"].as_str().unwrap_or("?").to_owned();
+                        (name, l["status"]["slot"].as_u64().unwrap_or(u64::MAX))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(held.len() <= 2, "more than two permits held: {held:?}");
+        let slots: std::collections::BTreeSet<u64> = held.iter().map(|(_, s)| *s).collect();
+        assert_eq!(
+            slots.len(),
+            held.len(),
+            "two holders share a slot: {held:?}"
+        );
+        assert!(
+            slots.iter().all(|s| *s < 2),
+            "a slot beyond the permits: {held:?}"
+        );
+        most = most.max(held.len());
+        if job_complete(w, "nightly-reports").is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Job nightly-reports did not complete"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(most, 2, "never two pods at work at once");
+    let log = w.logs(&["-l", "job-name=nightly-reports", "--tail=-1"]);
+    let starts = log
+        .lines()
+        .filter(|l| l.starts_with("report: start slot="))
+        .count();
+    assert_eq!(starts, 4, "{log}");
+    assert!(
+        log.lines()
+            .filter(|l| l.starts_with("report: start"))
+            .all(|l| l.starts_with("report: start slot=0 ")
+                || l.starts_with("report: start slot=1 ")),
+        "{log}"
+    );
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     // One cluster, one node: the tests build on each other, in this order.
@@ -670,6 +738,7 @@ fn main() {
             "deleted_holder_pod_hands_over",
             deleted_holder_pod_hands_over,
         ),
+        test("permits_cap_a_parallel_job", permits_cap_a_parallel_job),
     ];
     let conclusion = libtest_mimic::run(&args, trials);
     // Valkey stops and the node is torn down before the closing line.

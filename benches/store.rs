@@ -1181,8 +1181,8 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
         (
             "acquire.lua without the reply-cache write (SET PX)",
             &[(
-                "  return remember(KEYS[3], bound, reply, reply_ttl)",
-                "  return reply",
+                "return remember(KEYS[3], bound, 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' ..\n    now, reply_ttl)",
+                "return 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. now",
             )],
         ),
         (
@@ -1196,12 +1196,12 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             "acquire.lua without the spent-grant record (GET and SET)",
             &[
                 (
-                    "local last_request = redis.pcall('GET', grant_key(s))",
+                    "local last_request = redis.pcall('GET', KEYS[4])",
                     "local last_request = nil",
                 ),
                 (
-                    "redis.call('SET', grant_key(free_slot), ARGV[6])\nreturn granted",
-                    "return granted",
+                    "  redis.call('SET', KEYS[2], token)\n  redis.call('SET', KEYS[4], ARGV[6])\n  return remember",
+                    "  redis.call('SET', KEYS[2], token)\n  return remember",
                 ),
             ],
         ),
@@ -1216,21 +1216,21 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             "acquire.lua without the fence (GET and SET)",
             &[
                 (
-                    "local fence, fence_err = newest()\nif not fence then return fence_err end\n-- TIME",
-                    "local fence, fence_err = 0, nil\n-- TIME",
+                    "  local fence, top = read_fence(KEYS[2])\n  if not fence then return top end\n  if top then",
+                    "  local fence, top = 0, nil\n  if top then",
                 ),
-                ("issued_to(free_slot, token)\n", ""),
+                (
+                    "  redis.call('SET', KEYS[2], token)\n  redis.call('SET', KEYS[4], ARGV[6])\n  return remember",
+                    "  redis.call('SET', KEYS[4], ARGV[6])\n  return remember",
+                ),
             ],
         ),
         (
             "acquire.lua without the lease record (HSET and PEXPIRE)",
-            &[
-                (
-                    "else\n  redis.call('HSET', lease, 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner',\n    ARGV[2], 'token', token, 'acquired_ms', now)\nend",
-                    "else\nend",
-                ),
-                ("redis.call('PEXPIRE', lease, ttl)\n", ""),
-            ],
+            &[(
+                "  redis.call('HSET', KEYS[1], 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner',\n    ARGV[2], 'token', token, 'acquired_ms', now)\n  redis.call('PEXPIRE', KEYS[1], ttl)\n",
+                "",
+            )],
         ),
     ];
     // The release before permits: its acquire takes the exclusive lease's keys and arguments

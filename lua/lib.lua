@@ -175,8 +175,12 @@ local function read_lease(key)
     pttl = pttl, permits = permits}
 end
 
--- Reads the fence: the newest token issued for the target (0 when absent). Returns the number,
--- or (false, error_reply).
+-- Reads a fence: the newest token granted in a slot (0 when absent). Slot 0's fence also carries,
+-- once any other slot of the target was granted, `top`: the newest token of those, as
+-- '<fence> <top>'. An exclusive acquire reads slot 0's fence anyway, so it learns from it at no
+-- cost whether permits were ever granted on the target, and a client of a release before
+-- permits cannot read it and fails closed there. Returns (fence, top or nil), or
+-- (false, error_reply).
 local function read_fence(key)
   local v = redis.pcall('GET', key)
   if type(v) == 'table' and v.err then
@@ -184,11 +188,20 @@ local function read_fence(key)
   end
   if not v then return 0 end
   local n = arg_int(v)
-  if not n then
+  if n then return n end
+  local fence_text, top_text = string.match(v, '^(%d+) (%d+)$')
+  local fence, top = arg_int(fence_text), arg_int(top_text)
+  if not fence or not top then
     return false, corrupt('fence at ' .. key .. ' is not a number from 0 to 2^53-1 ' ..
       '(targetlease lease repair resets it)')
   end
-  return n
+  return fence, top
+end
+
+-- Slot 0's fence as stored: the token, and `top` when there is one.
+local function fence_text(token_text, top)
+  if top then return token_text .. ' ' .. int(top) end
+  return token_text
 end
 
 -- Reads the permits value in force: what the held permits of a target were granted under, kept

@@ -28,15 +28,15 @@ if not lease then return 'lost expired' end
 if lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2] or lease.token_text ~= ARGV[3] then
   return 'lost not_holder'
 end
-local fence, fence_err = read_fence(KEYS[2])
-if not fence then return fence_err end
+local fence, top = read_fence(KEYS[2])
+if not fence then return top end
 if lease.token < fence then return 'lost not_holder' end
 if lease.permits ~= permits then
   return invalid('permits ' .. ARGV[6] .. ' is not what this lease was granted under (' ..
     int(lease.permits) .. ')')
 end
 -- A fence lost (or lowered) while the lease survived is raised again, on a retry too.
-if fence < lease.token then redis.call('SET', KEYS[2], lease.token_text) end
+if fence < lease.token then redis.call('SET', KEYS[2], fence_text(lease.token_text, top)) end
 if cached then return cached end
 local _, now_ms = server_now()
 if permits > 1 then keep_permits(KEYS[4], ARGV[6], ttl) end

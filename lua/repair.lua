@@ -1,5 +1,5 @@
 -- repair: the operator's way out of a record that fails closed, in any slot. A lease record that
--- cannot be read is deleted (nobody can renew it anyway); a fence (or `top`) that is not a token
+-- cannot be read is deleted (nobody can renew it anyway); a fence that is not a token
 -- is replaced by the largest of the operator's floor, the readable lease token and the server
 -- clock in microseconds plus MAX_LEAD (where every new token starts), so the next token is
 -- still above every token this store could have issued; a grant record that is not a string
@@ -8,42 +8,51 @@
 -- permits value is rewritten from the readable leases that were granted under one (their
 -- largest value, kept as long as the longest of them), or deleted when none is held. Readable
 -- records are left alone.
--- KEYS: lease, fence, grant, top, permits
+-- KEYS: lease, fence, grant, permits
 -- KEYS per further slot: slot_lease, slot_fence, slot_grant
---   slot 0's lease hash, fence and grant record; the newest token of slots from 1; the permits
---   value in force; then the same three for slots 1 and up (as many as the largest permits)
+--   slot 0's lease hash, fence (with the newest token of slots from 1) and grant record; the
+--   permits value in force; then the same three for slots 1 and up (as many as the largest
+--   permits)
 -- ARGV: floor
 -- Reply: 'intact <fence>' | 'repaired <fence> <what>' (the newest token of the target)
 local floor = arg_int(ARGV[1])
 if not floor or floor >= MAX_TOKEN then return invalid('floor must be an integer from 0 to 2^53-2') end
 local function slot_key(s, i)
   if s == 0 then return KEYS[i] end
-  return KEYS[5 + 3 * (s - 1) + i]
+  return KEYS[4 + 3 * (s - 1) + i]
 end
+-- Only unreadable records are repaired: any other failure (an ACL refusal, ...) is answered.
 local function tolerate(err)
-  return err and not string.find(err.err, 'TLCORRUPT', 1, true)
+  return not string.find(err.err, 'TLCORRUPT', 1, true)
 end
 -- Everything is read first and written last: a script refused at a write (an ACL rule without
 -- SET) has then deleted nothing the operator's floor was meant to replace.
-local slots = (#KEYS - 5) / 3 + 1
+local slots = (#KEYS - 4) / 3 + 1
 local bad_leases, bad_fences, bad_grants = {}, {}, {}
 local highest_token, held_permits, held_pttl = 0, nil, 0
-local fences = {}
+local newest, top, permits_used = 0, nil, false
 for s = 0, slots - 1 do
   local lease, lease_err = read_lease(slot_key(s, 1))
-  if tolerate(lease_err) then return lease_err end
   if lease_err then
+    if tolerate(lease_err) then return lease_err end
     table.insert(bad_leases, s)
   elseif lease then
     highest_token = math.max(highest_token, lease.token)
+    if s > 0 then permits_used = true end
     if lease.permits > 1 then
       held_permits = math.max(held_permits or 0, lease.permits)
       held_pttl = math.max(held_pttl, lease.pttl)
     end
   end
-  local fence, fence_err = read_fence(slot_key(s, 2))
-  if tolerate(fence_err) then return fence_err end
-  if fence then fences[s] = fence else table.insert(bad_fences, s) end
+  local fence, extra = read_fence(slot_key(s, 2))
+  if not fence then
+    if tolerate(extra) then return extra end
+    table.insert(bad_fences, s)
+  else
+    newest = math.max(newest, fence, extra or 0)
+    if s == 0 then top = extra end
+    if s > 0 and fence > 0 then permits_used = true end
+  end
   local grant = redis.pcall('GET', slot_key(s, 3))
   if type(grant) == 'table' and grant.err then
     local grant_err = read_error(grant, 'grant record at ' .. slot_key(s, 3) .. ' is not a string')
@@ -51,18 +60,13 @@ for s = 0, slots - 1 do
     table.insert(bad_grants, s)
   end
 end
-local top, top_err = read_fence(KEYS[4])
-if tolerate(top_err) then return top_err end
-local _, permits_err = read_permits(KEYS[5])
-if tolerate(permits_err) then return permits_err end
+local in_force, permits_err = read_permits(KEYS[4])
+if in_force == false then
+  if tolerate(permits_err) then return permits_err end
+end
+if in_force ~= nil or held_permits then permits_used = true end
 
 local repaired = {}
-local reset = nil
-if #bad_fences > 0 or not top then
-  local now_us = server_now()
-  if floor > now_us + MAX_FLOOR_LEAD then return floor_too_far(floor, now_us) end
-  reset = math.max(floor, highest_token, now_us + MAX_LEAD)
-end
 local function slots_named(list)
   -- Slot 0 alone is the exclusive lease's record: named as it always was.
   if #list == 1 and list[1] == 0 then return '' end
@@ -71,28 +75,32 @@ local function slots_named(list)
   return ' (slot ' .. table.concat(names, ', ') .. ')'
 end
 if #bad_fences > 0 then
+  local now_us = server_now()
+  if floor > now_us + MAX_FLOOR_LEAD then return floor_too_far(floor, now_us) end
+  local reset = math.max(floor, highest_token, now_us + MAX_LEAD)
+  newest = math.max(newest, reset)
   -- SET replaces a value of any type: no DEL first.
   for _, s in ipairs(bad_fences) do
-    redis.call('SET', slot_key(s, 2), int(reset))
-    fences[s] = reset
+    if s == 0 and permits_used then
+      -- Slot 0's fence carries the newest token of the other slots: reset it too, so that
+      -- every later grant, exclusive ones included, is above them.
+      redis.call('SET', slot_key(s, 2), int(reset) .. ' ' .. int(reset))
+    else
+      redis.call('SET', slot_key(s, 2), int(reset))
+    end
   end
   table.insert(repaired, 'reset the fence' .. slots_named(bad_fences))
-end
-if not top then
-  redis.call('SET', KEYS[4], int(reset))
-  top = reset
-  table.insert(repaired, 'reset the newest token of the other slots')
 end
 if #bad_grants > 0 then
   for _, s in ipairs(bad_grants) do redis.call('DEL', slot_key(s, 3)) end
   table.insert(repaired, 'deleted the unreadable grant record' .. slots_named(bad_grants))
 end
-if permits_err then
+if in_force == false then
   if held_permits then
-    redis.call('SET', KEYS[5], int(held_permits), 'PX', held_pttl)
+    redis.call('SET', KEYS[4], int(held_permits), 'PX', held_pttl)
     table.insert(repaired, 'rewrote the unreadable permits record from the held permits')
   else
-    redis.call('DEL', KEYS[5])
+    redis.call('DEL', KEYS[4])
     table.insert(repaired, 'deleted the unreadable permits record')
   end
 end
@@ -100,7 +108,5 @@ if #bad_leases > 0 then
   for _, s in ipairs(bad_leases) do redis.call('DEL', slot_key(s, 1)) end
   table.insert(repaired, 1, 'deleted the unreadable lease record' .. slots_named(bad_leases))
 end
-local newest = top
-for _, fence in pairs(fences) do newest = math.max(newest, fence) end
 if #repaired == 0 then return 'intact ' .. int(newest) end
 return 'repaired ' .. int(newest) .. ' ' .. table.concat(repaired, '; ')

@@ -1,9 +1,11 @@
-//! The upgrade from the previous release's scripts (table replies, JSON reply caches, the same
-//! key layout) to the current ones, while leases are held, on every server kind: leases are held
-//! by the previous scripts (`tests/fixtures/lua-v1`, unchanged), the current store takes over,
-//! and the test checks that no lease is lost, no token goes down, no retry acts twice across the
-//! switch, and that a client of the previous release still running keeps working beside the new
-//! one (a rolling upgrade, or a rollback).
+//! The upgrades from earlier releases' scripts to the current ones, while leases are held, on
+//! every server kind. From the release with table replies and JSON reply caches
+//! (`tests/fixtures/lua-v1`) and from the release before permits (`tests/fixtures/lua-v2`),
+//! both unchanged: leases are held by the earlier scripts, the current store takes over, and the
+//! test checks that no lease is lost, no token goes down, no retry acts twice across the switch,
+//! and that a client of the earlier release still running keeps working beside the new one (a
+//! rolling upgrade, or a rollback), except on a target whose permits above 1 are held, where
+//! it fails closed rather than take the target beside them.
 
 use targetlease_test_support as support;
 
@@ -97,6 +99,262 @@ impl V1<'_> {
         .await
         .expect("version 1 release")
     }
+}
+
+/// A client of the release before permits: its scripts sent with EVAL, KEYS and ARGV as its
+/// `wire.rs` built them (one-string replies).
+struct V2<'a> {
+    admin: &'a Admin,
+}
+
+impl V2<'_> {
+    async fn eval(&self, op: &str, keys: &[String], args: &[&str]) -> Result<String, String> {
+        let source = match op {
+            "acquire" => include_str!("fixtures/lua-v2/acquire.lua"),
+            "renew" => include_str!("fixtures/lua-v2/renew.lua"),
+            "release" => include_str!("fixtures/lua-v2/release.lua"),
+            "check" => include_str!("fixtures/lua-v2/check.lua"),
+            "commit" => include_str!("fixtures/lua-v2/commit.lua"),
+            other => panic!("no script {other} in the release before permits"),
+        };
+        let source = format!("{}\n{source}", include_str!("fixtures/lua-v2/lib.lua"));
+        let count = keys.len().to_string();
+        let mut argv = vec!["EVAL", source.as_str(), count.as_str()];
+        argv.extend(keys.iter().map(String::as_str));
+        argv.extend(args);
+        match self.admin.try_cmd(&argv).await {
+            Ok(Value::BulkString(b)) => Ok(String::from_utf8_lossy(&b).into_owned()),
+            Ok(other) => Err(format!(
+                "{op} of the release before permits answered {other:?}"
+            )),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    async fn acquire(&self, k: &TargetKeys, who: &str, rid: &str) -> Result<String, String> {
+        let rid_ = RequestId::new(rid).expect("request id");
+        let (lease_id, ttl) = (format!("lease-{who}"), TTL_MS.to_string());
+        self.eval(
+            "acquire",
+            &[k.lease(), k.fence(), k.reply(&rid_), k.grant()],
+            &[&lease_id, who, &ttl, "0", "60000", rid],
+        )
+        .await
+    }
+
+    async fn renew(
+        &self,
+        k: &TargetKeys,
+        who: &str,
+        token: u64,
+        rid: &str,
+    ) -> Result<String, String> {
+        let rid = RequestId::new(rid).expect("request id");
+        let (lease_id, token, ttl) = (
+            format!("lease-{who}"),
+            token.to_string(),
+            TTL_MS.to_string(),
+        );
+        self.eval(
+            "renew",
+            &[k.lease(), k.fence(), k.reply(&rid)],
+            &[&lease_id, who, &token, &ttl, "60000"],
+        )
+        .await
+    }
+
+    async fn release(
+        &self,
+        k: &TargetKeys,
+        who: &str,
+        token: u64,
+        rid: &str,
+    ) -> Result<String, String> {
+        let rid = RequestId::new(rid).expect("request id");
+        let (lease_id, token) = (format!("lease-{who}"), token.to_string());
+        self.eval(
+            "release",
+            &[k.lease(), k.reply(&rid)],
+            &[&lease_id, who, &token, "60000"],
+        )
+        .await
+    }
+}
+
+/// The token of an `acquired ...` one-string reply.
+fn v2_token(reply: &str) -> u64 {
+    let mut fields = reply.split(' ');
+    assert_eq!(fields.next(), Some("acquired"), "{reply}");
+    fields.next().and_then(|t| t.parse().ok()).expect("token")
+}
+
+fn permit_req(t: &TargetRef, who: &str, rid: &str, permits: u32) -> AcquireRequest {
+    AcquireRequest {
+        permits: Permits::new(permits).expect("permits"),
+        ..acquire_req(t, who, rid)
+    }
+}
+
+/// The release before permits and the current one side by side: exclusive leases pass between
+/// them in both directions with their keys and replies unchanged; on a target whose permits
+/// above 1 are held, the earlier release's acquire never takes the target beside them.
+async fn upgrade_from_the_release_before_permits(kind: ServerKind) {
+    let server = Server::start(kind);
+    let admin = Admin::single(&server.url(), None).await;
+    let v2 = V2 { admin: &admin };
+    let keys = |name: &str| TargetKeys::new("tl", &target(name));
+    let (a, f, p) = (keys("v2-a"), keys("v2-f"), keys("v2-p"));
+    let store = ValkeyStore::connect(ValkeyConfig::new(
+        SecretUrl::parse(&server.url()).expect("url"),
+    ))
+    .await
+    .expect("connect");
+
+    // a: held by the earlier release; the current one sees it, replays its acquire with the
+    // very reply it cached, renews and releases it.
+    let first = v2.acquire(&a, "alice", "a1").await.expect("acquire");
+    let token_a = v2_token(&first);
+    assert!(matches!(
+        store.acquire(&acquire_req(&target("v2-a"), "dave", "d1")).await,
+        Ok(AcquireOutcome::Held { ref owner, .. }) if owner == "alice"
+    ));
+    match store
+        .acquire(&acquire_req(&target("v2-a"), "alice", "a1"))
+        .await
+        .expect("retry")
+    {
+        AcquireOutcome::Acquired(g) => assert_eq!(
+            format!(
+                "acquired {} {} {} {}",
+                g.token, g.expires_in_ms, g.server_time_ms, g.acquired_at_ms
+            ),
+            first
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        v2.renew(&a, "alice", token_a, "a2")
+            .await
+            .expect("renew")
+            .starts_with("renewed ")
+    );
+    let renewed = store
+        .renew(&RenewRequest {
+            lease: handle(&target("v2-a"), "alice", token_a),
+            ttl: Ttl::new(Duration::from_millis(TTL_MS)).expect("ttl"),
+            request_id: RequestId::new("a3").expect("id"),
+        })
+        .await
+        .expect("renew");
+    assert!(
+        matches!(renewed, RenewOutcome::Renewed { .. }),
+        "{renewed:?}"
+    );
+    assert_eq!(
+        store
+            .release(&ReleaseRequest {
+                lease: handle(&target("v2-a"), "alice", token_a),
+                request_id: RequestId::new("a4").expect("id"),
+            })
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    let token_a2 = v2_token(&v2.acquire(&a, "erin", "e1").await.expect("acquire"));
+    assert!(token_a2 > token_a);
+
+    // f: the other way round (a rollback): the current store's exclusive lease is held for
+    // the earlier release, which renews and releases it.
+    let token_f = granted(&store, &acquire_req(&target("v2-f"), "gina", "g1")).await;
+    assert!(
+        v2.acquire(&f, "hank", "h1")
+            .await
+            .expect("acquire")
+            .starts_with("held ")
+    );
+    assert!(
+        v2.renew(&f, "gina", token_f, "g2")
+            .await
+            .expect("renew")
+            .starts_with("renewed ")
+    );
+    assert_eq!(
+        v2.release(&f, "gina", token_f, "g3")
+            .await
+            .expect("release"),
+        "released"
+    );
+
+    // p: two permits of three held by the current store. While slot 0 is held the earlier
+    // release sees the target held; once only slot 1 is, it cannot read slot 0's fence and
+    // fails closed: it never grants an exclusive lease beside a permit.
+    let t = target("v2-p");
+    let slot0 = match store
+        .acquire(&permit_req(&t, "pat", "p1", 3))
+        .await
+        .expect("acquire")
+    {
+        AcquireOutcome::Acquired(g) => g,
+        other => panic!("{other:?}"),
+    };
+    let slot1 = match store
+        .acquire(&permit_req(&t, "quin", "q1", 3))
+        .await
+        .expect("acquire")
+    {
+        AcquireOutcome::Acquired(g) => g,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((slot0.slot.get(), slot1.slot.get()), (0, 1));
+    assert!(
+        v2.acquire(&p, "old", "o1")
+            .await
+            .expect("acquire")
+            .starts_with("held ")
+    );
+    let release = |who: &str, g: &targetlease::store::Grant, rid: &str| ReleaseRequest {
+        lease: LeaseHandle {
+            permits: Permits::new(3).expect("permits"),
+            slot: g.slot,
+            ..handle(&t, who, g.token)
+        },
+        request_id: RequestId::new(rid).expect("id"),
+    };
+    assert_eq!(
+        store
+            .release(&release("pat", &slot0, "p2"))
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    let refused = v2.acquire(&p, "old", "o2").await;
+    assert!(
+        matches!(&refused, Err(e) if e.contains("TLCORRUPT")),
+        "the earlier release's acquire beside a held permit: {refused:?}"
+    );
+    // The last permit released and an exclusive grant made, the target is the earlier release's
+    // to use again.
+    assert_eq!(
+        store
+            .release(&release("quin", &slot1, "q2"))
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    let token_p = granted(&store, &acquire_req(&t, "rita", "r1")).await;
+    assert!(token_p > slot1.token);
+    assert!(
+        v2.acquire(&p, "old", "o3")
+            .await
+            .expect("acquire")
+            .starts_with("held ")
+    );
+    assert_eq!(
+        v2.eval("check", &[p.fence()], &[&token_p.to_string()])
+            .await
+            .expect("check"),
+        format!("current {token_p}")
+    );
 }
 
 fn target(name: &str) -> TargetRef {
@@ -344,11 +602,12 @@ async fn upgrade_while_leases_are_held(kind: ServerKind) {
 }
 
 fn run(kind: ServerKind) {
-    tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .expect("runtime")
-        .block_on(upgrade_while_leases_are_held(kind));
+        .expect("runtime");
+    runtime.block_on(upgrade_while_leases_are_held(kind));
+    runtime.block_on(upgrade_from_the_release_before_permits(kind));
 }
 
 #[test]

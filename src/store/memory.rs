@@ -99,8 +99,10 @@ struct Cached {
 #[derive(Default, Clone)]
 struct TargetState {
     slots: BTreeMap<u32, SlotState>,
-    /// The newest token issued in any slot from 1 (with slot 0's fence, the target's newest).
-    top: u64,
+    /// The newest token issued in any slot from 1 (with slot 0's fence, the target's newest),
+    /// kept as the scripts keep it in slot 0's fence: from the first grant of such a slot until
+    /// an exclusive grant, which is above it and needs no permit check after it.
+    top: Option<u64>,
     /// The permits value in force and when it expires: kept while a permit granted under a
     /// value above 1 may be held.
     permits: Option<(u32, u64)>,
@@ -257,7 +259,7 @@ impl State {
             self.replies.retain(|_, cached| cached.expires_us > now);
             self.targets.retain(|_, t| {
                 t.expire(now);
-                t.top > 0
+                t.top.is_some()
                     || !t.guarded.is_empty()
                     || t.slots.values().any(|s| s.lease.is_some() || s.fence > 0)
             });
@@ -295,7 +297,7 @@ impl TargetState {
 
     /// The newest token issued on the target, in any slot.
     fn newest(&self) -> u64 {
-        self.fence(Slot::ZERO).max(self.top)
+        self.fence(Slot::ZERO).max(self.top.unwrap_or(0))
     }
 
     fn holds(&self, handle: &LeaseHandle) -> Option<&Lease> {
@@ -307,18 +309,23 @@ impl TargetState {
     }
 
     /// Records a token just issued (above every token of the target) as `slot`'s newest grant.
+    /// An exclusive grant leaves no `top`: it is above every permit's token, and no permit is
+    /// held beside it.
     fn issued_to(&mut self, slot: Slot, token: u64, shared: bool) {
         self.slot_mut(slot).fence = token;
-        if shared {
-            self.top = token;
+        if !shared {
+            self.top = None;
+        } else if slot != Slot::ZERO {
+            self.top = Some(token);
         }
     }
 
-    /// Raises `slot`'s fence, lost or lowered while its lease survived, to the lease's token.
-    fn restore_fence(&mut self, slot: Slot, token: u64, shared: bool) {
+    /// Raises `slot`'s fence, lost or lowered while its lease survived, to the lease's token;
+    /// `top` only grows.
+    fn restore_fence(&mut self, slot: Slot, token: u64) {
         self.slot_mut(slot).fence = token;
-        if shared {
-            self.top = self.top.max(token);
+        if slot != Slot::ZERO {
+            self.top = Some(self.top.unwrap_or(0).max(token));
         }
     }
 
@@ -490,7 +497,10 @@ impl LeaseStore for MemoryStore {
             if !shared && first_out.is_some() {
                 return answer(held(first_out));
             }
-            if let Some((in_force, _)) = t.permits.filter(|(n, _)| *n != permits) {
+            // An exclusive claim reads the value in force only once permits were granted in a
+            // slot from 1 (the scripts learn it from slot 0's fence at no cost).
+            let in_force = t.permits.filter(|_| shared || t.top.is_some());
+            if let Some((in_force, _)) = in_force.filter(|(n, _)| *n != permits) {
                 return answer(AcquireOutcome::PermitsConflict { in_force });
             }
             let newest = t.newest();
@@ -507,7 +517,7 @@ impl LeaseStore for MemoryStore {
                     t.issued_to(slot, token, shared);
                     t.slot_mut(slot).fence_request = Some(rid.to_owned());
                 } else if slot_fence < token {
-                    t.restore_fence(slot, token, shared);
+                    t.restore_fence(slot, token);
                 }
                 let lease = t
                     .slot_mut(slot)

@@ -43,7 +43,8 @@ impl TargetKeys {
         }
     }
 
-    /// The fence of `slot`: the newest token granted in it (slot 0's is [`TargetKeys::fence`]).
+    /// The fence of `slot`: the newest token granted in it (slot 0's is [`TargetKeys::fence`],
+    /// which also carries the newest token of the other slots once one was granted).
     pub fn fence_of(&self, slot: Slot) -> String {
         match slot.get() {
             0 => self.fence(),
@@ -58,11 +59,6 @@ impl TargetKeys {
             0 => self.grant(),
             s => format!("{}:slot:{s}:grant", self.base),
         }
-    }
-
-    /// The newest token issued in any slot from 1: with slot 0's fence, the target's newest.
-    pub fn top(&self) -> String {
-        format!("{}:top", self.base)
     }
 
     /// The permits value in force while permits granted under a value above 1 may be held.
@@ -124,7 +120,6 @@ mod tests {
             k.commit_reply(&rid),
             k.grant(),
             k.guarded("x"),
-            k.top(),
             k.permits(),
             k.lease_of(Slot::new(7).unwrap()),
             k.fence_of(Slot::new(7).unwrap()),

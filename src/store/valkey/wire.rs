@@ -101,7 +101,7 @@ fn token(field: &str, s: &str) -> Result<u64, StoreError> {
 /// `lua/acquire.lua`.
 pub const ACQUIRE: Contract = Contract {
     script: || &SCRIPTS.acquire,
-    keys: &["lease", "fence", "reply", "grant", "top", "permits"],
+    keys: &["lease", "fence", "reply", "grant", "permits"],
     per_slot: &["slot_lease", "slot_fence", "slot_grant"],
     argv: &[
         "lease_id",
@@ -126,7 +126,6 @@ pub fn acquire_call(
         k.fence(),
         k.reply(&req.request_id),
         k.grant(),
-        k.top(),
         k.permits(),
     ];
     for slot in further_slots(req.permits.get()) {
@@ -416,14 +415,14 @@ pub fn check(reply: &str) -> Result<CheckOutcome, StoreError> {
 /// `lua/inspect.lua`.
 pub const INSPECT: Contract = Contract {
     script: || &SCRIPTS.inspect,
-    keys: &["lease", "fence", "top", "permits"],
+    keys: &["lease", "fence", "permits"],
     per_slot: &["slot_lease"],
     argv: &[],
 };
 
 /// The inspect call: every slot a target can have, so no holder is missed.
 pub fn inspect_call(k: &TargetKeys) -> ScriptCall<'static> {
-    let mut keys = vec![k.lease(), k.fence(), k.top(), k.permits()];
+    let mut keys = vec![k.lease(), k.fence(), k.permits()];
     keys.extend(further_slots(MAX_PERMITS).map(|s| k.lease_of(s)));
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     INSPECT.call(&keys, &[])
@@ -511,14 +510,14 @@ fn sized<'a>(rest: &mut &'a str, reply: &str) -> Result<&'a str, StoreError> {
 /// `lua/repair.lua`.
 pub const REPAIR: Contract = Contract {
     script: || &SCRIPTS.repair,
-    keys: &["lease", "fence", "grant", "top", "permits"],
+    keys: &["lease", "fence", "grant", "permits"],
     per_slot: &["slot_lease", "slot_fence", "slot_grant"],
     argv: &["floor"],
 };
 
 /// The repair call with `floor`: every slot a target can have.
 pub fn repair_call(k: &TargetKeys, floor: u64) -> ScriptCall<'static> {
-    let mut keys = vec![k.lease(), k.fence(), k.grant(), k.top(), k.permits()];
+    let mut keys = vec![k.lease(), k.fence(), k.grant(), k.permits()];
     for slot in further_slots(MAX_PERMITS) {
         keys.extend([k.lease_of(slot), k.fence_of(slot), k.grant_of(slot)]);
     }

@@ -857,7 +857,7 @@ fn certainly_held(history: &[Value], i: usize, slot: u64, permits: u64) -> bool 
 }
 
 /// A mutation of a recorded history the checker must refuse: its file name, what it makes up,
-/// which calls it may change, and the reply it gives such a call.
+/// which calls it may change, and what it makes of such a call.
 type Flip<'a> = (
     &'a str,
     &'a str,
@@ -985,8 +985,8 @@ fn permits_history_of_killed_clients_is_linearizable() {
     // earlier grant in another slot of the target, above every token its own slot had granted
     // (a token rule kept per slot would allow it; tokens grow across slots). A refusal turned
     // into a grant while it could not be right: every permit certainly held (a fourth holder),
-    // or, for a claim asking another permits value, a permit granted under the targets' value
-    // certainly held (two permits values at once). A check against another slot's fence
+    // or a grant to a claim asking another permits value while a permit granted under the
+    // targets' value is certainly held in another slot (two permits values at once). A check against another slot's fence
     // answered current. The history is cut after that call, so the made-up
     // token (above every token seen) contradicts nothing later: only the permits and the slots'
     // fences can refuse it. The cut history without the flip must pass first (a killed call
@@ -1025,9 +1025,9 @@ fn permits_history_of_killed_clients_is_linearizable() {
             "a token of another slot",
             &|j| outcome(&history[j]) == "acquired" && other_slot(j).is_some(),
             &|j| {
-                let mut out = history[j]["out"].clone();
-                out["token"] = json!(other_slot(j).map(token));
-                out
+                let mut c = history[j].clone();
+                c["out"]["token"] = json!(other_slot(j).map(token));
+                c
             },
         ),
         (
@@ -1038,24 +1038,40 @@ fn permits_history_of_killed_clients_is_linearizable() {
                     && history[i]["permits"] == json!(PERMITS)
                     && (0..p).all(|s| certainly_held(&history, i, s, p))
             },
-            &|_| fourth.clone(),
+            &|i| {
+                let mut c = history[i].clone();
+                c["out"] = fourth.clone();
+                c
+            },
         ),
         (
             "two-permits-values",
             "a grant under another permits value",
             &|i| {
-                outcome(&history[i]) == "permits_conflict"
-                    && history[i]["permits"] == json!(PERMITS - 1)
-                    && (0..p - 1).any(|s| certainly_held(&history, i, s, p))
+                outcome(&history[i]) == "acquired"
+                    && history[i]["permits"] == json!(PERMITS)
+                    && history[i]["out"]["slot"].as_u64() < Some(p - 1)
+                    && (0..p).any(|s| {
+                        json!(s) != history[i]["out"]["slot"] && certainly_held(&history, i, s, p)
+                    })
             },
-            &|_| fourth.clone(),
+            // The same grant, of a claim that asked one permit fewer.
+            &|i| {
+                let mut c = history[i].clone();
+                c["permits"] = json!(PERMITS - 1);
+                c
+            },
         ),
         // A token checked against another slot's fence answered current.
         (
             "current-in-another-slot",
             "a token current in another slot's fence",
             &|i| history[i]["wrong_slot"] == true && history[i]["killed"] != true,
-            &|i| json!({"outcome": "current", "newest": history[i]["token"]}),
+            &|i| {
+                let mut c = history[i].clone();
+                c["out"] = json!({"outcome": "current", "newest": history[i]["token"]});
+                c
+            },
         ),
     ];
     for (name, what, candidate, flip) in flips {
@@ -1082,7 +1098,7 @@ fn permits_history_of_killed_clients_is_linearizable() {
                 })
                 .expect("the call is in the cut history");
             let mut flipped = truncated;
-            flipped[at]["out"] = flip(i);
+            flipped[at] = flip(i);
             let (code, text) = check(&checker, &flipped, dir.path(), name);
             assert_eq!(code, 1, "{what} passed the checker:\n{text}");
             shown = true;

@@ -10,6 +10,12 @@
 //! the checker is shown to catch what it is there to catch. Half-way through, the server fails
 //! over to a replica that missed its newest writes (detached, the old primary kept serving until
 //! it granted more, then killed): every token after that must still be above every token before.
+//! A second history does the same with permits 3 (no failover): eight clients share two targets
+//! of three permits each, so that every slot is often held; some claims ask two permits (a
+//! permits conflict while permits granted under three are held); forged handles name a token
+//! one below the real one or the neighbouring slot, and tokens are checked against another
+//! slot's fence. Its mutations: a token of another slot, a fourth holder, a grant under another
+//! permits value, a token current in another slot's fence.
 //! A missing server or Go fails the suite; it never skips.
 
 use targetlease_test_support as support;

@@ -8,36 +8,46 @@
 // Exit status 0: linearizable; 1: not linearizable (the visualization, when asked for, shows
 // where); 2: bad input or the check timed out.
 //
-// The model (docs/store.md, "The lease protocol"), per target:
-//   - acquire: "acquired" with a token above every token issued before (the fence), when no
-//     live lease is held; "held" with the holder's owner while one is;
-//   - renew: "renewed" only for the exact (lease id, owner, token) of the live lease; else "lost",
-//     "expired" when no lease is live, "not_holder" when another one is;
-//   - release: "released" only for the exact holder of the live lease (which then ends); else
-//     "not_holder";
-//   - check: "current" when the token is the newest issued, "stale" when a newer one exists,
-//     both with that newest token.
+// The model (docs/store.md, "The lease protocol"), per target with permits N (1: the exclusive
+// lease), each permit a slot 0 to N-1 with its own lease and fence:
+//   - acquire: "acquired" in the lowest slot that is free (never held, released or expired), with
+//     a token above every token issued on the target in any slot; the claim's own live lease
+//     (same lease id and owner) again, in its slot with its token; "held" naming a live holder
+//     while every slot is held (for N = 1, while slot 0 is someone else's);
+//     "permits_conflict" naming the value in force while a permit granted under another
+//     permits value may be held, or the value the target keeps for as long as such a permit
+//     may be, whichever claim asks;
+//   - renew: "renewed" only for the exact (lease id, owner, token) of the live lease of the
+//     handle's slot; else "lost", "expired" when that slot has no live lease, "not_holder" when
+//     another one holds it;
+//   - release: "released" only for the exact holder of the slot's live lease (which then ends,
+//     with the permits value kept once no other permit may be held); else "not_holder";
+//   - check: against the asked slot's fence, "current" when the token is the slot's newest,
+//     "stale" when a newer one was granted in the slot, both with that newest token; a token
+//     above it was never granted in the slot and is refused (invalid_request).
 //
 // Time: a lease expires ttl after the server ran the call that granted or renewed it, which lies
-// somewhere in that call's [call, return] window. Only calls change the state: an expiry is never
-// recorded as "free" (a call placed later in the order may have run earlier in time), only as a
-// tighter bound on when it happened (one clock: the recorder and the server share
-// a machine). At another call's window the lease is certainly live, certainly expired, or
-// either; "either" makes the model nondeterministic. A call whose client was killed may or
+// somewhere in that call's [call, return] window. Only calls change the state: an expiry is
+// never recorded as "free" (a call placed later in the order may have run earlier in time), only
+// as a tighter bound on when it happened (one clock: the recorder and the server share a
+// machine). At another call's window each slot's lease (and the permits value the target keeps)
+// is certainly live, certainly expired, or either; "either" makes the model nondeterministic: an
+// acquire is judged in every assignment the window allows. A call whose client was killed may or
 // may not have taken effect: it ends at its settle bound (the kill plus half a second, by which
 // the server has run it or never will), and every outcome is allowed, "no effect" included. A
-// token it may have issued is unknown: the fence is then only a lower bound until the next
-// observed token. Only killed calls are unknown: the recorder fails any other call that did
-// not answer (calls cut off by a failover are recorded as killed).
+// token it may have issued is unknown: the slot's fence and the target's newest token are then
+// only lower bounds until a check of the slot sees it or the next observed grant. Only killed
+// calls are unknown: the recorder fails any other call that did not answer (calls cut off by a
+// failover are recorded as killed).
 //
-// Failover: a "failover" record (one per target, its window from the moment the replica was
-// detached to the moment clients were switched to it and the old primary killed) promotes a
-// replica that missed the newest writes. Its grants must still carry tokens above every token
-// issued before (the token rule survives a stale server), but for a while the promoted server
-// may hold what the model does not know: a lease it kept from before the failover (held,
-// renewed and released by its holder until its TTL ran out: ghostUntil), and a fence below the
-// newest token issued before (until its next grant: staleFence), so a check may see a lower
-// newest token, or refuse a token it never saw (invalid_request).
+// Failover (exclusive leases only): a "failover" record (one per target, its window from the
+// moment the replica was detached to the moment clients were switched to it and the old primary
+// killed) promotes a replica that missed the newest writes. Its grants must still carry tokens
+// above every token issued before (the token rule survives a stale server), but for a while the
+// promoted server may hold what the model does not know: a lease it kept from before the
+// failover (held, renewed and released by its holder until its TTL ran out: ghostUntil), and a
+// fence below the newest token issued before (until its next grant: staleFence), so a check may
+// see a lower newest token, or refuse a token it never saw (invalid_request).
 package main
 
 import (

@@ -510,6 +510,19 @@ fn gitops_samples() -> Vec<(
     // The statuses the controller writes, made by its own code.
     let held = Observed::held(&grant, Permits::ONE, "worker-7").into_status(Some(1), None, now);
     let waiting = Observed::waiting("worker-3", None).into_status(Some(1), None, now);
+    let permit = Grant {
+        slot: Slot::new(1).expect("slot"),
+        ..grant.clone()
+    };
+    let three = Permits::new(3).expect("permits");
+    let held_permit = Observed::held(&permit, three, "worker-8").into_status(Some(1), None, now);
+    let conflict = Observed::permits_conflict(
+        "shop/reports-db",
+        3,
+        Permits::new(2).expect("permits"),
+        None,
+    )
+    .into_status(Some(1), None, now);
     let released = Observed::released(
         Reason::ReleaseRequested,
         "spec.release is true".into(),
@@ -571,6 +584,20 @@ fn gitops_samples() -> Vec<(
             "Progressing",
             "held by worker-3",
             "InProgress",
+        ),
+        (
+            "Waiting, another permits value in force",
+            sample(Some(conflict)),
+            "Progressing",
+            "held under permits 3",
+            "InProgress",
+        ),
+        (
+            "Held, a permit",
+            sample(Some(held_permit)),
+            "Healthy",
+            "in slot 1 of 3",
+            "Current",
         ),
         // The full 16-digit token, not Lua's %.14g rounding.
         (

@@ -74,7 +74,10 @@ end
 
 if ready ~= nil and ready.status == "True" then
   hs.status = "Healthy"
-  if phase == "Held" then
+  if phase == "Held" and status.permits ~= nil and status.permits > 1 then
+    hs.message = "Held by " .. tostring(status.owner) .. " in slot " .. integer(status.slot) ..
+      " of " .. integer(status.permits) .. " with fencing token " .. integer(status.fencingToken)
+  elseif phase == "Held" then
     hs.message = "Held by " .. tostring(status.owner) .. " with fencing token " .. integer(status.fencingToken)
   else
     hs.message = phase .. detail

@@ -592,20 +592,12 @@ pub fn after_acquire(claim: &Claim<'_>, outcome: &AcquireOutcome) -> Step {
         // gone or its spec agrees. A release on the target wakes it; the requeue covers holders
         // that expire.
         AcquireOutcome::PermitsConflict { in_force } => {
-            let message = format!(
-                "{} is held under permits {in_force} and this claim asks spec.permits {}: every \
-                 claim on a target must ask the same value; this one is admitted once it asks \
-                 {in_force} or no permit granted under {in_force} is held",
-                claim.target, claim.permits
-            );
-            let mut observed = Observed::waiting("", claim.last_token());
-            // Who holds the target is not known from the store's refusal.
-            observed.held_by = None;
-            observed.reason = Reason::PermitsConflict;
-            observed.message = message.clone();
+            let target = claim.target.to_string();
+            let observed =
+                Observed::permits_conflict(&target, *in_force, claim.permits, claim.last_token());
             Step {
+                event: Some((Reason::PermitsConflict, observed.message.clone())),
                 observed,
-                event: Some((Reason::PermitsConflict, message)),
                 next: renew_interval(claim.ttl()),
             }
         }

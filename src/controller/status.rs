@@ -101,6 +101,26 @@ impl Observed {
         Self::not_holding(Phase::Lost, false, reason, message, last_token)
     }
 
+    /// Waiting because the target's permits are held under `in_force` while the claim asks
+    /// `asked` (phase Waiting, reason PermitsConflict): who holds the target is not known from
+    /// the store's refusal, so `heldBy` is left out.
+    pub fn permits_conflict(
+        target: &str,
+        in_force: u32,
+        asked: Permits,
+        last_token: Option<u64>,
+    ) -> Self {
+        let mut observed = Self::waiting("", last_token);
+        observed.held_by = None;
+        observed.reason = Reason::PermitsConflict;
+        observed.message = format!(
+            "{target} is held under permits {in_force} and this claim asks spec.permits {asked}: \
+             every claim on a target must ask the same value; this one is admitted once it asks \
+             {in_force} or no permit granted under {in_force} is held"
+        );
+        observed
+    }
+
     /// A phase without a holder; the last token stays visible, it is the floor of the next one.
     fn not_holding(
         phase: Phase,

@@ -1,12 +1,13 @@
 //! Chaos: two controller replicas, a real control plane and a real Valkey (behind a TCP proxy),
-//! TargetLeases created and deleted at random, holders writing to a fenced store, and faults
-//! injected at random: controller SIGKILL, leader change, Valkey SIGKILL with and without its
-//! data, connection cuts and stalls, API server crash, the leader partitioned from the API
-//! server (a proxy per replica holds its bytes), the leader Lease deleted, a failover to a
-//! replica that missed the newest writes, and `targetlease run` holders partitioned from the
-//! API server. An independent checker, sharing no code with the controller's decision logic,
-//! watches every status, owns the fenced store, and reads the timestamps the `run` holders'
-//! commands write while they run: two commands on one target must never run at the same time.
+//! TargetLeases created and deleted at random on exclusive targets and on targets with permits 2
+//! and 3, holders writing to a fenced store, and faults injected at random: controller SIGKILL,
+//! leader change, Valkey SIGKILL with and without its data, connection cuts and stalls, API
+//! server crash, the leader partitioned from the API server (a proxy per replica holds its
+//! bytes), the leader Lease deleted, a failover to a replica that missed the newest writes, and
+//! `targetlease run` holders partitioned from the API server. An independent checker, sharing no
+//! code with the controller's decision logic, watches every status, owns the fenced store, and
+//! reads the timestamps the `run` holders' commands write while they run: never more Held than a
+//! target's permits, never two on one slot, never more commands at once than the permits.
 //!
 //! `TARGETLEASE_CHAOS_SECONDS` sets the length of the fault phase (default 150 s).
 
@@ -35,33 +36,77 @@ use support::server::{Server, ServerKind};
 use support::suite;
 
 const NS: &str = "chaos";
-const TARGETS: usize = 6;
-const PER_TARGET: usize = 3;
+/// The permits of each workload target (`target-<i>`): half exclusive, half shared.
+const PERMITS: [u32; 6] = [1, 2, 1, 3, 1, 2];
+const TARGETS: usize = PERMITS.len();
+/// Claims at once on a target beyond its permits, so that some always wait.
+const WAITING: usize = 2;
+/// One create in this many asks a permits value other than its target's: the store must refuse
+/// it (PermitsConflict) while permits granted under the target's value are held.
+const WRONG_PERMITS_ONE_IN: u32 = 8;
 // The shortest TTL the replicas below can keep: 1.5 x (take-over 3.75 s + call timeout 1 s +
 // 1 s to start), rounded up (docs/controller.md).
 const TTL_SECONDS: u64 = 9;
 
+/// The permits value a claim asks when it asks the wrong one for a target with `permits`: more
+/// (the dangerous direction: one more holder beside them), or exclusive for the largest.
+fn wrong_permits(permits: u32) -> u32 {
+    if permits >= 3 { 1 } else { permits + 1 }
+}
+
 /// What the checker has seen of one target.
 #[derive(Default)]
 struct TargetView {
-    /// The largest token any status has shown as Held.
+    /// The largest token any status has shown as Held, in any slot.
     max_token: u64,
+    /// Per slot, the largest token any status has shown as Held in it.
+    max_in_slot: HashMap<u32, u64>,
     /// Every (resource uid, token) pair shown as Held.
     seen: HashSet<(String, u64)>,
+    /// Which resource each token was shown Held by: a token belongs to one tenure.
+    owner_of: HashMap<u64, String>,
+}
+
+/// A resource whose latest status says Held.
+#[derive(Clone, Debug)]
+struct Holding {
+    name: String,
+    target: String,
+    token: u64,
+    slot: u32,
+    /// The permits value the tenure was granted under (`status.permits`).
+    permits: u32,
+    /// Being deleted: the controller may have released it already.
+    deleting: bool,
 }
 
 /// The independent checker: the statuses it saw, the fenced store it owns, the violations.
 #[derive(Default)]
 struct Checker {
     targets: Mutex<HashMap<String, TargetView>>,
-    /// Resources whose latest status says Held: uid -> (target, token).
-    holding: Mutex<HashMap<String, (String, u64)>>,
-    /// The fenced store: per target, the highest token it accepted a write with.
-    fenced: Mutex<HashMap<String, u64>>,
+    /// Resources whose latest status says Held, by uid.
+    holding: Mutex<HashMap<String, Holding>>,
+    /// Per (target, holder): the largest token shown Held on the target before that claim was
+    /// created. Its grant comes after, so its token must be larger.
+    floors: Mutex<HashMap<(String, String), u64>>,
+    /// The fenced store: per (target, slot), the highest token it accepted a write with.
+    fenced: Mutex<HashMap<(String, u32), u64>>,
+    /// When each fault that loses Valkey data happened (shared with the fault injector).
+    data_lost: Arc<Mutex<Vec<Instant>>>,
+    /// Bound breaches already reported (target and the uids involved), so one is told once.
+    reported: Mutex<HashSet<String>>,
     violations: Mutex<Vec<String>>,
     accepted: AtomicU64,
     refused: AtomicU64,
     held_events: AtomicU64,
+    /// Watch events checked against the permits bound.
+    moments: AtomicU64,
+    /// Moments above the bound within two TTLs of a data loss (allowed, for 3 s at most).
+    excused: AtomicU64,
+    /// Per target, the most resources not being deleted shown Held at one moment.
+    peaks: Mutex<BTreeMap<String, usize>>,
+    /// Claims shown waiting with PermitsConflict, by uid.
+    conflicts: Mutex<HashSet<String>>,
 }
 
 impl Checker {
@@ -70,62 +115,188 @@ impl Checker {
         self.violations.lock().unwrap().push(what);
     }
 
-    /// Invariant 1: per target, a newly shown Held token is larger than every token shown before,
-    /// so no two resources ever show the same token.
-    fn observe(&self, lease: &TargetLease) -> Option<(String, (String, u64))> {
-        let uid = lease.uid()?;
-        let status = lease.status.as_ref()?;
-        if status.phase != Phase::Held {
-            return None;
-        }
-        let token = status.fencing_token?;
-        let target = lease.spec.target.clone();
-        let mut targets = self.targets.lock().unwrap();
-        let view = targets.entry(target.clone()).or_default();
-        if view.seen.insert((uid.clone(), token)) {
-            self.held_events.fetch_add(1, Ordering::Relaxed);
-            if token <= view.max_token {
-                self.violation(format!(
-                    "{target}: {} shows Held with token {token}, not above {} shown before",
-                    lease.name_any(),
-                    view.max_token
-                ));
-            }
-            view.max_token = view.max_token.max(token);
-        }
-        Some((uid, (target, token)))
-    }
-
-    /// Invariant 2: the fenced store accepts a write only with a token >= the highest it accepted;
-    /// a holder whose token is the newest shown for its target is never refused.
-    fn commit(&self, target: &str, token: u64) {
-        let newest = self
+    /// Called just before a claim for `target` by `holder` is created: its tokens must be above
+    /// every token shown so far on the target.
+    fn claiming(&self, target: &str, holder: &str) {
+        let floor = self
             .targets
             .lock()
             .unwrap()
             .get(target)
             .map_or(0, |v| v.max_token);
+        self.floors
+            .lock()
+            .unwrap()
+            .insert((target.to_owned(), holder.to_owned()), floor);
+    }
+
+    /// Invariant 1, per target across all its slots: a token shown Held belongs to one resource
+    /// only; it is above every token shown on the target before the claim was created (each
+    /// grant's token is above every token issued before on the target); and in its slot it is
+    /// above every token shown in that slot before (the slot's holders follow one another).
+    /// Two grants in different slots can be shown in either order, so the newest token shown on
+    /// the target bounds only claims created after it.
+    fn observe(&self, lease: &TargetLease) -> Option<(String, Holding)> {
+        let uid = lease.uid()?;
+        let status = lease.status.as_ref()?;
+        if status.phase != Phase::Held
+            && status
+                .conditions
+                .iter()
+                .any(|c| c.reason == "PermitsConflict")
+        {
+            self.conflicts.lock().unwrap().insert(uid.clone());
+        }
+        if status.phase != Phase::Held {
+            return None;
+        }
+        let name = lease.name_any();
+        let target = lease.spec.target.clone();
+        let Some(token) = status.fencing_token else {
+            self.violation(format!("{target}: {name} shows Held without a token"));
+            return None;
+        };
+        let permits = status.permits.unwrap_or(1);
+        let slot = match status.slot {
+            Some(slot) if slot < permits => slot,
+            other => {
+                self.violation(format!(
+                    "{target}: {name} shows Held in slot {other:?}, not one of 0..{permits}"
+                ));
+                other.unwrap_or(0)
+            }
+        };
+        if permits != lease.spec.permits {
+            self.violation(format!(
+                "{target}: {name} asks permits {} but shows Held under permits {permits}",
+                lease.spec.permits
+            ));
+        }
+        let floor = self
+            .floors
+            .lock()
+            .unwrap()
+            .get(&(target.clone(), lease.spec.holder.clone()))
+            .copied();
+        let mut targets = self.targets.lock().unwrap();
+        let view = targets.entry(target.clone()).or_default();
+        if view.seen.insert((uid.clone(), token)) {
+            self.held_events.fetch_add(1, Ordering::Relaxed);
+            if let Some(other) = view.owner_of.insert(token, uid.clone())
+                && other != uid
+            {
+                self.violation(format!(
+                    "{target}: {name} shows Held with token {token}, shown before by uid {other}"
+                ));
+            }
+            if let Some(floor) = floor
+                && token <= floor
+            {
+                self.violation(format!(
+                    "{target}: {name} shows Held with token {token}, not above {floor} shown before it was created"
+                ));
+            }
+            let in_slot = view.max_in_slot.entry(slot).or_default();
+            if token <= *in_slot {
+                self.violation(format!(
+                    "{target}: {name} shows Held in slot {slot} with token {token}, not above {} shown in that slot before",
+                    *in_slot
+                ));
+            }
+            *in_slot = (*in_slot).max(token);
+            view.max_token = view.max_token.max(token);
+        }
+        let holding = Holding {
+            name,
+            target,
+            token,
+            slot,
+            permits,
+            deleting: lease.metadata.deletion_timestamp.is_some(),
+        };
+        Some((uid, holding))
+    }
+
+    /// Whether a fault lost Valkey data within two TTLs: the store then cannot see a lease it
+    /// granted before, and grants the slot again while the old holder still shows Held.
+    fn after_data_loss(&self) -> bool {
+        let now = Instant::now();
+        self.data_lost
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|lost| now.duration_since(*lost) < Duration::from_secs(2 * TTL_SECONDS))
+    }
+
+    /// Invariant 2, at every moment the watch shows (each event is one state of the API server,
+    /// in order): on each target, the resources not being deleted that show Held were all
+    /// granted under one permits value, are at most that many, and hold distinct slots. Within
+    /// two TTLs of a data loss a breach is counted, not reported: invariant 3 bounds it.
+    fn check_bound(&self, holding: &HashMap<String, Holding>) {
+        self.moments.fetch_add(1, Ordering::Relaxed);
+        let mut per_target: BTreeMap<&str, Vec<(&String, &Holding)>> = BTreeMap::new();
+        for (uid, h) in holding.iter().filter(|(_, h)| !h.deleting) {
+            per_target.entry(&h.target).or_default().push((uid, h));
+        }
+        for (target, held) in per_target {
+            let mut peaks = self.peaks.lock().unwrap();
+            let peak = peaks.entry(target.to_owned()).or_default();
+            *peak = (*peak).max(held.len());
+            drop(peaks);
+            let Some(breach) = breach(&held) else {
+                continue;
+            };
+            if self.after_data_loss() {
+                self.excused.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let mut uids: Vec<&str> = held.iter().map(|(u, _)| u.as_str()).collect();
+            uids.sort_unstable();
+            if self
+                .reported
+                .lock()
+                .unwrap()
+                .insert(format!("{target} {uids:?}"))
+            {
+                self.violation(format!("{target}: {breach}"));
+            }
+        }
+    }
+
+    /// Invariant 4: the fenced store keeps one fence per slot and accepts a write only with a
+    /// token >= the highest it accepted in that slot (at most permits writers, one per slot); a
+    /// holder whose token is the newest shown in its slot is never refused.
+    fn commit(&self, h: &Holding) {
+        let newest = self
+            .targets
+            .lock()
+            .unwrap()
+            .get(&h.target)
+            .and_then(|v| v.max_in_slot.get(&h.slot).copied())
+            .unwrap_or(0);
         let mut fenced = self.fenced.lock().unwrap();
-        let highest = fenced.entry(target.to_owned()).or_default();
-        if token >= *highest {
-            *highest = token;
+        let highest = fenced.entry((h.target.clone(), h.slot)).or_default();
+        if h.token >= *highest {
+            *highest = h.token;
             self.accepted.fetch_add(1, Ordering::Relaxed);
         } else {
             self.refused.fetch_add(1, Ordering::Relaxed);
-            if token == newest {
+            if h.token == newest {
                 self.violation(format!(
-                    "{target}: the newest holder (token {token}) was refused; the store accepted {highest}"
+                    "{}: the newest holder of slot {} (token {}) was refused; the store accepted {highest}",
+                    h.target, h.slot, h.token
                 ));
             }
         }
     }
 
-    /// Follows every TargetLease status (re-listing after API server restarts).
+    /// Follows every TargetLease status (re-listing after API server restarts), and checks the
+    /// permits bound after every event.
     async fn watch(self: Arc<Self>, api: Api<TargetLease>) {
         let mut stream = watcher(api, watcher::Config::default())
             .default_backoff()
             .boxed();
-        let mut relist: Option<HashMap<String, (String, u64)>> = None;
+        let mut relist: Option<HashMap<String, Holding>> = None;
         while let Some(event) = stream.next().await {
             let Ok(event) = event else { continue };
             match event {
@@ -136,6 +307,7 @@ impl Checker {
                     {
                         buffer.insert(uid, held);
                     }
+                    continue;
                 }
                 watcher::Event::InitDone => {
                     if let Some(buffer) = relist.take() {
@@ -160,28 +332,35 @@ impl Checker {
                         .remove(&lease.uid().unwrap_or_default());
                 }
             }
+            let holding = self.holding.lock().unwrap().clone();
+            self.check_bound(&holding);
         }
     }
 
-    /// Invariant 3: no two resources on one target show Held for longer than
-    /// [`DOUBLE_HELD_LIMIT`] (a grant wakes every other claim on its target, so one that still
-    /// shows Held learns within one reconcile that it lost). Sampled every 50 ms.
+    /// Invariant 3: on no target do more resources show Held than their permits, or two show
+    /// Held in one slot, for longer than [`DOUBLE_HELD_LIMIT`], counting those being deleted and
+    /// the moments after a data loss too (a grant wakes every other claim on its target, so one
+    /// that still shows Held learns within one reconcile that it lost). Sampled every 50 ms.
     async fn double_held(self: Arc<Self>, until: Instant) {
         let mut since: HashMap<String, Instant> = HashMap::new();
         let mut reported: HashSet<String> = HashSet::new();
         while Instant::now() < until {
-            let mut per_target: HashMap<String, Vec<u64>> = HashMap::new();
-            for (target, token) in self.holding.lock().unwrap().values() {
-                per_target.entry(target.clone()).or_default().push(*token);
+            let holding = self.holding.lock().unwrap().clone();
+            let mut per_target: HashMap<&str, Vec<(&String, &Holding)>> = HashMap::new();
+            for (uid, h) in &holding {
+                per_target.entry(&h.target).or_default().push((uid, h));
             }
+            let breaches: HashMap<&str, String> = per_target
+                .iter()
+                .filter_map(|(target, held)| Some((*target, breach(held)?)))
+                .collect();
             let now = Instant::now();
-            since.retain(|target, _| per_target.get(target).is_some_and(|t| t.len() > 1));
-            for (target, tokens) in per_target.iter().filter(|(_, t)| t.len() > 1) {
-                let first = *since.entry(target.clone()).or_insert(now);
-                if now - first > DOUBLE_HELD_LIMIT && reported.insert(target.clone()) {
+            since.retain(|target, _| breaches.contains_key(target.as_str()));
+            for (target, what) in &breaches {
+                let first = *since.entry((*target).to_owned()).or_insert(now);
+                if now - first > DOUBLE_HELD_LIMIT && reported.insert((*target).to_owned()) {
                     self.violation(format!(
-                        "{target}: {} resources show Held (tokens {tokens:?}) for more than {DOUBLE_HELD_LIMIT:?}",
-                        tokens.len()
+                        "{target}: for more than {DOUBLE_HELD_LIMIT:?}: {what}"
                     ));
                 }
             }
@@ -192,14 +371,58 @@ impl Checker {
     /// Holders: every resource whose status says Held writes every 100 ms with its token.
     async fn holders(self: Arc<Self>, until: Instant) {
         while Instant::now() < until {
-            let holding: Vec<(String, u64)> =
-                self.holding.lock().unwrap().values().cloned().collect();
-            for (target, token) in holding {
-                self.commit(&target, token);
+            let holding: Vec<Holding> = self.holding.lock().unwrap().values().cloned().collect();
+            for h in &holding {
+                self.commit(h);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// What is wrong with the resources showing Held on one target, if anything: granted under
+/// different permits values, more than the smallest of them, or two in one slot.
+fn breach(held: &[(&String, &Holding)]) -> Option<String> {
+    let describe = || {
+        let mut shown: Vec<String> = held
+            .iter()
+            .map(|(_, h)| {
+                format!(
+                    "{} slot {} of {} token {}{}",
+                    h.name,
+                    h.slot,
+                    h.permits,
+                    h.token,
+                    if h.deleting { " (being deleted)" } else { "" }
+                )
+            })
+            .collect();
+        shown.sort();
+        shown.join(", ")
+    };
+    let permits: HashSet<u32> = held.iter().map(|(_, h)| h.permits).collect();
+    let fewest = permits.iter().copied().min()?;
+    if permits.len() > 1 {
+        return Some(format!(
+            "Held under different permits values at once: {}",
+            describe()
+        ));
+    }
+    if held.len() > fewest as usize {
+        return Some(format!(
+            "{} resources show Held, permits {fewest}: {}",
+            held.len(),
+            describe()
+        ));
+    }
+    let slots: HashSet<u32> = held.iter().map(|(_, h)| h.slot).collect();
+    if slots.len() < held.len() {
+        return Some(format!(
+            "two resources show Held in one slot: {}",
+            describe()
+        ));
+    }
+    None
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -234,9 +457,14 @@ const FAULTS: [Fault; 11] = [
 /// The `run` holders alive now: their serial number and their proxy to the API server.
 type RunSlots = Arc<Mutex<Vec<(u64, Arc<Proxy>)>>>;
 
-/// Targets held by `targetlease run` processes, two at a time on each.
-const RUN_TARGETS: usize = 2;
-const RUNS_PER_TARGET: usize = 2;
+/// Targets held by `targetlease run` processes (`run-<i>`): their permits and how many `run`s
+/// at a time on each, one more than the permits so that one always waits.
+const RUN_TARGETS: [(u32, usize); 2] = [(1, 2), (2, 3)];
+
+/// The permits of run target `target` (`run-<i>`, or the name's number).
+fn run_permits(target: usize) -> u32 {
+    RUN_TARGETS.get(target).map_or(1, |(permits, _)| *permits)
+}
 
 struct World {
     cluster: Arc<Cluster>,
@@ -409,25 +637,32 @@ fn durable_valkey(primary: Option<&Server>) -> Server {
     Server::start_with(ServerKind::Valkey91, &args)
 }
 
-/// Targets that have live resources but no resource whose status says Held.
+/// Targets that have live resources but no resource whose status says Held, or fewer than
+/// their permits while a claim asking those permits waits.
 async fn targets_without_holder(api: &Api<TargetLease>) -> Option<Vec<String>> {
     let list = api.list(&ListParams::default()).await.ok()?;
-    let mut by_target: BTreeMap<String, bool> = BTreeMap::new();
+    // Per target: the permits of each resource showing Held, and the permits each waiting
+    // claim asks.
+    let mut by_target: BTreeMap<String, (Vec<u32>, Vec<u32>)> = BTreeMap::new();
     for lease in list
         .items
         .iter()
         .filter(|l| l.metadata.deletion_timestamp.is_none() && !l.spec.release)
     {
-        let held = lease
-            .status
-            .as_ref()
-            .is_some_and(|s| s.phase == Phase::Held);
-        *by_target.entry(lease.spec.target.clone()).or_default() |= held;
+        let (held, waiting) = by_target.entry(lease.spec.target.clone()).or_default();
+        match lease.status.as_ref() {
+            Some(s) if s.phase == Phase::Held => held.push(s.permits.unwrap_or(1)),
+            Some(s) if matches!(s.phase, Phase::Released | Phase::Failed) => {}
+            _ => waiting.push(lease.spec.permits),
+        }
     }
     Some(
         by_target
             .into_iter()
-            .filter(|(_, held)| !held)
+            .filter(|(_, (held, waiting))| match held.first() {
+                None => true,
+                Some(&permits) => held.len() < permits as usize && waiting.contains(&permits),
+            })
             .map(|(t, _)| t)
             .collect(),
     )
@@ -447,12 +682,20 @@ async fn recovery_time(api: &Api<TargetLease>, limit: Duration) -> Option<Durati
     None
 }
 
-/// Creates and deletes TargetLeases at random until `until`.
-async fn workload(api: Api<TargetLease>, until: Instant, ops: Arc<AtomicU64>, seed: u64) {
+/// Creates and deletes TargetLeases at random until `until`: on each target up to its permits
+/// plus [`WAITING`] claims, one create in [`WRONG_PERMITS_ONE_IN`] asking a wrong permits value.
+async fn workload(
+    api: Api<TargetLease>,
+    checker: Arc<Checker>,
+    until: Instant,
+    ops: Arc<AtomicU64>,
+    seed: u64,
+) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     let mut serial = 0u64;
     while Instant::now() < until {
-        let target = format!("target-{}", rng.random_range(0..TARGETS));
+        let index = rng.random_range(0..TARGETS);
+        let target = format!("target-{index}");
         let Ok(list) = api.list(&ListParams::default()).await else {
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
@@ -462,22 +705,29 @@ async fn workload(api: Api<TargetLease>, until: Instant, ops: Arc<AtomicU64>, se
             .iter()
             .filter(|l| l.spec.target == target && l.metadata.deletion_timestamp.is_none())
             .collect();
-        if on_target.len() < PER_TARGET && rng.random_bool(0.6) {
+        if on_target.len() < PERMITS[index] as usize + WAITING && rng.random_bool(0.6) {
             serial += 1;
             let name = format!("{target}-{serial}");
+            let holder = format!("holder-{serial}");
+            let permits = if rng.random_ratio(1, WRONG_PERMITS_ONE_IN) {
+                wrong_permits(PERMITS[index])
+            } else {
+                PERMITS[index]
+            };
             let lease = TargetLease::new(
                 &name,
                 targetlease::api::TargetLeaseSpec {
                     target: target.clone(),
-                    holder: format!("holder-{serial}"),
+                    holder: holder.clone(),
                     holder_ref: None,
                     ttl_seconds: TTL_SECONDS as u32,
-                    permits: 1,
+                    permits,
                     max_hold_seconds: None,
                     release: false,
                     priority: None,
                 },
             );
+            checker.claiming(&target, &holder);
             if api.create(&PostParams::default(), &lease).await.is_ok() {
                 ops.fetch_add(1, Ordering::Relaxed);
             }
@@ -493,13 +743,16 @@ async fn workload(api: Api<TargetLease>, until: Instant, ops: Arc<AtomicU64>, se
     }
 }
 
-/// The `targetlease run` holders: on each run target, up to two `run`s at a time (each through a
-/// proxy of its own to the API server, listed in `slots`), each running a command that appends
-/// its token once and then the time in nanoseconds every 50 ms for 2 to 10 s (longer than the
-/// controller's heartbeat bound, so a cut-off holder's command outlives it unless `run` stops
-/// it), to a file of its own in `dir`.
+/// The `targetlease run` holders: on each run target, its permits plus one `run`s at a time
+/// (each through a proxy of its own to the API server, listed in `slots`), each running a command
+/// that appends its token and slot once and then the time in nanoseconds every 50 ms for 2 to 10 s
+/// (longer than the controller's heartbeat bound, so a cut-off holder's command outlives it
+/// unless `run` stops it), to a file of its own in `dir`, which first gets the time `run` was
+/// started. On an exclusive target each `run` is on a host of its own; on a target with permits
+/// the `run`s share one host, each with its own `--instance`.
 async fn run_holders(
     cluster: Arc<Cluster>,
+    checker: Arc<Checker>,
     slots: RunSlots,
     dir: std::path::PathBuf,
     until: Instant,
@@ -515,8 +768,8 @@ async fn run_holders(
     };
     while Instant::now() < until {
         alive(&mut running);
-        for target in 0..RUN_TARGETS {
-            if running.iter().filter(|(t, _, _)| *t == target).count() >= RUNS_PER_TARGET {
+        for (target, &(permits, at_once)) in RUN_TARGETS.iter().enumerate() {
+            if running.iter().filter(|(t, _, _)| *t == target).count() >= at_once {
                 continue;
             }
             serial += 1;
@@ -525,14 +778,29 @@ async fn run_holders(
             let file = dir.join(format!("run-{target}-{serial}.log"));
             let ticks = rng.random_range(40..200);
             let script = format!(
-                "echo \"token $TARGETLEASE_TOKEN\" >> {f}; n=0; while [ $n -lt {ticks} ]; do date +%s%N >> {f}; sleep 0.05; n=$((n+1)); done",
+                "echo \"token $TARGETLEASE_TOKEN\" >> {f}; echo \"slot $TARGETLEASE_SLOT\" >> {f}; n=0; while [ $n -lt {ticks} ]; do date +%s%N >> {f}; sleep 0.05; n=$((n+1)); done",
                 f = file.display()
             );
             // Each `run` in a UTS namespace of its own, named like a pod of its own: one host
-            // runs one `run` per target (the TargetLease is named after the host).
+            // runs one `run` per target (the TargetLease is named after the host), unless each
+            // has its own --instance, as on the targets with permits.
+            let (host, instance) = if permits > 1 {
+                (format!("runners-{target}"), Some(format!("i{serial}")))
+            } else {
+                (format!("runner-{serial}"), None)
+            };
+            let started = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos();
+            if let Err(e) = std::fs::write(&file, format!("spawned {started}\n")) {
+                eprintln!("    run file could not be written: {e}");
+                continue;
+            }
+            checker.claiming(&format!("run-{target}"), &format!("runner-{serial}"));
             let child = Command::new("unshare")
                 .args(["--uts", "sh", "-c", "hostname \"$0\" && exec \"$@\""])
-                .arg(format!("runner-{serial}"))
+                .arg(&host)
                 .arg(support::kube::targetlease_bin())
                 .args(["run", "-n", NS, "--target", &format!("run-{target}")])
                 .args([
@@ -540,7 +808,10 @@ async fn run_holders(
                     &format!("runner-{serial}"),
                     "--ttl",
                     &format!("{TTL_SECONDS}s"),
+                    "--permits",
+                    &permits.to_string(),
                 ])
+                .args(instance.iter().flat_map(|i| ["--instance", i.as_str()]))
                 .args([
                     "--grace",
                     "1s",
@@ -582,11 +853,14 @@ async fn run_holders(
     }
 }
 
-/// One `run` holder's command, as its file tells: the token it ran with, and the first and
-/// last moments it was seen running (nanoseconds since the epoch).
+/// One `run` holder's command, as its file tells: when its `run` was started, the token and
+/// slot it ran with, and the first and last moments it was seen running (nanoseconds since the
+/// epoch).
 struct Ran {
     file: String,
+    spawned: u128,
     token: u64,
+    slot: u32,
     first: u128,
     last: u128,
 }
@@ -604,16 +878,22 @@ fn commands_ran(dir: &std::path::Path) -> BTreeMap<usize, Vec<Ran>> {
             continue;
         };
         let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
-        let token = text
-            .lines()
-            .find_map(|l| l.strip_prefix("token "))
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(0);
+        let field = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|t| t.trim().parse::<u128>().ok())
+        };
+        let token = field("token ").map_or(0, |t| t as u64);
+        // A slot the command was not given is reported by check_commands as out of range.
+        let slot = field("slot ").map_or(u32::MAX, |s| s as u32);
+        let spawned = field("spawned ").unwrap_or(0);
         let times: Vec<u128> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
         if let (Some(&first), Some(&last)) = (times.iter().min(), times.iter().max()) {
             by_target.entry(target).or_default().push(Ran {
                 file: name,
+                spawned,
                 token,
+                slot,
                 first,
                 last,
             });
@@ -625,52 +905,110 @@ fn commands_ran(dir: &std::path::Path) -> BTreeMap<usize, Vec<Ran>> {
     by_target
 }
 
-/// Invariant 4: on one target, a command starts only after every command that started before
-/// it was last seen running, and with a larger token. The bound is zero: both times come from
-/// the commands themselves on one clock, and a stopped command writes nothing, so any measured
-/// overlap is a real one. After a fault that lost Valkey data (the new holder's grant cannot
-/// see the old lease), the old holder runs on until its next renewal finds the lease gone:
-/// such an overlap is allowed up to [`DATA_LOSS_OVERLAP`], with a larger token.
+/// Invariant 6, per run target with permits N:
+/// - every command ran with a slot below N and a token of its own (no two share one);
+/// - a command whose `run` was started after another command had started ran with a larger
+///   token (its grant came after that one's, and every grant's token is above every token
+///   issued before on the target, in any slot);
+/// - in one slot, a command starts only after every command that started before it in that
+///   slot was last seen running, with a larger token (one writer per slot);
+/// - at no moment do more than N commands run (checked at every start).
+///
+/// The bound is zero: all times come from the commands themselves on one clock, and a stopped
+/// command writes nothing, so any measured overlap is a real one. After a fault that lost Valkey
+/// data (the new holder's grant cannot see the old lease), the old holder runs on until its next
+/// renewal finds the lease gone: such an overlap is allowed up to [`DATA_LOSS_OVERLAP`], with a
+/// larger token.
 fn check_commands(
     checker: &Checker,
     dir: &std::path::Path,
     data_lost: &[std::time::SystemTime],
-) -> usize {
+) -> (usize, BTreeMap<usize, usize>) {
+    let after_loss = |at: u128| {
+        let at = std::time::UNIX_EPOCH + Duration::from_nanos(at as u64);
+        data_lost.iter().any(|lost| {
+            *lost <= at
+                && at.duration_since(*lost).unwrap_or_default()
+                    < Duration::from_secs(2 * TTL_SECONDS)
+        })
+    };
     let mut count = 0;
+    let mut peaks: BTreeMap<usize, usize> = BTreeMap::new();
     for (target, ran) in commands_ran(dir) {
         count += ran.len();
+        let permits = run_permits(target);
+        let mut owner_of: HashMap<u64, &str> = HashMap::new();
         for (i, later) in ran.iter().enumerate() {
-            for earlier in &ran[..i] {
+            if later.slot >= permits {
+                checker.violation(format!(
+                    "run-{target}: {} ran in slot {}, not one of 0..{permits}",
+                    later.file, later.slot
+                ));
+            }
+            if let Some(other) = owner_of.insert(later.token, &later.file) {
+                checker.violation(format!(
+                    "run-{target}: {} and {other} both ran with token {}",
+                    later.file, later.token
+                ));
+            }
+            for earlier in ran.iter().filter(|e| e.first < later.spawned) {
                 if later.token <= earlier.token {
                     checker.violation(format!(
-                        "run-{target}: {} ran with token {}, not above {} of {} before it",
+                        "run-{target}: {} ran with token {}, not above {} of {}, which ran before its run started",
                         later.file, later.token, earlier.token, earlier.file
+                    ));
+                }
+            }
+            // Running when `later` starts: at most permits - 1 others, but for an old holder
+            // left running by a data loss, for a bounded time.
+            let beside: Vec<&Ran> = ran[..i].iter().filter(|e| e.last >= later.first).collect();
+            let lingering = |e: &&Ran| {
+                after_loss(later.first)
+                    && Duration::from_nanos((e.last - later.first) as u64) <= DATA_LOSS_OVERLAP
+            };
+            let peak = peaks.entry(target).or_default();
+            *peak = (*peak).max(beside.len() + 1);
+            let unexcused = beside.iter().filter(|e| !lingering(e)).count();
+            if unexcused + 1 > permits as usize {
+                let names: Vec<String> = beside
+                    .iter()
+                    .map(|e| format!("{} (slot {}, token {})", e.file, e.slot, e.token))
+                    .collect();
+                checker.violation(format!(
+                    "run-{target}: {} (slot {}, token {}) started while {} ran, permits {permits}",
+                    later.file,
+                    later.slot,
+                    later.token,
+                    names.join(", ")
+                ));
+            }
+            for earlier in ran[..i].iter().filter(|e| e.slot == later.slot) {
+                if later.token <= earlier.token {
+                    checker.violation(format!(
+                        "run-{target}: {} ran in slot {} with token {}, not above {} of {} before it in that slot",
+                        later.file, later.slot, later.token, earlier.token, earlier.file
                     ));
                 }
                 if later.first > earlier.last {
                     continue;
                 }
                 let overlap = Duration::from_nanos((earlier.last - later.first) as u64);
-                let at = std::time::UNIX_EPOCH + Duration::from_nanos(later.first as u64);
-                let after_loss = data_lost.iter().any(|lost| {
-                    *lost <= at
-                        && at.duration_since(*lost).unwrap_or_default()
-                            < Duration::from_secs(2 * TTL_SECONDS)
-                });
-                if !(after_loss && overlap <= DATA_LOSS_OVERLAP) {
+                let lost = after_loss(later.first);
+                if !(lost && overlap <= DATA_LOSS_OVERLAP) {
                     checker.violation(format!(
-                        "run-{target}: {} (token {}) started while {} (token {}) ran: {overlap:?} together{}",
+                        "run-{target}: {} (token {}) started in slot {} while {} (token {}) ran in it: {overlap:?} together{}",
                         later.file,
                         later.token,
+                        later.slot,
                         earlier.file,
                         earlier.token,
-                        if after_loss { " after a data loss" } else { "" }
+                        if lost { " after a data loss" } else { "" }
                     ));
                 }
             }
         }
     }
-    count
+    (count, peaks)
 }
 
 /// How long an old holder's command may run beside the next one after Valkey lost the old
@@ -716,7 +1054,10 @@ async fn chaos(cluster: Arc<Cluster>) {
     world.replicas = vec![Some(world.replica(0)), Some(world.replica(1))];
     let api = world.api();
 
-    let checker = Arc::new(Checker::default());
+    let checker = Arc::new(Checker {
+        data_lost: world.data_lost.clone(),
+        ..Checker::default()
+    });
     let fault_phase_end = Instant::now() + Duration::from_secs(seconds);
     tokio::spawn(checker.clone().watch(api.clone()));
     let holders_end = fault_phase_end + Duration::from_secs(TTL_SECONDS + 20);
@@ -728,9 +1069,16 @@ async fn chaos(cluster: Arc<Cluster>) {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| rand::rng().random());
     println!("chaos seed {seed} (TARGETLEASE_CHAOS_SEED={seed} repeats the same choices)");
-    let load = tokio::spawn(workload(api.clone(), fault_phase_end, ops.clone(), seed));
+    let load = tokio::spawn(workload(
+        api.clone(),
+        checker.clone(),
+        fault_phase_end,
+        ops.clone(),
+        seed,
+    ));
     let runs = tokio::spawn(run_holders(
         cluster.clone(),
+        checker.clone(),
         world.runs.clone(),
         runs_dir.path().to_owned(),
         fault_phase_end,
@@ -787,7 +1135,7 @@ async fn chaos(cluster: Arc<Cluster>) {
     };
     for t in &missing {
         checker.violation(format!(
-            "{t}: has waiters but no holder {limit:?} after the faults stopped"
+            "{t}: has waiters but no holder, or a free permit a claim waits for, {limit:?} after the faults stopped"
         ));
     }
     for l in &leaked {
@@ -811,11 +1159,11 @@ async fn chaos(cluster: Arc<Cluster>) {
             .map(|at| wall - (now - *at))
             .collect()
     };
-    let commands = check_commands(&checker, runs_dir.path(), &lost_at);
+    let (commands, command_peaks) = check_commands(&checker, runs_dir.path(), &lost_at);
 
     let violations = checker.violations.lock().unwrap().clone();
     println!(
-        "chaos summary ({seconds} s of faults, 2 controller replicas, {TARGETS} targets, ttl {TTL_SECONDS} s):"
+        "chaos summary ({seconds} s of faults, 2 controller replicas, {TARGETS} targets with permits {PERMITS:?}, ttl {TTL_SECONDS} s):"
     );
     for (fault, n) in &injected {
         println!("  faults injected: {fault:?} x{n}");
@@ -829,11 +1177,24 @@ async fn chaos(cluster: Arc<Cluster>) {
         checker.held_events.load(Ordering::Relaxed)
     );
     println!(
+        "  moments checked against the permits bound: {}, above it within two TTLs of a data loss: {}",
+        checker.moments.load(Ordering::Relaxed),
+        checker.excused.load(Ordering::Relaxed)
+    );
+    let peaks = checker.peaks.lock().unwrap().clone();
+    println!("  most resources shown Held at once, per target: {peaks:?}");
+    println!(
+        "  claims that waited with PermitsConflict: {}",
+        checker.conflicts.lock().unwrap().len()
+    );
+    println!(
         "  commits accepted: {}, refused: {}",
         checker.accepted.load(Ordering::Relaxed),
         checker.refused.load(Ordering::Relaxed)
     );
-    println!("  run holders' commands: {commands}");
+    println!(
+        "  run holders' commands: {commands}; most running at once, per run target: {command_peaks:?}"
+    );
     println!("  longest recovery after a fault: {longest_recovery:?}");
     println!("  settled after the faults in {:?}", settle.elapsed());
     println!("  violations: {}", violations.len());
@@ -841,6 +1202,20 @@ async fn chaos(cluster: Arc<Cluster>) {
     assert!(
         checker.accepted.load(Ordering::Relaxed) > 0,
         "no holder ever committed: the run proves nothing"
+    );
+    let shared_peak = peaks
+        .iter()
+        .filter(|(t, _)| t.starts_with("target-"))
+        .map(|(_, n)| *n)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        shared_peak >= 2,
+        "no target ever showed two holders at once: the permits were never used"
+    );
+    assert!(
+        peaks.get("run-1").is_some_and(|n| *n >= 2),
+        "the run target with permits never had two `run`s holding at once"
     );
     assert!(
         commands >= 4,

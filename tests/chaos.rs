@@ -683,7 +683,8 @@ async fn recovery_time(api: &Api<TargetLease>, limit: Duration) -> Option<Durati
 }
 
 /// Creates and deletes TargetLeases at random until `until`: on each target up to its permits
-/// plus [`WAITING`] claims, one create in [`WRONG_PERMITS_ONE_IN`] asking a wrong permits value.
+/// plus [`WAITING`] claims, one create in [`WRONG_PERMITS_ONE_IN`] asking a wrong permits value;
+/// on a target with permits, one delete in four deletes every holder at once.
 async fn workload(
     api: Api<TargetLease>,
     checker: Arc<Checker>,
@@ -731,6 +732,22 @@ async fn workload(
             if api.create(&PostParams::default(), &lease).await.is_ok() {
                 ops.fetch_add(1, Ordering::Relaxed);
             }
+        } else if PERMITS[index] > 1 && rng.random_ratio(1, 4) {
+            // Every holder of a target with permits goes at once: the claims waiting take the
+            // freed permits together, in concurrent grants.
+            let held = on_target
+                .iter()
+                .filter(|l| l.status.as_ref().is_some_and(|s| s.phase == Phase::Held));
+            let deletes = held.map(|l| {
+                let name = l.name_any();
+                let api = api.clone();
+                async move { api.delete(&name, &DeleteParams::default()).await.is_ok() }
+            });
+            let done = futures::future::join_all(deletes).await;
+            ops.fetch_add(
+                done.iter().filter(|ok| **ok).count() as u64,
+                Ordering::Relaxed,
+            );
         } else if let Some(victim) = on_target.choose(&mut rng)
             && api
                 .delete(&victim.name_any(), &DeleteParams::default())

@@ -103,6 +103,9 @@ struct Checker {
     moments: AtomicU64,
     /// Moments above the bound within two TTLs of a data loss (allowed, for 3 s at most).
     excused: AtomicU64,
+    /// Since when the watch has been cut off (an error, until its next event, or the end of its
+    /// next re-list): the statuses seen are then older than the API server's.
+    stale_since: Mutex<Option<Instant>>,
     /// Per target, the most resources not being deleted shown Held at one moment.
     peaks: Mutex<BTreeMap<String, usize>>,
     /// Claims shown waiting with PermitsConflict, by uid.
@@ -298,9 +301,18 @@ impl Checker {
             .boxed();
         let mut relist: Option<HashMap<String, Holding>> = None;
         while let Some(event) = stream.next().await {
-            let Ok(event) = event else { continue };
+            let Ok(event) = event else {
+                self.stale_since
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(Instant::now);
+                continue;
+            };
             match event {
-                watcher::Event::Init => relist = Some(HashMap::new()),
+                watcher::Event::Init => {
+                    relist = Some(HashMap::new());
+                    continue;
+                }
                 watcher::Event::InitApply(lease) => {
                     if let (Some(buffer), Some((uid, held))) =
                         (relist.as_mut(), self.observe(&lease))
@@ -332,6 +344,8 @@ impl Checker {
                         .remove(&lease.uid().unwrap_or_default());
                 }
             }
+            // An event after a cut: the watch has resumed (or re-listed) where it was cut off.
+            *self.stale_since.lock().unwrap() = None;
             let holding = self.holding.lock().unwrap().clone();
             self.check_bound(&holding);
         }
@@ -340,11 +354,18 @@ impl Checker {
     /// Invariant 3: on no target do more resources show Held than their permits, or two show
     /// Held in one slot, for longer than [`DOUBLE_HELD_LIMIT`], counting those being deleted and
     /// the moments after a data loss too (a grant wakes every other claim on its target, so one
-    /// that still shows Held learns within one reconcile that it lost). Sampled every 50 ms.
+    /// that still shows Held learns within one reconcile that it lost). Sampled every 50 ms; the
+    /// time the watch is cut off (an API server restart) is not counted, as what it shows then
+    /// is not the API server's state.
     async fn double_held(self: Arc<Self>, until: Instant) {
         let mut since: HashMap<String, Instant> = HashMap::new();
         let mut reported: HashSet<String> = HashSet::new();
         while Instant::now() < until {
+            if self.stale_since.lock().unwrap().is_some() {
+                since.clear();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
             let holding = self.holding.lock().unwrap().clone();
             let mut per_target: HashMap<&str, Vec<(&String, &Holding)>> = HashMap::new();
             for (uid, h) in &holding {
@@ -638,19 +659,30 @@ fn durable_valkey(primary: Option<&Server>) -> Server {
 }
 
 /// Targets that have live resources but no resource whose status says Held, or fewer than
-/// their permits while a claim asking those permits waits.
+/// their permits while a claim asking those permits waits; each with what its claims show.
 async fn targets_without_holder(api: &Api<TargetLease>) -> Option<Vec<String>> {
     let list = api.list(&ListParams::default()).await.ok()?;
-    // Per target: the permits of each resource showing Held, and the permits each waiting
-    // claim asks.
-    let mut by_target: BTreeMap<String, (Vec<u32>, Vec<u32>)> = BTreeMap::new();
+    // Per target: the permits of each resource showing Held, the permits each waiting claim
+    // asks, and every live claim as it stands.
+    type Shown = (Vec<u32>, Vec<u32>, Vec<String>);
+    let mut by_target: BTreeMap<String, Shown> = BTreeMap::new();
     for lease in list
         .items
         .iter()
         .filter(|l| l.metadata.deletion_timestamp.is_none() && !l.spec.release)
     {
-        let (held, waiting) = by_target.entry(lease.spec.target.clone()).or_default();
-        match lease.status.as_ref() {
+        let (held, waiting, shown) = by_target.entry(lease.spec.target.clone()).or_default();
+        let status = lease.status.as_ref();
+        let reason = status
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Held"))
+            .map_or("", |c| c.reason.as_str());
+        shown.push(format!(
+            "{} {:?} {reason} (permits {})",
+            lease.name_any(),
+            status.map(|s| s.phase),
+            lease.spec.permits
+        ));
+        match status {
             Some(s) if s.phase == Phase::Held => held.push(s.permits.unwrap_or(1)),
             Some(s) if matches!(s.phase, Phase::Released | Phase::Failed) => {}
             _ => waiting.push(lease.spec.permits),
@@ -659,11 +691,11 @@ async fn targets_without_holder(api: &Api<TargetLease>) -> Option<Vec<String>> {
     Some(
         by_target
             .into_iter()
-            .filter(|(_, (held, waiting))| match held.first() {
+            .filter(|(_, (held, waiting, _))| match held.first() {
                 None => true,
                 Some(&permits) => held.len() < permits as usize && waiting.contains(&permits),
             })
-            .map(|(t, _)| t)
+            .map(|(t, (_, _, shown))| format!("{t} ({})", shown.join(", ")))
             .collect(),
     )
 }
@@ -1033,11 +1065,11 @@ fn check_commands(
 /// deadline (1 s), the status write and `run`'s watch seeing it (1 s), and the command's SIGTERM.
 const DATA_LOSS_OVERLAP: Duration = Duration::from_secs(TTL_SECONDS / 3 + 3);
 
-/// Length of the fault phase: `TARGETLEASE_CHAOS_SECONDS`, 150 s by default.
-/// How long two resources on one target may both show Held: the new holder's grant wakes the
-/// old one, whose renewal finds it lost; a few reconciles under load.
+/// How long more resources than a target's permits, or two in one slot, may show Held: the new
+/// holder's grant wakes the old one, whose renewal finds it lost; a few reconciles under load.
 const DOUBLE_HELD_LIMIT: Duration = Duration::from_secs(3);
 
+/// Length of the fault phase: `TARGETLEASE_CHAOS_SECONDS`, 150 s by default.
 fn fault_seconds() -> u64 {
     std::env::var("TARGETLEASE_CHAOS_SECONDS")
         .ok()

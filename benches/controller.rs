@@ -1085,27 +1085,44 @@ impl Bench {
     }
 
     /// Phase (f): `pairs` hand-overs, one at a time.
-    async fn handover(&mut self, ns: &str, pairs: usize, label: &str) -> Vec<f64> {
+    /// `pairs` targets with `permits` each: every permit held, one claim waiting; then one
+    /// holder per target deleted after the other, each time measuring until its waiter shows
+    /// Held (the freed permit passing to the claim in line).
+    async fn handover(&mut self, ns: &str, pairs: usize, label: &str, permits: u32) -> Vec<f64> {
         let api: Api<TargetLease> = Api::namespaced(self.client.clone(), ns);
         let mut phases = Phases::new(watch_phases(&self.client, ns, &format!("bench={label}")));
-        let holders: HashSet<String> = (0..pairs).map(|i| format!("{label}-h-{i:04}")).collect();
-        let waiters: HashSet<String> = (0..pairs).map(|i| format!("{label}-w-{i:04}")).collect();
-        let make = |role: &str, holder: &str| -> Vec<TargetLease> {
-            (0..pairs)
-                .map(|i| {
-                    lease(
-                        &format!("{label}-{role}-{i:04}"),
-                        &format!("{label}/target-{i:04}"),
-                        &format!("{holder}-{i:04}"),
-                        30,
-                        label,
-                    )
-                })
-                .collect()
+        // Holder `k` of target `i` is `<label>-h-<i>` for k = 0 (the one deleted), then
+        // `<label>-h-<i>-<k>`.
+        let holder_name = |i: usize, k: u32| match k {
+            0 => format!("{label}-h-{i:04}"),
+            k => format!("{label}-h-{i:04}-{k}"),
         };
-        create_all(&api, make("h", "first"), self.in_flight).await;
+        let holders: HashSet<String> = (0..pairs)
+            .flat_map(|i| (0..permits).map(move |k| (i, k)))
+            .map(|(i, k)| holder_name(i, k))
+            .collect();
+        let waiters: HashSet<String> = (0..pairs).map(|i| format!("{label}-w-{i:04}")).collect();
+        let claim = |name: String, i: usize, holder: &str| {
+            let mut lease = lease(
+                &name,
+                &format!("{label}/target-{i:04}"),
+                &format!("{holder}-{i:04}"),
+                30,
+                label,
+            );
+            lease.spec.permits = permits;
+            lease
+        };
+        let first: Vec<TargetLease> = (0..pairs)
+            .flat_map(|i| (0..permits).map(move |k| (i, k)))
+            .map(|(i, k)| claim(holder_name(i, k), i, &format!("first{k}")))
+            .collect();
+        create_all(&api, first, self.in_flight).await;
         let held = phases.wait_all(&holders, Phase::Held, WAIT_LIMIT).await;
-        create_all(&api, make("w", "second"), self.in_flight).await;
+        let second: Vec<TargetLease> = (0..pairs)
+            .map(|i| claim(format!("{label}-w-{i:04}"), i, "second"))
+            .collect();
+        create_all(&api, second, self.in_flight).await;
         let waiting = phases.wait_all(&waiters, Phase::Waiting, WAIT_LIMIT).await;
         if held.is_none() || waiting.is_none() {
             self.check(&format!("handover-{label}-setup"), false);
@@ -1762,8 +1779,14 @@ fn main() {
         if run("handover") {
             let _controller = bench.start_controller("bench-handover", None);
             bench.say("\n### Hand-over, idle controller\n");
-            bench.handover("bench-handover", handovers, "idle").await;
+            bench.handover("bench-handover", handovers, "idle", 1).await;
             bench.delete_all("bench-handover", handovers * 2).await;
+            // The same with permits: three holders per target, the freed permit passing on.
+            bench.say("\n### Hand-over of a permit (permits 3), idle controller\n");
+            bench
+                .handover("bench-handover", handovers, "permits-3", 3)
+                .await;
+            bench.delete_all("bench-handover", handovers * 4).await;
         }
 
         // 3. Scale, large N; steady state; hand-over with all of them held.
@@ -1780,7 +1803,7 @@ fn main() {
                 "\n### Hand-over with {large} leases held and renewed by the same controller\n"
             ));
             let handovers_from = Instant::now();
-            bench.handover("bench-large", handovers, "loaded").await;
+            bench.handover("bench-large", handovers, "loaded", 1).await;
             phases.drain();
             let in_handovers = phases.losses(handovers_from, Instant::now());
             let losses = phases.losses(started, Instant::now());

@@ -220,11 +220,15 @@ if mine then
   -- caller's floor or is below the slot's fence (an older record brought back), as above.
   local slot_fence, slot_top = read_fence(fence_key(mine_slot))
   if not slot_fence then return slot_top end
-  local token = mine.token_text
-  keep_permits(KEYS[5], ARGV[7], ttl)
+  local token, issued = mine.token_text, nil
   if mine.token <= min_token or mine.token < slot_fence then
-    local issued, refused = next_token(newest, min_token, now_us)
+    local refused
+    issued, refused = next_token(newest, min_token, now_us)
     if not issued then return refused end
+  end
+  -- Past every refusal: the value in force is kept for as long as this tenure.
+  keep_permits(KEYS[5], ARGV[7], ttl)
+  if issued then
     token = int(issued)
     redis.call('HSET', lease_key(mine_slot), 'token', token)
     issued_to(mine_slot, token)

@@ -1,9 +1,10 @@
 -- renew: extend the lease, only for the exact (lease_id, owner, token) that holds it. A token
 -- below the fence (an older record brought back by a restore) is not the holder's any more; a
 -- fence below the holder's token (lost with the data) is raised again.
--- KEYS: lease, fence, reply, permits
+-- KEYS: lease, fence, reply, permits, slot_zero_fence
 --   the slot's lease hash; the slot's fence (its newest token); the reply cache of this request
---   id; the permits value in force (kept with the lease under permits above 1)
+--   id; the permits value in force (kept with the lease under permits above 1); slot 0's fence
+--   (the same key as the slot's for slot 0), which carries the newest token of the other slots
 -- ARGV: lease_id, owner, token, ttl_ms, reply_ttl_ms, permits
 -- Reply: 'renewed <ttl_ms> <server_ms>' | 'lost expired' | 'lost not_holder'
 local ttl, reply_ttl = arg_int(ARGV[4]), arg_int(ARGV[5])
@@ -37,6 +38,15 @@ if lease.permits ~= permits then
 end
 -- A fence lost (or lowered) while the lease survived is raised again, on a retry too.
 if fence < lease.token then redis.call('SET', KEYS[2], fence_text(lease.token_text, top)) end
+-- A permit of a slot from 1 keeps `top` at least at its token, on a retry too: slot 0's fence
+-- lost or lowered would otherwise let an exclusive acquire skip the value in force.
+if permits > 1 and KEYS[5] ~= KEYS[2] then
+  local fence0, top0 = read_fence(KEYS[5])
+  if not fence0 then return top0 end
+  if (top0 or 0) < lease.token then
+    redis.call('SET', KEYS[5], int(fence0) .. ' ' .. lease.token_text)
+  end
+end
 if cached then return cached end
 local _, now_ms = server_now()
 if permits > 1 then keep_permits(KEYS[4], ARGV[6], ttl) end

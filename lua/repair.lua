@@ -30,7 +30,7 @@ end
 local slots = (#KEYS - 4) / 3 + 1
 local bad_leases, bad_fences, bad_grants = {}, {}, {}
 local highest_token, held_permits, held_pttl = 0, nil, 0
-local newest, top, permits_used = 0, nil, false
+local newest, fence0, top, permits_used = 0, nil, nil, false
 for s = 0, slots - 1 do
   local lease, lease_err = read_lease(slot_key(s, 1))
   if lease_err then
@@ -50,7 +50,7 @@ for s = 0, slots - 1 do
     table.insert(bad_fences, s)
   else
     newest = math.max(newest, fence, extra or 0)
-    if s == 0 then top = extra end
+    if s == 0 then fence0, top = fence, extra end
     if s > 0 and fence > 0 then permits_used = true end
   end
   local grant = redis.pcall('GET', slot_key(s, 3))
@@ -88,6 +88,11 @@ if #bad_fences > 0 then
     else
       redis.call('SET', slot_key(s, 2), int(reset))
     end
+  end
+  -- Slot 0's fence keeps the newest token of the other slots: a reset one is raised there too,
+  -- so the next grant of any slot is above it.
+  if fence0 and permits_used and (top or 0) < reset then
+    redis.call('SET', KEYS[2], int(fence0) .. ' ' .. int(reset))
   end
   table.insert(repaired, 'reset the fence' .. slots_named(bad_fences))
 end

@@ -554,22 +554,23 @@ fn within_max_hold(claim: &Claim<'_>, mut observed: Observed) -> Observed {
     observed
 }
 
-/// What an acquire answered.
-pub fn after_acquire(claim: &Claim<'_>, outcome: &AcquireOutcome) -> Step {
+/// What an acquire under `permits` answered (the spec's for a new grant; the kept tenure's when
+/// a grant this process holds is published).
+pub fn after_acquire(claim: &Claim<'_>, permits: Permits, outcome: &AcquireOutcome) -> Step {
     match outcome {
         AcquireOutcome::Acquired(grant) => Step {
-            observed: within_max_hold(claim, Observed::held(grant, claim.permits, claim.holder())),
+            observed: within_max_hold(claim, Observed::held(grant, permits, claim.holder())),
             event: Some((
                 Reason::Acquired,
-                if claim.permits.is_exclusive() {
+                if permits.is_exclusive() {
                     format!(
                         "acquired {} with fencing token {}",
                         claim.target, grant.token
                     )
                 } else {
                     format!(
-                        "acquired slot {} of {} permits on {} with fencing token {}",
-                        grant.slot, claim.permits, claim.target, grant.token
+                        "acquired slot {} of {permits} permits on {} with fencing token {}",
+                        grant.slot, claim.target, grant.token
                     )
                 },
             )),
@@ -853,11 +854,9 @@ mod tests {
                 server_ms: grant.server_time_ms,
             };
             let measured = Measured::granted(grant, reading);
-            let status = after_acquire(&claim, &answer).observed.into_status(
-                Some(1),
-                None,
-                Timestamp::now(),
-            );
+            let status = after_acquire(&claim, claim.permits, &answer)
+                .observed
+                .into_status(Some(1), None, Timestamp::now());
             // TTL 30 s from the send: valid until 30 s on the monotonic clock, not a
             // millisecond longer, whatever the skew.
             let valid = |ms| known_valid_for(Some(&status), Some(&measured), mono.at(ms));
@@ -992,7 +991,7 @@ mod tests {
         let lease = fixture(bounded.clone(), None);
         let claim = Claim::new(&lease).expect("claim");
         let answer = store.acquire(&acquire_of(&claim)).await.expect("acquire");
-        let granted = after_acquire(&claim, &answer).observed;
+        let granted = after_acquire(&claim, claim.permits, &answer).observed;
         let acquired = granted.acquired_at.expect("acquiredAt");
         assert_eq!(
             granted.expires_at,
@@ -1007,7 +1006,7 @@ mod tests {
         let free = fixture(test_spec("t2", "w"), None);
         let claim = Claim::new(&free).expect("claim");
         let answer = store.acquire(&acquire_of(&claim)).await.expect("acquire");
-        let granted = after_acquire(&claim, &answer).observed;
+        let granted = after_acquire(&claim, claim.permits, &answer).observed;
         let acquired = granted.acquired_at.expect("acquiredAt");
         assert_eq!(
             granted.expires_at,
@@ -1068,7 +1067,7 @@ mod tests {
         let lease = fixture(test_spec("t", "w"), None);
         let claim = Claim::new(&lease).expect("claim");
         let answer = store.acquire(&acquire_of(&claim)).await.expect("acquire");
-        let step = after_acquire(&claim, &answer);
+        let step = after_acquire(&claim, claim.permits, &answer);
         assert_eq!(step.observed.phase, Phase::Held);
         assert_eq!(step.next, Duration::from_secs(10));
         assert!(matches!(step.event, Some((Reason::Acquired, _))));
@@ -1154,10 +1153,9 @@ mod tests {
         };
         // The grant's status is the last one the API server took, and its promise has lagged
         // behind the store's grant since (every refresh shed): 30 s after the grant.
-        let mut status =
-            after_acquire(&claim, &answer)
-                .observed
-                .into_status(Some(1), None, Timestamp::now());
+        let mut status = after_acquire(&claim, claim.permits, &answer)
+            .observed
+            .into_status(Some(1), None, Timestamp::now());
         status.expires_at = status
             .acquired_at
             .map(|a| a + SignedDuration::from_secs(30));

@@ -414,7 +414,10 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
         }
         Plan::Judge(standing) => judge(&claim, ctx, standing, &facts).await?,
         Plan::Publish(standing) => {
-            let step = decide::after_acquire(&claim, &AcquireOutcome::Acquired(standing.grant));
+            // The permits it was granted under, whatever the spec says now.
+            let permits = standing.handle.permits;
+            let step =
+                decide::after_acquire(&claim, permits, &AcquireOutcome::Acquired(standing.grant));
             let observed = step.observed.holder_unknown(unknown);
             claim.settle(ctx, observed, step.event).await?;
             step.next
@@ -590,7 +593,7 @@ async fn acquire(
         renew_others_now(claim, ctx);
         info!(lease = %claim.lease.name_any(), target = %claim.target, token = grant.token, "acquired");
     }
-    let step = decide::after_acquire(claim, outcome);
+    let step = decide::after_acquire(claim, request.permits, outcome);
     let handover = decide::is_handover(claim);
     let observed = step.observed.holder_unknown(holder_unknown);
     claim.settle(ctx, observed, step.event).await?;

@@ -610,7 +610,8 @@ impl LeaseStore for MemoryStore {
                 return Ok((Reply::Renew(RenewOutcome::Lost { reason }), false));
             }
             granted_under(t.holds(handle), permits)?;
-            t.slot_mut(handle.slot).fence = handle.token.get();
+            // The slot's fence and `top` at least at the holder's token, as the script keeps them.
+            t.restore_fence(handle.slot, handle.token.get());
             if permits > 1 {
                 t.keep_permits(permits, now, ttl_ms);
             }
@@ -778,7 +779,7 @@ impl LeaseStore for MemoryStore {
         Ok(Inspection {
             fence: t.newest(),
             server_time_ms: micros_to_millis(now),
-            permits: t.permits.map(|(n, _)| n).or(held_under).unwrap_or(1),
+            permits: held_under.unwrap_or(1),
             lease,
             slots,
         })

@@ -601,8 +601,8 @@ pub struct Inspection {
     pub fence: u64,
     /// The backend's time when it answered, in ms since the Unix epoch.
     pub server_time_ms: u64,
-    /// The permits value in force: what the held permits were granted under (1 when the
-    /// exclusive lease or nothing is held).
+    /// What the held permits were granted under (the largest value, should they differ; 1 when
+    /// the exclusive lease or nothing is held).
     pub permits: u32,
     /// The live lease of slot 0 (the exclusive lease), if any.
     pub lease: Option<LeaseView>,

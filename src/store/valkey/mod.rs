@@ -487,10 +487,22 @@ impl LeaseStore for ValkeyStore {
 
     async fn inspect(&self, target: &TargetRef) -> Result<Inspection, StoreError> {
         let keys = self.keys(target);
-        let result = self
-            .run(wire::inspect_call(&keys))
+        let mut result = self
+            .run(wire::inspect_call(&keys, false))
             .await
             .and_then(|r| wire::inspect(&r));
+        if let Ok(None) = result {
+            // Permits were granted on the target: every slot is read.
+            result = self
+                .run(wire::inspect_call(&keys, true))
+                .await
+                .and_then(|r| wire::inspect(&r));
+        }
+        let result = result.and_then(|seen| {
+            seen.ok_or_else(|| {
+                StoreError::UnexpectedReply("inspect of every slot answered more".into())
+            })
+        });
         logged("inspect", target, result)
     }
 

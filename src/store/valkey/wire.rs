@@ -213,7 +213,7 @@ pub fn acquire(reply: &str, permits: Permits) -> Result<AcquireOutcome, StoreErr
 /// `lua/renew.lua`.
 pub const RENEW: Contract = Contract {
     script: || &SCRIPTS.renew,
-    keys: &["lease", "fence", "reply", "permits"],
+    keys: &["lease", "fence", "reply", "permits", "slot_zero_fence"],
     per_slot: &[],
     argv: &[
         "lease_id",
@@ -239,6 +239,7 @@ pub fn renew_call(
             &k.fence_of(lease.slot),
             &k.reply(&req.request_id),
             &k.permits(),
+            &k.fence(),
         ],
         &[
             lease.lease_id.expose(),
@@ -415,21 +416,32 @@ pub fn check(reply: &str) -> Result<CheckOutcome, StoreError> {
 /// `lua/inspect.lua`.
 pub const INSPECT: Contract = Contract {
     script: || &SCRIPTS.inspect,
-    keys: &["lease", "fence", "permits"],
+    keys: &["lease", "fence"],
     per_slot: &["slot_lease"],
     argv: &[],
 };
 
-/// The inspect call: every slot a target can have, so no holder is missed.
-pub fn inspect_call(k: &TargetKeys) -> ScriptCall<'static> {
-    let mut keys = vec![k.lease(), k.fence(), k.permits()];
-    keys.extend(further_slots(MAX_PERMITS).map(|s| k.lease_of(s)));
+/// The inspect call: slot 0's keys alone (an exclusive lease's, so that a view of one never
+/// names a key that does not exist, which a cluster slot being migrated refuses), or with
+/// `every_slot` the lease of every slot a target can have, so no holder is missed.
+pub fn inspect_call(k: &TargetKeys, every_slot: bool) -> ScriptCall<'static> {
+    let mut keys = vec![k.lease(), k.fence()];
+    if every_slot {
+        keys.extend(further_slots(MAX_PERMITS).map(|s| k.lease_of(s)));
+    }
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     INSPECT.call(&keys, &[])
 }
 
-/// Decodes the reply of `inspect.lua`.
-pub fn inspect(reply: &str) -> Result<Inspection, StoreError> {
+/// Decodes the reply of `inspect.lua`; `None` for `more` (ask again with every slot).
+pub fn inspect(reply: &str) -> Result<Option<Inspection>, StoreError> {
+    if reply == "more" {
+        return Ok(None);
+    }
+    inspect_view(reply).map(Some)
+}
+
+fn inspect_view(reply: &str) -> Result<Inspection, StoreError> {
     let err = || bad("inspect reply", reply);
     let ("view", rest) = outcome(reply) else {
         return Err(err());
@@ -600,19 +612,21 @@ mod tests {
             read("present 5 ").unwrap().map(|v| v.value),
             Some(String::new())
         );
-        let seen = inspect("view 9 100 1 1 0 1 9 90 10 5 a b c 14 id with spaces").unwrap();
+        let seen = inspect_view("view 9 100 1 1 0 1 9 90 10 5 a b c 14 id with spaces").unwrap();
         let held = seen.lease.expect("held");
         assert_eq!(held.owner, "a b c");
         assert_eq!(held.lease_id.expose(), "id with spaces");
         // Several slots, each with its own free text, in slot order.
-        let seen = inspect("view 12 100 3 2 0 3 9 90 10 1 a 2 i0 2 3 12 95 20 3 b c 2 i2").unwrap();
+        let seen =
+            inspect_view("view 12 100 3 2 0 3 9 90 10 1 a 2 i0 2 3 12 95 20 3 b c 2 i2").unwrap();
         assert_eq!(seen.permits, 3);
         assert_eq!(seen.lease.as_ref().map(|l| l.token), Some(9));
         assert_eq!(seen.slots.len(), 1);
         assert_eq!(seen.slots[0].slot.get(), 2);
         assert_eq!(seen.slots[0].owner, "b c");
         assert_eq!(seen.holders().count(), 2);
-        assert_eq!(inspect("view 0 100 1 0").unwrap().lease, None);
+        assert_eq!(inspect_view("view 0 100 1 0").unwrap().lease, None);
+        assert_eq!(inspect("more").unwrap(), None);
         for garbage in [
             "view 9 100 1 1 0 1 9 90 10 6 a b c 2 id",
             "view 9 100 1 1 0 1 9 90 10 99 a b c 2 id",
@@ -729,7 +743,7 @@ mod tests {
                 &CHECK,
                 check_call(&k, Slot::ZERO, Token::new(1).expect("token")),
             ),
-            (&INSPECT, inspect_call(&k)),
+            (&INSPECT, inspect_call(&k, true)),
             (&REPAIR, repair_call(&k, 0)),
         ];
         for (contract, call) in calls {

@@ -74,7 +74,7 @@ macro_rules! cases {
 }
 
 /// Every contract test and what it needs.
-const CASES: [(&str, Needs, TestFn); 24] = cases![
+const CASES: [(&str, Needs, TestFn); 25] = cases![
     Store acquire_free_then_held,
     Store hundred_concurrent_acquires_one_winner,
     Store expiry_then_reacquire_gives_larger_token,
@@ -99,6 +99,7 @@ const CASES: [(&str, Needs, TestFn); 24] = cases![
     Store fencing_is_per_slot,
     Store renew_and_release_are_per_permit,
     Admin corrupt_permit_records_fail_closed,
+    Admin slot_zero_fence_keeps_up_with_the_other_slots,
 ];
 
 /// Makes a fresh harness for one test.

@@ -461,3 +461,68 @@ pub(super) async fn corrupt_permit_records_fail_closed(h: Harness) {
         assert_ne!(b.slot, a.slot, "{case}");
     }
 }
+
+// P9. Slot 0's fence carries the newest token of the other slots: lost (a partial restore, an
+//     operator's DEL) while permits are held, the next renewal of such a permit writes it back,
+//     so an exclusive claim still sees the permits held; and a slot's fence reset by `repair`
+//     to the operator's floor raises it too, so the next grant of any slot is above the floor.
+pub(super) async fn slot_zero_fence_keeps_up_with_the_other_slots(h: Harness) {
+    let admin = h.admin();
+    let t = target("top-kept");
+    let keys = h.keys(&t);
+    let a = acquired(&*h.store, &permit_req(&t, "a", "ann", 2, TTL)).await;
+    let b = acquired(&*h.store, &permit_req(&t, "b", "ben", 2, TTL)).await;
+    assert_eq!((a.slot, b.slot), (slot(0), slot(1)));
+    admin.cmd(&["DEL", &keys.fence()]).await;
+    let renewed = h
+        .store
+        .renew(&renew_req(permit_handle(&t, "b", "ben", 2, &b), TTL))
+        .await
+        .expect("renew");
+    assert!(
+        matches!(renewed, RenewOutcome::Renewed { .. }),
+        "{renewed:?}"
+    );
+    h.store
+        .release(&release_req(permit_handle(&t, "a", "ann", 2, &a)))
+        .await
+        .expect("release");
+    // Slot 0 is free, slot 1 held: an exclusive claim must be refused, not granted beside it.
+    assert_eq!(
+        h.store
+            .acquire(&acquire_req(&t, "x", "xi", TTL))
+            .await
+            .expect("acquire"),
+        AcquireOutcome::PermitsConflict { in_force: 2 }
+    );
+
+    // Slot 1's fence unreadable; the operator repairs with a floor above every token.
+    let t = target("top-repaired");
+    let keys = h.keys(&t);
+    acquired(&*h.store, &permit_req(&t, "a", "ann", 2, TTL)).await;
+    let second = acquired(&*h.store, &permit_req(&t, "b", "ben", 2, TTL)).await;
+    h.store
+        .release(&release_req(permit_handle(&t, "b", "ben", 2, &second)))
+        .await
+        .expect("release");
+    admin.cmd(&["SET", &keys.fence_of(slot(1)), "junk"]).await;
+    let floor = second.token + 600_000_000;
+    match h.store.repair(&t, floor).await.expect("repair") {
+        RepairOutcome::Repaired { fence, .. } => assert!(fence >= floor, "{fence} < {floor}"),
+        other => panic!("{other:?}"),
+    }
+    let next = acquired(&*h.store, &permit_req(&t, "c", "cat", 2, TTL)).await;
+    assert_eq!(next.slot, slot(1));
+    assert!(
+        next.token > floor,
+        "{} is not above the floor {floor}",
+        next.token
+    );
+    assert!(matches!(
+        h.store
+            .check(&t, next.slot, token_of(next.token))
+            .await
+            .expect("check"),
+        CheckOutcome::Current { .. }
+    ));
+}

@@ -117,7 +117,8 @@ pub enum LeaseCommand {
         #[arg(long)]
         key: String,
     },
-    /// Show the target's leases (every held slot), the permits in force and the fence.
+    /// Show the target's leases (every held slot, with the permits each was granted under) and
+    /// the fence.
     Inspect {
         #[command(flatten)]
         target: TargetArgs,

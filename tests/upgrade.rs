@@ -27,6 +27,23 @@ use support::server::{Server, ServerKind};
 const V1_LIB: &str = include_str!("fixtures/lua-v1/lib.lua");
 const TTL_MS: u64 = 30_000;
 
+/// Sends `lib` and `source` (an earlier release's prelude and script) with EVAL, as that
+/// release's client did.
+async fn eval_script(
+    admin: &Admin,
+    lib: &str,
+    source: &str,
+    keys: &[String],
+    args: &[&str],
+) -> Result<Value, String> {
+    let source = format!("{lib}\n{source}");
+    let count = keys.len().to_string();
+    let mut argv = vec!["EVAL", source.as_str(), count.as_str()];
+    argv.extend(keys.iter().map(String::as_str));
+    argv.extend(args);
+    admin.try_cmd(&argv).await.map_err(|e| e.to_string())
+}
+
 /// A client of the previous release: its scripts sent with EVAL, KEYS and ARGV as its `wire.rs`
 /// built them.
 struct V1<'a> {
@@ -44,12 +61,7 @@ impl V1<'_> {
             "commit" => include_str!("fixtures/lua-v1/commit.lua"),
             other => panic!("no version 1 script {other}"),
         };
-        let source = format!("{V1_LIB}\n{source}");
-        let count = keys.len().to_string();
-        let mut argv = vec!["EVAL", source.as_str(), count.as_str()];
-        argv.extend(keys.iter().map(String::as_str));
-        argv.extend(args);
-        match self.admin.try_cmd(&argv).await {
+        match eval_script(self.admin, V1_LIB, source, keys, args).await {
             Ok(Value::Array(items)) => Ok(items
                 .into_iter()
                 .map(|v| match v {
@@ -58,7 +70,7 @@ impl V1<'_> {
                 })
                 .collect()),
             Ok(other) => Err(format!("version 1 {op} answered {other:?}")),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e),
         }
     }
 
@@ -117,17 +129,12 @@ impl V2<'_> {
             "commit" => include_str!("fixtures/lua-v2/commit.lua"),
             other => panic!("no script {other} in the release before permits"),
         };
-        let source = format!("{}\n{source}", include_str!("fixtures/lua-v2/lib.lua"));
-        let count = keys.len().to_string();
-        let mut argv = vec!["EVAL", source.as_str(), count.as_str()];
-        argv.extend(keys.iter().map(String::as_str));
-        argv.extend(args);
-        match self.admin.try_cmd(&argv).await {
-            Ok(Value::BulkString(b)) => Ok(String::from_utf8_lossy(&b).into_owned()),
-            Ok(other) => Err(format!(
+        let lib = include_str!("fixtures/lua-v2/lib.lua");
+        match eval_script(self.admin, lib, source, keys, args).await? {
+            Value::BulkString(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
+            other => Err(format!(
                 "{op} of the release before permits answered {other:?}"
             )),
-            Err(e) => Err(e.to_string()),
         }
     }
 

@@ -142,6 +142,24 @@ impl Recorder {
     }
 }
 
+/// Starts `clients` threads running `work` for 8 s, each with its own seed derived from `seed`.
+fn spawn_workers(
+    rec: &Arc<Recorder>,
+    clients: usize,
+    seed: u64,
+    work: fn(&Recorder, usize, u64, Instant),
+) -> Vec<std::thread::JoinHandle<()>> {
+    let until = Instant::now() + Duration::from_secs(8);
+    (0..clients)
+        .map(|client| {
+            let rec = rec.clone();
+            std::thread::spawn(move || {
+                work(&rec, client, seed.wrapping_add(client as u64 * 7919), until)
+            })
+        })
+        .collect()
+}
+
 fn worker(rec: &Recorder, client: usize, seed: u64, until: Instant) {
     let mut rng = Rng(seed | 1);
     let mut held: Option<Held> = None;
@@ -412,15 +430,7 @@ fn history_of_killed_clients_is_linearizable() {
         started: Instant::now(),
         calls: Mutex::new(Vec::new()),
     });
-    let until = Instant::now() + Duration::from_secs(8);
-    let workers: Vec<_> = (0..WORKERS)
-        .map(|client| {
-            let rec = rec.clone();
-            std::thread::spawn(move || {
-                worker(&rec, client, seed.wrapping_add(client as u64 * 7919), until)
-            })
-        })
-        .collect();
+    let workers = spawn_workers(&rec, WORKERS, seed, worker);
     std::thread::sleep(Duration::from_secs(3));
     assert!(
         replica.wait_in_sync_with(&valkey, Duration::from_secs(15)),
@@ -883,15 +893,7 @@ fn permits_history_of_killed_clients_is_linearizable() {
         started: Instant::now(),
         calls: Mutex::new(Vec::new()),
     });
-    let until = Instant::now() + Duration::from_secs(8);
-    let workers: Vec<_> = (0..PERMIT_WORKERS)
-        .map(|client| {
-            let rec = rec.clone();
-            std::thread::spawn(move || {
-                permits_worker(&rec, client, seed.wrapping_add(client as u64 * 7919), until)
-            })
-        })
-        .collect();
+    let workers = spawn_workers(&rec, PERMIT_WORKERS, seed, permits_worker);
     for w in workers {
         w.join().expect("worker");
     }

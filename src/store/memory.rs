@@ -339,10 +339,6 @@ impl TargetState {
     }
 }
 
-fn slots_of(permits: u32) -> impl Iterator<Item = Slot> {
-    (0..permits).filter_map(|s| Slot::new(s).ok())
-}
-
 /// A replay answered with its first reply as it is: releases and commits (a release that was
 /// answered stays answered; a commit is checked against the record anyway).
 fn keep(_: &TargetState, reply: Reply) -> Reply {
@@ -467,7 +463,7 @@ impl LeaseStore for MemoryStore {
             let answer = |outcome| Ok((Reply::Acquire(outcome), false));
             // Every slot is read before anything is decided, as the script does.
             let (mut mine, mut free, mut first_out, mut conflict) = (None, None, None, None);
-            for slot in slots_of(permits) {
+            for slot in req.permits.slots() {
                 let Some(lease) = t.lease(slot) else {
                     free = free.or(Some(slot));
                     continue;
@@ -538,7 +534,7 @@ impl LeaseStore for MemoryStore {
             let Some(slot) = free else {
                 return answer(held(first_out));
             };
-            if slots_of(permits).any(|s| {
+            if req.permits.slots().any(|s| {
                 t.slot(s)
                     .is_some_and(|s| s.fence_request.as_deref() == Some(rid))
             }) {
@@ -648,7 +644,7 @@ impl LeaseStore for MemoryStore {
             granted_under(t.holds(handle), permits)?;
             t.slot_mut(handle.slot).lease = None;
             // The permits value in force goes with the last permit released.
-            if permits > 1 && !slots_of(permits).any(|s| t.lease(s).is_some()) {
+            if permits > 1 && !handle.permits.slots().any(|s| t.lease(s).is_some()) {
                 t.permits = None;
             }
             Ok((Reply::Release(ReleaseOutcome::Released), true))
@@ -665,11 +661,7 @@ impl LeaseStore for MemoryStore {
         let digest = sha1_smol::Sha1::from(req.value.as_bytes())
             .digest()
             .to_string();
-        // The record's name is bound with its slot, as the script's caller binds it.
-        let key = match req.slot.get() {
-            0 => req.key.as_str().to_owned(),
-            s => format!("slot {s} {}", req.key.as_str()),
-        };
+        let key = req.bound_key();
         let bound = binding(&["commit", &token, &key, &sequence, &digest]);
         let reply = self.idempotent(&req.target, &req.request_id, bound, keep, |t, _| {
             let committed = || {

@@ -47,6 +47,14 @@ impl Permits {
     /// One permit: the exclusive lease.
     pub const ONE: Permits = Permits(1);
 
+    /// The most permits a target may have.
+    pub const MAX: Permits = Permits(MAX_PERMITS);
+
+    /// The slots of these permits, 0 to permits-1.
+    pub fn slots(self) -> impl Iterator<Item = Slot> {
+        (0..self.0).map(Slot)
+    }
+
     /// Refuses 0 and anything above [`MAX_PERMITS`].
     pub fn new(permits: u32) -> Result<Self, StoreError> {
         if permits == 0 || permits > MAX_PERMITS {
@@ -440,6 +448,17 @@ pub struct CommitRequest {
     pub sequence: u64,
     /// Makes retries of this call act once.
     pub request_id: RequestId,
+}
+
+impl CommitRequest {
+    /// The guarded record's name as a request id binds it: with its slot (slot 0's as it is),
+    /// so one request id never commits to two slots.
+    pub fn bound_key(&self) -> String {
+        match self.slot.get() {
+            0 => self.key.as_str().to_owned(),
+            s => format!("slot {s} {}", self.key.as_str()),
+        }
+    }
 }
 
 /// The outcome of [`crate::store::LeaseStore::repair`].

@@ -43,9 +43,9 @@ impl Contract {
     }
 }
 
-/// The slots from 1 up to `slots` (exclusive): the further slots whose keys follow a call's own.
-fn further_slots(slots: u32) -> impl Iterator<Item = Slot> {
-    (1..slots).filter_map(|s| Slot::new(s).ok())
+/// The slots of `permits` from 1: the further slots whose keys follow a call's own.
+fn further_slots(permits: Permits) -> impl Iterator<Item = Slot> {
+    permits.slots().skip(1)
 }
 
 /// A reply this version's scripts do not send. Only its length is named: free-text fields may
@@ -128,7 +128,7 @@ pub fn acquire_call(
         k.grant(),
         k.permits(),
     ];
-    for slot in further_slots(req.permits.get()) {
+    for slot in further_slots(req.permits) {
         keys.extend([k.lease_of(slot), k.fence_of(slot), k.grant_of(slot)]);
     }
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -292,8 +292,8 @@ pub fn release_call(
         k.reply(&req.request_id),
         k.permits(),
     ];
-    let all = (0..lease.permits.get()).filter_map(|s| Slot::new(s).ok());
-    keys.extend(all.filter(|s| *s != lease.slot).map(|s| k.lease_of(s)));
+    let others = lease.permits.slots().filter(|s| *s != lease.slot);
+    keys.extend(others.map(|s| k.lease_of(s)));
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     RELEASE.call(
         &keys,
@@ -323,13 +323,10 @@ pub const COMMIT: Contract = Contract {
     argv: &["token", "value", "reply_ttl_ms", "sequence", "key"],
 };
 
-/// The commit call for `req`. The guarded record's name is bound into the request id with its
-/// slot (slot 0's as it is), so one request id never commits to two slots.
+/// The commit call for `req`; the guarded record's name goes into the binding with its slot
+/// ([`CommitRequest::bound_key`]).
 pub fn commit_call(k: &TargetKeys, req: &CommitRequest, reply_ttl_ms: &str) -> ScriptCall<'static> {
-    let bound_key = match req.slot.get() {
-        0 => req.key.as_str().to_owned(),
-        s => format!("slot {s} {}", req.key.as_str()),
-    };
+    let bound_key = req.bound_key();
     COMMIT.call(
         &[
             &k.fence_of(req.slot),
@@ -427,7 +424,7 @@ pub const INSPECT: Contract = Contract {
 pub fn inspect_call(k: &TargetKeys, every_slot: bool) -> ScriptCall<'static> {
     let mut keys = vec![k.lease(), k.fence()];
     if every_slot {
-        keys.extend(further_slots(MAX_PERMITS).map(|s| k.lease_of(s)));
+        keys.extend(further_slots(Permits::MAX).map(|s| k.lease_of(s)));
     }
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     INSPECT.call(&keys, &[])
@@ -530,7 +527,7 @@ pub const REPAIR: Contract = Contract {
 /// The repair call with `floor`: every slot a target can have.
 pub fn repair_call(k: &TargetKeys, floor: u64) -> ScriptCall<'static> {
     let mut keys = vec![k.lease(), k.fence(), k.grant(), k.permits()];
-    for slot in further_slots(MAX_PERMITS) {
+    for slot in further_slots(Permits::MAX) {
         keys.extend([k.lease_of(slot), k.fence_of(slot), k.grant_of(slot)]);
     }
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();

@@ -18,17 +18,20 @@ use super::Span;
 use crate::redact::{Secret, SecretUrl};
 use crate::store::valkey::{
     ClientCertificate, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,
-    DEFAULT_PREFIX, DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_RECONNECT_MIN_DELAY, Durability,
-    PasswordSource, TlsConfig, ValkeyConfig, ValkeyStore,
+    DEFAULT_PREFIX, DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_RECONNECT_MIN_DELAY, Durability, HostPort,
+    PasswordSource, Sentinels, TlsConfig, ValkeyConfig, ValkeyStore,
 };
 use crate::store::{DEFAULT_REPLY_TTL, LeaseStore, StoreError};
 
 /// The variable that may hold the Valkey password.
 pub const PASSWORD_ENV: &str = "TARGETLEASE_VALKEY_PASSWORD";
 
-/// How to reach the lease store (Valkey). One of `--valkey-url` and `--valkey-cluster-seeds` is
-/// needed when the store is used; [`ValkeyArgs::config`] says so when neither is given (a
-/// command may not need Valkey at all, e.g. `controller --backend memory`).
+/// The variable that may hold the sentinels' password.
+pub const SENTINEL_PASSWORD_ENV: &str = "TARGETLEASE_VALKEY_SENTINEL_PASSWORD";
+
+/// How to reach the lease store (Valkey). One of `--valkey-url`, `--valkey-cluster-seeds` and
+/// `--valkey-sentinels` is needed when the store is used; [`ValkeyArgs::config`] says so when
+/// none is given (a command may not need Valkey at all, e.g. `controller --backend memory`).
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Valkey connection")]
 pub struct ValkeyArgs {
@@ -39,7 +42,7 @@ pub struct ValkeyArgs {
         env = "TARGETLEASE_VALKEY_URL",
         hide_env_values = true,
         value_parser = SecretUrlParser,
-        conflicts_with = "valkey_cluster_seeds"
+        conflicts_with_all = ["valkey_cluster_seeds", "valkey_sentinels"]
     )]
     pub valkey_url: Option<SecretUrl>,
 
@@ -50,9 +53,35 @@ pub struct ValkeyArgs {
         env = "TARGETLEASE_VALKEY_CLUSTER_SEEDS",
         hide_env_values = true,
         value_delimiter = ',',
-        value_parser = SecretUrlParser
+        value_parser = SecretUrlParser,
+        conflicts_with = "valkey_sentinels"
     )]
     pub valkey_cluster_seeds: Vec<SecretUrl>,
+
+    /// Sentinels that watch the primary, comma-separated HOST:PORT pairs (Sentinel's port is
+    /// usually 26379). Every connect asks them which server is the primary. Needs
+    /// --valkey-sentinel-master.
+    #[arg(
+        long,
+        env = "TARGETLEASE_VALKEY_SENTINELS",
+        value_delimiter = ',',
+        value_parser = parse_host_port
+    )]
+    pub valkey_sentinels: Vec<HostPort>,
+
+    /// Name of the primary the sentinels monitor (`sentinel monitor <name> ...`; `mymaster` in
+    /// the valkey-io chart, `myprimary` in Bitnami's).
+    #[arg(long, env = "TARGETLEASE_VALKEY_SENTINEL_MASTER")]
+    pub valkey_sentinel_master: Option<String>,
+
+    /// ACL user on the sentinels, when they require one (the data user is --valkey-username).
+    #[arg(long, env = "TARGETLEASE_VALKEY_SENTINEL_USERNAME")]
+    pub valkey_sentinel_username: Option<String>,
+
+    /// File holding the sentinels' password (re-read at every reconnect). Without it, the
+    /// password is taken from TARGETLEASE_VALKEY_SENTINEL_PASSWORD when set.
+    #[arg(long, env = "TARGETLEASE_VALKEY_SENTINEL_PASSWORD_FILE")]
+    pub valkey_sentinel_password_file: Option<PathBuf>,
 
     /// ACL user name.
     #[arg(long, env = "TARGETLEASE_VALKEY_USERNAME")]
@@ -138,21 +167,25 @@ pub struct ValkeyArgs {
 }
 
 impl ValkeyArgs {
-    /// The backend settings these flags describe, with the password from
-    /// [`PASSWORD_ENV`] when no password file is given.
+    /// The backend settings these flags describe, with the passwords from [`PASSWORD_ENV`] and
+    /// [`SENTINEL_PASSWORD_ENV`] when no password file is given.
     pub fn config(&self) -> Result<ValkeyConfig, StoreError> {
-        self.config_with_env_password(std::env::var(PASSWORD_ENV).ok())
+        self.config_with_env(|name| std::env::var(name).ok())
     }
 
-    fn config_with_env_password(
+    fn config_with_env(
         &self,
-        env_password: Option<String>,
+        env: impl Fn(&str) -> Option<String>,
     ) -> Result<ValkeyConfig, StoreError> {
         // Every flag is named here: a flag added to the struct and not wired below does not
         // compile.
         let Self {
             valkey_url,
             valkey_cluster_seeds,
+            valkey_sentinels,
+            valkey_sentinel_master,
+            valkey_sentinel_username,
+            valkey_sentinel_password_file,
             valkey_username,
             valkey_password_file,
             valkey_tls,
@@ -189,23 +222,50 @@ impl ValkeyArgs {
             || client.is_some()
             || valkey_tls_server_name.is_some()
             || *valkey_tls_insecure;
-        let mut config = match (valkey_url, valkey_cluster_seeds.as_slice()) {
-            (Some(url), []) => ValkeyConfig::new(url.clone()),
-            (None, seeds) if !seeds.is_empty() => ValkeyConfig::cluster(seeds.to_vec()),
+        let sentinel_password =
+            password_source(valkey_sentinel_password_file, env(SENTINEL_PASSWORD_ENV));
+        let sentinel_settings = valkey_sentinel_master.is_some()
+            || valkey_sentinel_username.is_some()
+            || valkey_sentinel_password_file.is_some();
+        let mut config = match (
+            valkey_url,
+            valkey_cluster_seeds.as_slice(),
+            valkey_sentinels.as_slice(),
+        ) {
+            (Some(_), [], []) | (None, [_, ..], []) if sentinel_settings => {
+                return Err(StoreError::InvalidConfig(
+                    "--valkey-sentinel-master, --valkey-sentinel-username and \
+                     --valkey-sentinel-password-file need --valkey-sentinels (and no \
+                     --valkey-url or --valkey-cluster-seeds)"
+                        .into(),
+                ));
+            }
+            (Some(url), [], []) => ValkeyConfig::new(url.clone()),
+            (None, seeds @ [_, ..], []) => ValkeyConfig::cluster(seeds.to_vec()),
+            (None, [], addrs @ [_, ..]) => {
+                let master = valkey_sentinel_master.clone().ok_or_else(|| {
+                    StoreError::InvalidConfig(
+                        "--valkey-sentinels needs --valkey-sentinel-master, the name of the \
+                         primary the sentinels monitor"
+                            .into(),
+                    )
+                })?;
+                ValkeyConfig::sentinel(Sentinels {
+                    addrs: addrs.to_vec(),
+                    master,
+                    username: valkey_sentinel_username.clone(),
+                    password: sentinel_password,
+                })
+            }
             _ => {
                 return Err(StoreError::InvalidConfig(
-                    "give either --valkey-url or --valkey-cluster-seeds".into(),
+                    "give one of --valkey-url, --valkey-cluster-seeds and --valkey-sentinels"
+                        .into(),
                 ));
             }
         };
         config.username = valkey_username.clone();
-        config.password = match (valkey_password_file, env_password) {
-            (Some(path), _) => Some(PasswordSource::File(path.clone())),
-            (None, Some(value)) if !value.is_empty() => {
-                Some(PasswordSource::Value(Secret::new(value)))
-            }
-            (None, _) => None,
-        };
+        config.password = password_source(valkey_password_file, env(PASSWORD_ENV));
         config.tls = tls_wanted.then(|| TlsConfig {
             ca_file: valkey_tls_ca_file.clone(),
             client,
@@ -229,6 +289,19 @@ impl ValkeyArgs {
     pub async fn open(&self) -> Result<Arc<dyn LeaseStore>, StoreError> {
         Ok(Arc::new(ValkeyStore::connect(self.config()?).await?))
     }
+}
+
+/// A password from its file, else from the environment's value (an empty one is none).
+fn password_source(file: &Option<PathBuf>, env_value: Option<String>) -> Option<PasswordSource> {
+    match (file, env_value) {
+        (Some(path), _) => Some(PasswordSource::File(path.clone())),
+        (None, Some(value)) if !value.is_empty() => Some(PasswordSource::Value(Secret::new(value))),
+        (None, _) => None,
+    }
+}
+
+fn parse_host_port(text: &str) -> Result<HostPort, String> {
+    text.parse()
 }
 
 /// Parses a Valkey URL (or a bare `host:port`, taken as `redis://host:port`) without ever
@@ -302,7 +375,7 @@ mod tests {
         .unwrap();
         let config = cli
             .valkey
-            .config_with_env_password(Some("from-env".into()))
+            .config_with_env(|n| (n == PASSWORD_ENV).then(|| "from-env".into()))
             .unwrap();
         assert!(config.tls.is_some(), "a CA file turns TLS on");
         assert_eq!(config.durability.replicas, 1);
@@ -316,12 +389,79 @@ mod tests {
     #[test]
     fn cluster_seeds_and_url_exclude_each_other() {
         let cli = parse(&["--valkey-cluster-seeds=10.0.0.1:7000,10.0.0.2:7000"]).unwrap();
-        let config = cli.valkey.config_with_env_password(None).unwrap();
+        let config = cli.valkey.config_with_env(|_| None).unwrap();
         assert_eq!(
             config.endpoints.describe(),
             "cluster 10.0.0.1:7000,10.0.0.2:7000"
         );
         assert!(parse(&["--valkey-url=redis://a:1", "--valkey-cluster-seeds=b:2"]).is_err());
+    }
+
+    #[test]
+    fn sentinel_settings_are_complete_and_exclusive() {
+        let cli = parse(&[
+            "--valkey-sentinels=10.0.0.1:26379,[fd00::2]:26379,valkey-node-2.valkey:26379",
+            "--valkey-sentinel-master=mymaster",
+            "--valkey-sentinel-username=sentinel",
+            "--valkey-username=targetlease",
+        ])
+        .unwrap();
+        let config = cli
+            .valkey
+            .config_with_env(|n| (n == SENTINEL_PASSWORD_ENV).then(|| "s3nt1nel".into()))
+            .unwrap();
+        assert_eq!(
+            config.endpoints.describe(),
+            "sentinel master mymaster via 10.0.0.1:26379,[fd00::2]:26379,valkey-node-2.valkey:26379"
+        );
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3nt1nel"), "{shown}");
+        let refused = |args: &[&str]| match parse(args) {
+            Err(e) => e.to_string(),
+            Ok(cli) => cli
+                .valkey
+                .config_with_env(|_| None)
+                .unwrap_err()
+                .to_string(),
+        };
+        for (args, says) in [
+            (
+                &["--valkey-sentinels=a:26379"][..],
+                "--valkey-sentinel-master",
+            ),
+            (
+                &["--valkey-url=redis://a:1", "--valkey-sentinel-master=m"][..],
+                "need --valkey-sentinels",
+            ),
+            (
+                &["--valkey-sentinels=a:1", "--valkey-url=redis://b:2"][..],
+                "cannot be used with",
+            ),
+            (
+                &["--valkey-sentinels=a:1", "--valkey-cluster-seeds=b:2"][..],
+                "cannot be used with",
+            ),
+            (&["--valkey-sentinels=a"][..], "HOST:PORT"),
+            (&["--valkey-sentinels=a:0"][..], "HOST:PORT"),
+            (
+                &["--valkey-sentinels=a:1,a:1", "--valkey-sentinel-master=m"][..],
+                "twice",
+            ),
+            (
+                &[
+                    "--valkey-sentinels=a:1",
+                    "--valkey-sentinel-master=my master",
+                ][..],
+                "master name",
+            ),
+            (
+                &["--valkey-sentinels=a:1", "--valkey-sentinel-master="][..],
+                "master name",
+            ),
+        ] {
+            let message = refused(args);
+            assert!(message.contains(says), "{args:?}: {message}");
+        }
     }
 
     #[test]
@@ -332,7 +472,7 @@ mod tests {
             "--valkey-reply-ttl=60s",
         ])
         .unwrap();
-        let e = cli.valkey.config_with_env_password(None).unwrap_err();
+        let e = cli.valkey.config_with_env(|_| None).unwrap_err();
         assert!(e.to_string().contains("reply TTL"), "{e}");
         let cli = parse(&[
             "--valkey-url=redis://a:1",
@@ -340,7 +480,7 @@ mod tests {
             "--valkey-reply-ttl=80s",
         ])
         .unwrap();
-        assert!(cli.valkey.config_with_env_password(None).is_ok());
+        assert!(cli.valkey.config_with_env(|_| None).is_ok());
     }
 
     #[test]

@@ -77,6 +77,12 @@ pub(super) fn classify(
         (RedisErrorKind::Server(ServerErrorKind::ReadOnly), _) => unavailable(format!(
             "connected to a read-only replica (failover in progress?): {detail}"
         )),
+        // Refused before anything was written: the server checks min-replicas-to-write at a
+        // script's first write, and a script's writes are all or nothing.
+        (_, Some("NOREPLICAS")) => unavailable(format!(
+            "the primary has too few replicas to accept writes (min-replicas-to-write; \
+             isolated from its replicas, or a failover in progress?): {detail}"
+        )),
         (RedisErrorKind::Server(ServerErrorKind::MasterDown | ServerErrorKind::TryAgain), _) => {
             unavailable(format!("{}: {detail}", e.code().unwrap_or("server busy")))
         }
@@ -113,6 +119,9 @@ pub(super) fn breaks_connection(e: &RedisError) -> bool {
         || e.kind() == RedisErrorKind::ClusterConnectionNotFound
         || e.kind() == RedisErrorKind::Server(ServerErrorKind::ReadOnly)
         || e.kind() == RedisErrorKind::Server(ServerErrorKind::ClusterDown)
+        // A primary cut off from its replicas may no longer be the primary: reconnect, which
+        // through Sentinel asks again which server is.
+        || e.code() == Some("NOREPLICAS")
 }
 
 /// What an operator should read for a TLS failure, recognised by rustls' error text.
@@ -208,5 +217,17 @@ mod tests {
             std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
         assert!(kind_and_message(&refused).1.contains("connection refused"));
         assert!(breaks_connection(&refused));
+    }
+
+    #[test]
+    fn too_few_replicas_to_write_is_retryable_and_reconnects() {
+        let e = redis::parse_redis_value(b"-NOREPLICAS Not enough good replicas to write.\r\n")
+            .and_then(redis::Value::extract_error)
+            .unwrap_err();
+        assert_eq!(e.code(), Some("NOREPLICAS"), "{e:?}");
+        let (kind, msg) = kind_and_message(&e);
+        assert_eq!(kind, "unavailable");
+        assert!(msg.contains("min-replicas-to-write"), "{msg}");
+        assert!(breaks_connection(&e));
     }
 }

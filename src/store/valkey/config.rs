@@ -41,6 +41,120 @@ pub enum Endpoints {
     Single(SecretUrl),
     /// A Valkey Cluster, by seed nodes; the topology is discovered from them.
     Cluster(Vec<SecretUrl>),
+    /// A primary with replicas watched by Sentinel: the primary is asked of the sentinels at
+    /// every connect.
+    Sentinel(Sentinels),
+}
+
+/// A primary reached through Sentinel, and how to talk to the sentinels.
+#[derive(Clone, Debug)]
+pub struct Sentinels {
+    /// The sentinels, asked in turn (the one that answered last is asked first).
+    pub addrs: Vec<HostPort>,
+    /// The name of the monitored primary (`sentinel monitor <name> ...`): `mymaster` in the
+    /// valkey-io chart, `myprimary` in Bitnami's.
+    pub master: String,
+    /// ACL user on the sentinels, when they require one (the data user is
+    /// [`ValkeyConfig::username`]).
+    pub username: Option<String>,
+    /// Password on the sentinels; read at every connect like the data password.
+    pub password: Option<PasswordSource>,
+}
+
+/// The longest master name accepted.
+const MAX_MASTER_NAME: usize = 128;
+
+/// The most sentinels one store asks.
+const MAX_SENTINELS: usize = 16;
+
+impl Sentinels {
+    fn validate(&self) -> Result<(), StoreError> {
+        let invalid = |m: String| Err(StoreError::InvalidConfig(m));
+        if self.addrs.is_empty() {
+            return invalid("no sentinel address configured (--valkey-sentinels)".into());
+        }
+        if self.addrs.len() > MAX_SENTINELS {
+            return invalid(format!(
+                "{} sentinels configured; at most {MAX_SENTINELS} are asked",
+                self.addrs.len()
+            ));
+        }
+        if let Some(twice) = self
+            .addrs
+            .iter()
+            .enumerate()
+            .find_map(|(i, a)| self.addrs[..i].contains(a).then_some(a))
+        {
+            return invalid(format!("the sentinel {twice} is configured twice"));
+        }
+        let name_ok = !self.master.is_empty()
+            && self.master.len() <= MAX_MASTER_NAME
+            && self.master.bytes().all(|b| b.is_ascii_graphic());
+        if !name_ok {
+            return invalid(format!(
+                "the sentinel master name must be 1 to {MAX_MASTER_NAME} printable characters \
+                 without spaces (the name of `sentinel monitor <name>`), not {:?}",
+                self.master
+            ));
+        }
+        if self.username.as_deref().is_some_and(str::is_empty) {
+            return invalid("the sentinel ACL user name is empty".into());
+        }
+        Ok(())
+    }
+}
+
+/// A `host:port` address (`[v6]:port` for an IPv6 address).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPort {
+    /// Host name or IP address, without brackets.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl HostPort {
+    /// The address as a `redis://` URL (no credentials).
+    pub(super) fn url(&self) -> String {
+        format!("redis://{self}")
+    }
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl FromStr for HostPort {
+    type Err = String;
+
+    /// `host:port` or `[v6]:port`.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let usage = || format!("{text:?}: expected HOST:PORT (or [IPv6]:PORT)");
+        let (host, port) = text.trim().rsplit_once(':').ok_or_else(usage)?;
+        let host = match host.strip_prefix('[') {
+            Some(v6) => v6.strip_suffix(']').ok_or_else(usage)?,
+            None if host.contains(':') => return Err(usage()),
+            None => host,
+        };
+        let port: u16 = port.parse().ok().filter(|p| *p > 0).ok_or_else(usage)?;
+        let host_ok = !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._:".contains(&b));
+        if !host_ok {
+            return Err(usage());
+        }
+        Ok(Self {
+            host: host.to_owned(),
+            port,
+        })
+    }
 }
 
 impl Endpoints {
@@ -52,13 +166,23 @@ impl Endpoints {
                 let nodes: Vec<&str> = seeds.iter().map(SecretUrl::endpoint).collect();
                 format!("cluster {}", nodes.join(","))
             }
+            Endpoints::Sentinel(sentinels) => {
+                let nodes: Vec<String> = sentinels.addrs.iter().map(ToString::to_string).collect();
+                format!(
+                    "sentinel master {} via {}",
+                    sentinels.master,
+                    nodes.join(",")
+                )
+            }
         }
     }
 
+    /// The configured URLs (none for Sentinel, whose addresses are not URLs).
     fn urls(&self) -> &[SecretUrl] {
         match self {
             Endpoints::Single(url) => std::slice::from_ref(url),
             Endpoints::Cluster(seeds) => seeds,
+            Endpoints::Sentinel(_) => &[],
         }
     }
 }
@@ -118,7 +242,8 @@ pub struct TlsConfig {
     /// The client certificate for mutual TLS: a certificate never comes without its key.
     pub client: Option<ClientCertificate>,
     /// The name the server certificate must carry, when it differs from the host connected to
-    /// (connecting by IP or through a tunnel). Single-server connections only.
+    /// (connecting by IP or through a tunnel). Single servers and Sentinel (where every
+    /// sentinel and every primary is checked against it); not a cluster.
     pub server_name: Option<String>,
     /// Accept any server certificate. Logged as a warning; for experiments only.
     pub insecure: bool,
@@ -282,6 +407,11 @@ impl ValkeyConfig {
         Self::with_endpoints(Endpoints::Cluster(seeds))
     }
 
+    /// The same defaults for the primary that `sentinels` name.
+    pub fn sentinel(sentinels: Sentinels) -> Self {
+        Self::with_endpoints(Endpoints::Sentinel(sentinels))
+    }
+
     fn with_endpoints(endpoints: Endpoints) -> Self {
         Self {
             endpoints,
@@ -317,8 +447,12 @@ impl ValkeyConfig {
     pub fn validate(&self) -> Result<(), StoreError> {
         check_prefix(&self.key_prefix)?;
         let invalid = |m: &str| Err(StoreError::InvalidConfig(m.to_owned()));
-        if self.endpoints.urls().is_empty() {
-            return invalid("no Valkey endpoint configured");
+        match &self.endpoints {
+            Endpoints::Sentinel(sentinels) => sentinels.validate()?,
+            _ if self.endpoints.urls().is_empty() => {
+                return invalid("no Valkey endpoint configured");
+            }
+            _ => {}
         }
         if self.pool_size == 0 || self.pool_size > 64 {
             return invalid("the pool size must be between 1 and 64");

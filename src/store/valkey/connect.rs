@@ -1,5 +1,5 @@
 //! Making one connection from a [`ValkeyConfig`]: URL, credentials, TLS (rustls), server name,
-//! single server or cluster. Nothing of redis-rs leaves the backend: callers see
+//! single server, cluster, or the primary that Sentinel names (see [`super::sentinel`]). Nothing of redis-rs leaves the backend: callers see
 //! [`crate::store::LeaseStore`] and [`StoreError`].
 
 use std::net::SocketAddr;
@@ -17,7 +17,8 @@ use redis::{
 use tracing::warn;
 
 use super::classify::classify;
-use super::config::{Endpoints, TlsConfig, TlsMaterial, ValkeyConfig};
+use super::config::{Durability, Endpoints, HostPort, TlsConfig, TlsMaterial, ValkeyConfig};
+use super::sentinel;
 use crate::redact::SecretUrl;
 use crate::store::StoreError;
 
@@ -59,11 +60,21 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// A new connection and, through Sentinel, the primary it reaches.
+pub(super) struct Connected {
+    /// The connection.
+    pub conn: Conn,
+    /// The primary as the sentinels named it (and its role confirmed on `conn`); `None` for a
+    /// URL or a cluster.
+    pub primary: Option<HostPort>,
+}
+
 /// Makes connections. Secrets and certificates are read at every connect.
 pub(super) struct Connector {
     config: ValkeyConfig,
     tls: Option<TlsConfig>,
     endpoint: String,
+    sentinel_order: sentinel::Order,
 }
 
 impl Connector {
@@ -82,7 +93,18 @@ impl Connector {
             config,
             tls,
             endpoint,
+            sentinel_order: sentinel::Order::default(),
         }
+    }
+
+    /// Which sentinel to ask first.
+    pub(super) fn sentinel_order(&self) -> &sentinel::Order {
+        &self.sentinel_order
+    }
+
+    /// The data ACL user.
+    pub(super) fn username(&self) -> Option<&str> {
+        self.config.username.as_deref()
     }
 
     /// The configured endpoint(s), for messages.
@@ -90,8 +112,10 @@ impl Connector {
         &self.endpoint
     }
 
-    /// Opens one connection, bounded by the connect timeout.
-    pub(super) async fn connect(&self, limit: Duration) -> Result<Conn, StoreError> {
+    /// Opens one connection, bounded by the connect timeout (through Sentinel: each question to
+    /// a sentinel and the connection to the primary it names are bounded by it, and the whole
+    /// by the caller's deadline).
+    pub(super) async fn connect(&self, limit: Duration) -> Result<Connected, StoreError> {
         install_crypto_provider();
         let material = self.tls.as_ref().map(TlsConfig::load).transpose()?;
         let password = self
@@ -104,33 +128,32 @@ impl Connector {
         let attempt = async {
             match &self.config.endpoints {
                 Endpoints::Single(url) => {
-                    let info = self.connection_info(url, password.as_ref())?;
-                    let client = match material.as_ref().and_then(certificates) {
-                        Some(certs) => Client::build_with_tls(info, certs),
-                        None => Client::open(info),
-                    }
-                    .map_err(fail)?;
-                    // Deadlines are the store's: connecting and every call are wrapped in their
-                    // own, which name what ran out.
-                    let mut options = AsyncConnectionConfig::new()
-                        .set_connection_timeout(None)
-                        .set_response_timeout(None);
-                    if let Some(name) = self.tls.as_ref().and_then(|t| t.server_name.clone()) {
-                        options = options.set_dns_resolver(ServerNameResolver {
-                            name,
-                            host: url_host(url),
-                        });
-                    }
-                    client
-                        .get_multiplexed_async_connection_with_config(&options)
+                    let info = self.connection_info(
+                        url.expose(),
+                        url.endpoint(),
+                        self.config.username.as_deref(),
+                        password.as_ref(),
+                    )?;
+                    let conn = self
+                        .open_single(info, &url_host(url), material.as_ref())
                         .await
-                        .map(Conn::Single)
-                        .map_err(fail)
+                        .map_err(fail)?;
+                    Ok(Connected {
+                        conn: Conn::Single(conn),
+                        primary: None,
+                    })
                 }
                 Endpoints::Cluster(seeds) => {
                     let infos = seeds
                         .iter()
-                        .map(|seed| self.connection_info(seed, password.as_ref()))
+                        .map(|seed| {
+                            self.connection_info(
+                                seed.expose(),
+                                seed.endpoint(),
+                                self.config.username.as_deref(),
+                                password.as_ref(),
+                            )
+                        })
                         .collect::<Result<Vec<_>, _>>()?;
                     let mut builder = ClusterClientBuilder::new(infos)
                         .connection_timeout(limit)
@@ -155,30 +178,85 @@ impl Connector {
                         }
                     }
                     let client = builder.build().map_err(fail)?;
-                    client
-                        .get_async_connection()
-                        .await
-                        .map(Conn::Cluster)
-                        .map_err(fail)
+                    let conn = client.get_async_connection().await.map_err(fail)?;
+                    Ok(Connected {
+                        conn: Conn::Cluster(conn),
+                        primary: None,
+                    })
+                }
+                Endpoints::Sentinel(sentinels) => {
+                    let (conn, primary) = sentinel::connect(
+                        self,
+                        sentinels,
+                        limit,
+                        password.as_ref(),
+                        material.as_ref(),
+                    )
+                    .await?;
+                    Ok(Connected {
+                        conn: Conn::Single(conn),
+                        primary: Some(primary),
+                    })
                 }
             }
         };
         let checked = async {
-            let mut conn = attempt.await?;
-            self.check_durability(&mut conn, limit).await?;
-            self.check_eviction(&mut conn, limit).await?;
+            let mut connected: Connected = attempt.await?;
+            self.check_durability(&mut connected.conn, limit).await?;
+            self.check_eviction(&mut connected.conn, limit).await?;
             if let Some(id) = &self.config.installation {
-                self.claim_installation(&mut conn, id, limit).await?;
+                self.claim_installation(&mut connected.conn, id, limit)
+                    .await?;
             }
-            Ok(conn)
+            Ok(connected)
         };
-        match tokio::time::timeout(limit, checked).await {
+        // Through Sentinel each step has its own bound; the caller's deadline bounds them all.
+        let overall = match &self.config.endpoints {
+            Endpoints::Sentinel(s) => {
+                limit.saturating_mul(u32::try_from(s.addrs.len() + 2).unwrap_or(u32::MAX))
+            }
+            _ => limit,
+        };
+        match tokio::time::timeout(overall, checked).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Unavailable {
                 endpoint: self.endpoint.clone(),
                 cause: self.connect_timed_out(limit),
             }),
         }
+    }
+
+    /// One multiplexed connection to one server, TLS as configured; the certificate is checked
+    /// against the TLS server name when one is set (the connection still goes to `host`).
+    pub(super) async fn open_single(
+        &self,
+        info: ConnectionInfo,
+        host: &str,
+        material: Option<&TlsMaterial>,
+    ) -> redis::RedisResult<MultiplexedConnection> {
+        let client = match material.and_then(certificates) {
+            Some(certs) => Client::build_with_tls(info, certs),
+            None => Client::open(info),
+        }?;
+        // Deadlines are the store's: connecting and every call are wrapped in their own, which
+        // name what ran out.
+        let mut options = AsyncConnectionConfig::new()
+            .set_connection_timeout(None)
+            .set_response_timeout(None);
+        if let Some(name) = self.tls.as_ref().and_then(|t| t.server_name.clone()) {
+            options = options.set_dns_resolver(ServerNameResolver {
+                name,
+                host: host.to_owned(),
+            });
+        }
+        client
+            .get_multiplexed_async_connection_with_config(&options)
+            .await
+    }
+
+    /// The durability this connector checks, for the Sentinel role check.
+    pub(super) fn durability(&self) -> Durability {
+        self.config.durability
     }
 
     /// Refuses a connection to a server that cannot provide the configured durability: WAITAOF
@@ -315,16 +393,18 @@ impl Connector {
         }
     }
 
-    /// The client library's view of one URL, with TLS and credentials applied.
-    fn connection_info(
+    /// The client library's view of one URL (`endpoint` is its `host:port`, for messages), with
+    /// TLS and the given credentials applied.
+    pub(super) fn connection_info(
         &self,
-        url: &SecretUrl,
+        url: &str,
+        endpoint: &str,
+        username: Option<&str>,
         password: Option<&crate::redact::Secret>,
     ) -> Result<ConnectionInfo, StoreError> {
-        let invalid = |what: &str| {
-            StoreError::InvalidConfig(format!("Valkey URL for {}: {what}", url.endpoint()))
-        };
-        let mut parsed = url::Url::parse(url.expose()).map_err(|_| invalid("not a URL"))?;
+        let invalid =
+            |what: &str| StoreError::InvalidConfig(format!("Valkey URL for {endpoint}: {what}"));
+        let mut parsed = url::Url::parse(url).map_err(|_| invalid("not a URL"))?;
         if let Some(tls) = &self.tls {
             let scheme = match parsed.scheme() {
                 "redis" | "rediss" => "rediss",
@@ -351,7 +431,7 @@ impl Connector {
             .redis_settings()
             .clone()
             .set_lib_name("targetlease", env!("CARGO_PKG_VERSION"));
-        if let Some(user) = &self.config.username {
+        if let Some(user) = username {
             redis = redis.set_username(user);
         }
         if let Some(password) = password {

@@ -13,6 +13,7 @@ mod connect;
 pub mod keys;
 mod pool;
 pub mod scripts;
+mod sentinel;
 pub mod wire;
 
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use self::classify::{breaks_connection, classify, millis};
 pub use self::config::{
     ClientCertificate, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,
     DEFAULT_PREFIX, DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_RECONNECT_MIN_DELAY, Durability,
-    Endpoints, PasswordSource, TlsConfig, ValkeyConfig,
+    Endpoints, HostPort, PasswordSource, Sentinels, TlsConfig, ValkeyConfig,
 };
 use self::connect::{Conn, Connector};
 use self::keys::TargetKeys;
@@ -269,6 +270,7 @@ impl ValkeyStore {
         let primary = match &self.config().endpoints {
             Endpoints::Single(_) => "the primary at",
             Endpoints::Cluster(_) => "a primary of",
+            Endpoints::Sentinel(_) => "the primary named by",
         };
         match fewest {
             Some(online) if online < wanted => Err(StoreError::InvalidConfig(format!(

@@ -6,6 +6,11 @@
 //! exponential from the minimum delay, capped at the maximum, with jitter so that many
 //! controllers do not reconnect in lockstep. While the next attempt is further away than a
 //! call's deadline, the call fails at once with the last cause instead of waiting in vain.
+//!
+//! Through Sentinel every connect asks which server is the primary. When a connect finds
+//! another primary than the one the pooled connections reach, those connections are dropped
+//! before any of them carries another call: each connection belongs to a primary generation,
+//! and a connection of an older generation is never handed out.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -16,7 +21,8 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::classify::millis;
-use super::connect::{Conn, Connector};
+use super::config::HostPort;
+use super::connect::{Conn, Connected, Connector};
 use crate::store::StoreError;
 
 /// Exponential backoff with jitter, bounded by `max`.
@@ -51,6 +57,8 @@ pub(super) struct Checkout {
 struct Live {
     conn: Conn,
     id: u64,
+    /// The primary generation the connection was made in.
+    generation: u64,
 }
 
 /// One slot of the pool.
@@ -88,6 +96,10 @@ pub(super) struct Pool {
     backoff: Backoff,
     connect_timeout: Duration,
     reconnect: Mutex<Reconnect>,
+    /// Bumped whenever a connect reaches another primary than the last one (Sentinel only).
+    generation: AtomicU64,
+    /// The primary the current generation's connections reach.
+    primary: Mutex<Option<HostPort>>,
 }
 
 impl Pool {
@@ -106,6 +118,8 @@ impl Pool {
             backoff,
             connect_timeout,
             reconnect: Mutex::new(Reconnect::default()),
+            generation: AtomicU64::new(0),
+            primary: Mutex::new(None),
         }
     }
 
@@ -131,13 +145,55 @@ impl Pool {
         })
     }
 
-    /// The live connection of `slot`, if it has one.
+    /// The live connection of `slot`, if it has one of the current primary generation (an
+    /// older one is dropped).
     fn live(&self, slot: usize) -> Option<Checkout> {
-        self.slots[slot].live().as_ref().map(|live| Checkout {
+        let generation = self.generation.load(Ordering::Acquire);
+        let mut guard = self.slots[slot].live();
+        if guard
+            .as_ref()
+            .is_some_and(|live| live.generation != generation)
+        {
+            *guard = None;
+        }
+        guard.as_ref().map(|live| Checkout {
             conn: live.conn.clone(),
             slot,
             id: live.id,
         })
+    }
+
+    /// The generation a new connection to `primary` belongs to. A primary other than the last
+    /// one starts a new generation and drops every pooled connection to the old one at once.
+    fn generation_for(&self, primary: Option<&HostPort>) -> u64 {
+        let Some(primary) = primary else {
+            return self.generation.load(Ordering::Acquire);
+        };
+        let mut known = self.primary.lock().unwrap_or_else(|e| e.into_inner());
+        if known.as_ref() == Some(primary) {
+            return self.generation.load(Ordering::Acquire);
+        }
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let mut dropped = 0;
+        for slot in &self.slots {
+            let mut live = slot.live();
+            if live.take().is_some() {
+                dropped += 1;
+            }
+        }
+        if let Some(old) = known.as_ref() {
+            warn!(
+                endpoint = %self.endpoint(),
+                old_primary = %old,
+                new_primary = %primary,
+                dropped_connections = dropped,
+                "the primary changed: every pooled connection to the old one is dropped"
+            );
+        } else {
+            info!(endpoint = %self.endpoint(), primary = %primary, "connected to the primary");
+        }
+        *known = Some(primary.clone());
+        generation
     }
 
     async fn connect_slot(&self, slot: usize, deadline: Instant) -> Result<Checkout, StoreError> {
@@ -156,12 +212,14 @@ impl Pool {
             .connect_timeout
             .min(deadline.saturating_duration_since(Instant::now()));
         match self.connector.connect(limit).await {
-            Ok(conn) => {
+            Ok(Connected { conn, primary }) => {
                 self.connected();
+                let generation = self.generation_for(primary.as_ref());
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                 *self.slots[slot].live() = Some(Live {
                     conn: conn.clone(),
                     id,
+                    generation,
                 });
                 Ok(Checkout { conn, slot, id })
             }

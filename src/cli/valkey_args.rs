@@ -18,8 +18,9 @@ use super::Span;
 use crate::redact::{Secret, SecretUrl};
 use crate::store::valkey::{
     ClientCertificate, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,
-    DEFAULT_PREFIX, DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_RECONNECT_MIN_DELAY, Durability, HostPort,
-    PasswordSource, Sentinels, TlsConfig, ValkeyConfig, ValkeyStore,
+    DEFAULT_PREFIX, DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_RECONNECT_MIN_DELAY,
+    DEFAULT_SENTINEL_POLL_INTERVAL, Durability, HostPort, PasswordSource, Sentinels, TlsConfig,
+    ValkeyConfig, ValkeyStore,
 };
 use crate::store::{DEFAULT_REPLY_TTL, LeaseStore, StoreError};
 
@@ -82,6 +83,12 @@ pub struct ValkeyArgs {
     /// password is taken from TARGETLEASE_VALKEY_SENTINEL_PASSWORD when set.
     #[arg(long, env = "TARGETLEASE_VALKEY_SENTINEL_PASSWORD_FILE")]
     pub valkey_sentinel_password_file: Option<PathBuf>,
+
+    /// How often the sentinels are asked whether the primary changed, while the store is in use
+    /// (a demoted primary keeps taking writes on open connections until Sentinel reconfigures
+    /// it).
+    #[arg(long, env = "TARGETLEASE_VALKEY_SENTINEL_POLL_INTERVAL", default_value_t = Span(DEFAULT_SENTINEL_POLL_INTERVAL))]
+    pub valkey_sentinel_poll_interval: Span,
 
     /// ACL user name.
     #[arg(long, env = "TARGETLEASE_VALKEY_USERNAME")]
@@ -186,6 +193,7 @@ impl ValkeyArgs {
             valkey_sentinel_master,
             valkey_sentinel_username,
             valkey_sentinel_password_file,
+            valkey_sentinel_poll_interval,
             valkey_username,
             valkey_password_file,
             valkey_tls,
@@ -255,6 +263,7 @@ impl ValkeyArgs {
                     master,
                     username: valkey_sentinel_username.clone(),
                     password: sentinel_password,
+                    poll_interval: valkey_sentinel_poll_interval.0,
                 })
             }
             _ => {

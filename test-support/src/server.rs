@@ -169,6 +169,11 @@ impl Server {
         self.password.as_deref()
     }
 
+    /// The process id (for signals: SIGSTOP stalls the server without closing a connection).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -59,7 +59,13 @@ pub struct Sentinels {
     pub username: Option<String>,
     /// Password on the sentinels; read at every connect like the data password.
     pub password: Option<PasswordSource>,
+    /// How often a store in use asks the sentinels whether the primary changed (a demoted
+    /// primary keeps accepting writes on open connections until the sentinels reconfigure it).
+    pub poll_interval: Duration,
 }
+
+/// How often the sentinels are asked for the primary unless configured otherwise.
+pub const DEFAULT_SENTINEL_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The longest master name accepted.
 const MAX_MASTER_NAME: usize = 128;
@@ -99,6 +105,13 @@ impl Sentinels {
         }
         if self.username.as_deref().is_some_and(str::is_empty) {
             return invalid("the sentinel ACL user name is empty".into());
+        }
+        let poll = Duration::from_millis(100)..=Duration::from_secs(60);
+        if !poll.contains(&self.poll_interval) {
+            return invalid(format!(
+                "the sentinel poll interval must be between 100 ms and 60 s, not {} ms",
+                self.poll_interval.as_millis()
+            ));
         }
         Ok(())
     }

@@ -254,6 +254,17 @@ impl Connector {
             .await
     }
 
+    /// Through Sentinel: the primary the sentinels name now (see [`sentinel::named_primary`]);
+    /// `None` otherwise, or when no sentinel answered.
+    pub(super) async fn named_primary(&self, limit: Duration) -> Option<HostPort> {
+        let Endpoints::Sentinel(sentinels) = &self.config.endpoints else {
+            return None;
+        };
+        install_crypto_provider();
+        let material = self.tls.as_ref().map(TlsConfig::load).transpose().ok()?;
+        sentinel::named_primary(self, sentinels, limit, material.as_ref()).await
+    }
+
     /// The durability this connector checks, for the Sentinel role check.
     pub(super) fn durability(&self) -> Durability {
         self.config.durability

@@ -17,6 +17,7 @@ mod sentinel;
 pub mod wire;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use redis::{Cmd, RedisError, RedisResult, Value};
@@ -26,8 +27,9 @@ use tracing::{debug, warn};
 use self::classify::{breaks_connection, classify, millis};
 pub use self::config::{
     ClientCertificate, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,
-    DEFAULT_PREFIX, DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_RECONNECT_MIN_DELAY, Durability,
-    Endpoints, HostPort, PasswordSource, Sentinels, TlsConfig, ValkeyConfig,
+    DEFAULT_PREFIX, DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_RECONNECT_MIN_DELAY,
+    DEFAULT_SENTINEL_POLL_INTERVAL, Durability, Endpoints, HostPort, PasswordSource, Sentinels,
+    TlsConfig, ValkeyConfig,
 };
 use self::connect::{Conn, Connector};
 use self::keys::TargetKeys;
@@ -51,6 +53,8 @@ struct Inner {
     pool: Pool,
     backoff: Backoff,
     reply_ttl_ms: String,
+    /// Whether the task that follows the sentinels' view of the primary runs.
+    following: AtomicBool,
 }
 
 impl std::fmt::Debug for ValkeyStore {
@@ -152,6 +156,7 @@ impl ValkeyStore {
                 pool,
                 backoff,
                 reply_ttl_ms,
+                following: AtomicBool::new(false),
             }),
         })
     }
@@ -185,6 +190,7 @@ impl ValkeyStore {
     /// with backoff while the deadline allows, which is safe because every request is
     /// idempotent: scripts by their request id, the rest are reads.
     async fn call(&self, request: Request<'_>) -> Result<Value, StoreError> {
+        self.follow_failovers();
         let limit = self.config().call_timeout;
         let deadline = Instant::now() + limit;
         let mut attempt = 0;
@@ -222,6 +228,30 @@ impl ValkeyStore {
             debug!(endpoint = %self.endpoint(), error = %failure, attempt, "retrying within the call deadline");
             tokio::time::sleep(pause).await;
         }
+    }
+
+    /// Through Sentinel, starts (once, at the first call: a runtime is at hand) the task that
+    /// asks the sentinels every poll interval whether the primary changed and, if so, drops the
+    /// pooled connections to the old one. The task holds the store weakly and ends with it.
+    fn follow_failovers(&self) {
+        let Endpoints::Sentinel(sentinels) = &self.config().endpoints else {
+            return;
+        };
+        if self.inner.following.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let mut tick = tokio::time::interval(sentinels.poll_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::spawn(async move {
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else {
+                    break;
+                };
+                inner.pool.follow_primary().await;
+            }
+        });
     }
 
     /// Runs one script and returns its reply.

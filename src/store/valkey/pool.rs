@@ -10,7 +10,10 @@
 //! Through Sentinel every connect asks which server is the primary. When a connect finds
 //! another primary than the one the pooled connections reach, those connections are dropped
 //! before any of them carries another call: each connection belongs to a primary generation,
-//! and a connection of an older generation is never handed out.
+//! and a connection of an older generation is never handed out. A pool in use also asks the
+//! sentinels every poll interval ([`Pool::follow_primary`]): a demoted primary keeps accepting
+//! writes on its open connections until the sentinels reconfigure it, seconds after the
+//! failover.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -161,6 +164,24 @@ impl Pool {
             slot,
             id: live.id,
         })
+    }
+
+    /// Asks the sentinels which server is the primary and, when it is not the one the pooled
+    /// connections reach, drops them all: the next call connects to the new primary (and checks
+    /// its role). Nothing happens when no sentinel answers or no connection was made yet.
+    pub(super) async fn follow_primary(&self) {
+        let Some(named) = self.connector.named_primary(self.connect_timeout).await else {
+            return;
+        };
+        let known = self
+            .primary
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if known.is_some_and(|known| known != named) {
+            // The next connect records the primary it really reaches.
+            self.generation_for(Some(&named));
+        }
     }
 
     /// The generation a new connection to `primary` belongs to. A primary other than the last

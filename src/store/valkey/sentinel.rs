@@ -126,6 +126,36 @@ pub(super) async fn connect(
     Err(no_primary(connector, sentinels, failures))
 }
 
+/// The primary the sentinels name now, without connecting to it: the first answer of the
+/// sentinels asked in turn (each question bounded by `limit`); `None` when none answered with an
+/// address. Polled while the pool is in use, so that a failover is followed even while the
+/// pooled connections to the old primary still work (a demoted primary keeps taking writes until
+/// the sentinels reconfigure it, which they do only seconds later).
+pub(super) async fn named_primary(
+    connector: &Connector,
+    sentinels: &Sentinels,
+    limit: Duration,
+    material: Option<&TlsMaterial>,
+) -> Option<HostPort> {
+    let password = sentinels.password.as_ref().and_then(|p| p.load().ok());
+    let order = connector.sentinel_order();
+    for index in order.in_turn(sentinels.addrs.len()) {
+        let sentinel = &sentinels.addrs[index];
+        let asked = ask(
+            connector,
+            sentinel,
+            sentinels,
+            password.as_ref(),
+            material,
+            limit,
+        );
+        if let Ok(Ok(Some(primary))) = tokio::time::timeout(limit, asked).await {
+            return Some(primary);
+        }
+    }
+    None
+}
+
 /// Asks one sentinel for the primary's address; `None` when it does not know the name.
 async fn ask(
     connector: &Connector,
@@ -236,9 +266,10 @@ async fn open_primary(
     Ok(Role::Primary(conn))
 }
 
-/// The error of a connect on which no sentinel led to a primary: one kind when every sentinel
-/// failed the same way (a wrong password everywhere is `access_denied`, a name no sentinel
-/// knows is `invalid_config`), `unavailable` otherwise; the message names each sentinel's cause.
+/// The error of a connect on which no sentinel led to a primary: the kind of the refusals when
+/// every refusal is of one kind (a wrong password is `access_denied`, a name no sentinel knows
+/// is `invalid_config`), `unavailable` otherwise (sentinels down, a failover in progress); the
+/// message names each sentinel's cause.
 fn no_primary(
     connector: &Connector,
     sentinels: &Sentinels,
@@ -246,13 +277,17 @@ fn no_primary(
 ) -> StoreError {
     let endpoint = connector.endpoint().to_owned();
     let master = &sentinels.master;
-    let kinds: Vec<Option<ErrorKind>> = failures
+    // The refusals among the answers (a sentinel down or slow, a replica named, a primary
+    // already tried are not refusals): one consistent refusal (the same wrong password
+    // everywhere) is the error even when other sentinels are down.
+    let refusals: Vec<ErrorKind> = failures
         .iter()
-        .map(|(_, cause)| match cause {
+        .filter_map(|(_, cause)| match cause {
             Cause::Asking(e) | Cause::Primary(_, e) => Some(e.kind()),
             Cause::Unknown => Some(ErrorKind::InvalidConfig),
             _ => None,
         })
+        .filter(|kind| *kind != ErrorKind::Unavailable)
         .collect();
     let each: Vec<String> = failures
         .into_iter()
@@ -279,11 +314,10 @@ fn no_primary(
         })
         .collect();
     let cause = format!("no sentinel led to the primary: {}", each.join("; "));
-    let same = kinds
+    let same = refusals
         .first()
         .copied()
-        .flatten()
-        .filter(|first| kinds.iter().all(|k| *k == Some(*first)));
+        .filter(|first| refusals.iter().all(|k| k == first));
     match same {
         Some(ErrorKind::AccessDenied) => StoreError::AccessDenied { endpoint, cause },
         Some(ErrorKind::Tls) => StoreError::Tls { endpoint, cause },

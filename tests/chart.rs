@@ -409,6 +409,147 @@ fn ci_values_render_what_they_ask_for(tools: &Tools) {
     );
 }
 
+/// The controller container's env of a rendering, by name.
+fn controller_env(docs: &[Value]) -> Vec<(String, Value)> {
+    object(docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap_or_default().to_owned(), e.clone()))
+        .collect()
+}
+
+/// The `value` of one env var, None when the var is absent.
+fn env_value(env: &[(String, Value)], name: &str) -> Option<Value> {
+    env.iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, e)| e["value"].clone())
+}
+
+fn sentinel_values_pass_the_sentinels_not_the_url(tools: &Tools) {
+    let file = chart_dir()
+        .join("ci/sentinel-values.yaml")
+        .display()
+        .to_string();
+    let docs = tools.render_ok(&["-f", &file]);
+    let env = controller_env(&docs);
+    let value = |name: &str| env_value(&env, name).unwrap_or_else(|| panic!("no env {name}"));
+    assert_eq!(
+        value("TARGETLEASE_VALKEY_SENTINELS"),
+        "store-valkey-node-0.store-valkey-headless.valkey.svc:26379,\
+         store-valkey-node-1.store-valkey-headless.valkey.svc:26379,\
+         store-valkey-node-2.store-valkey-headless.valkey.svc:26379"
+    );
+    assert_eq!(value("TARGETLEASE_VALKEY_SENTINEL_MASTER"), "myprimary");
+    assert_eq!(
+        value("TARGETLEASE_VALKEY_SENTINEL_PASSWORD_FILE"),
+        "/etc/targetlease/valkey-sentinel-password/password"
+    );
+    // The data password stays the data password, from its own mount.
+    assert_eq!(
+        value("TARGETLEASE_VALKEY_PASSWORD_FILE"),
+        "/etc/targetlease/valkey-password/password"
+    );
+    assert_eq!(
+        value("TARGETLEASE_VALKEY_TLS_SERVER_NAME"),
+        "store-valkey.valkey.svc"
+    );
+    // The controller refuses a URL or seeds beside the sentinels, and a password in the env
+    // would show in the pod spec.
+    for absent in [
+        "TARGETLEASE_VALKEY_URL",
+        "TARGETLEASE_VALKEY_CLUSTER_SEEDS",
+        "TARGETLEASE_VALKEY_SENTINEL_PASSWORD",
+        "TARGETLEASE_VALKEY_SENTINEL_USERNAME",
+    ] {
+        assert!(
+            !env.iter().any(|(n, _)| n == absent),
+            "{absent} in a Sentinel rendering"
+        );
+    }
+    let pod = &object(&docs, "Deployment", FULLNAME)["spec"]["template"]["spec"];
+    let mounts = &pod["containers"][0]["volumeMounts"];
+    assert_eq!(
+        mounts[2],
+        json!({"name": "valkey-sentinel-password", "mountPath": "/etc/targetlease/valkey-sentinel-password", "readOnly": true}),
+        "{mounts}"
+    );
+    let volume = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == "valkey-sentinel-password")
+        .expect("the sentinel password volume");
+    assert_eq!(volume["secret"]["secretName"], "store-valkey");
+    assert_eq!(
+        volume["secret"]["items"],
+        json!([{"key": "valkey-password", "path": "password"}])
+    );
+    // Read-only for the pod's user and group, like the data password.
+    let data = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == "valkey-password")
+        .expect("the data password volume");
+    assert_eq!(
+        volume["secret"]["defaultMode"],
+        data["secret"]["defaultMode"]
+    );
+    // No URL is passed, so no URL Secret and no checksum of one.
+    assert!(of_kind(&docs, "Secret").is_empty(), "an unused URL Secret");
+    let annotations =
+        &object(&docs, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["annotations"];
+    assert!(
+        annotations.get("checksum/valkey-url").is_none(),
+        "{annotations}"
+    );
+    // The NetworkPolicy of the example lets the controller reach the sentinels and the data
+    // port they announce.
+    let egress = object(&docs, "NetworkPolicy", FULLNAME)["spec"]["egress"].to_string();
+    for port in ["26379", "6379"] {
+        assert!(egress.contains(&format!("\"port\":{port}")), "{egress}");
+    }
+
+    // The default valkey.url left in place: still no URL, no Secret. A user on the sentinels,
+    // an IPv6 sentinel, no sentinel password: no mount.
+    let docs = tools.render_ok(&[
+        "--set",
+        "valkey.sentinel.addresses={[fd00::7]:26379,valkey-sentinel:26379}",
+        "--set",
+        "valkey.sentinel.masterName=mymaster",
+        "--set",
+        "valkey.sentinel.username=sentinel",
+    ]);
+    let env = controller_env(&docs);
+    assert_eq!(
+        env_value(&env, "TARGETLEASE_VALKEY_SENTINELS"),
+        Some(json!("[fd00::7]:26379,valkey-sentinel:26379"))
+    );
+    assert_eq!(
+        env_value(&env, "TARGETLEASE_VALKEY_SENTINEL_USERNAME"),
+        Some(json!("sentinel"))
+    );
+    for absent in [
+        "TARGETLEASE_VALKEY_URL",
+        "TARGETLEASE_VALKEY_SENTINEL_PASSWORD_FILE",
+        "TARGETLEASE_VALKEY_TLS_SERVER_NAME",
+    ] {
+        assert!(!env.iter().any(|(n, _)| n == absent), "{absent}");
+    }
+    assert!(of_kind(&docs, "Secret").is_empty(), "an unused URL Secret");
+    let pod = &object(&docs, "Deployment", FULLNAME)["spec"]["template"]["spec"];
+    assert!(pod["volumes"].is_null(), "{}", pod["volumes"]);
+
+    // Without sentinels nothing of Sentinel is passed (the default rendering).
+    let env = controller_env(&tools.render_ok(&[]));
+    assert!(
+        !env.iter()
+            .any(|(n, _)| n.starts_with("TARGETLEASE_VALKEY_SENTINEL")),
+        "{env:?}"
+    );
+}
+
 fn schema_refuses_bad_values(tools: &Tools) {
     let files = yaml_files(&repo().join("tests/chart/bad-values"));
     assert!(files.len() >= 5, "only {} bad values files", files.len());
@@ -748,6 +889,10 @@ fn main() {
         (
             "ci_values_render_what_they_ask_for",
             ci_values_render_what_they_ask_for,
+        ),
+        (
+            "sentinel_values_pass_the_sentinels_not_the_url",
+            sentinel_values_pass_the_sentinels_not_the_url,
         ),
         ("schema_refuses_bad_values", schema_refuses_bad_values),
         ("chart_crd_matches_crds_dir", chart_crd_matches_crds_dir),

@@ -75,8 +75,9 @@ app.kubernetes.io/component: controller
 
 {{/* Whether the chart makes the Valkey Secret itself. */}}
 {{- define "targetlease.createValkeySecret" -}}
-{{- /* Not in cluster mode: the seeds are passed instead of a URL, so a URL Secret would be unused. */}}
-{{- if and (eq .Values.controller.backend "valkey") (not .Values.valkey.existingSecret.name) (not .Values.valkey.clusterSeeds) }}true{{ end }}
+{{- /* Not in cluster or Sentinel mode: the seeds or the sentinels are passed instead of a URL,
+so a URL Secret would be unused. */}}
+{{- if and (eq .Values.controller.backend "valkey") (not .Values.valkey.existingSecret.name) (not .Values.valkey.clusterSeeds) (not .Values.valkey.sentinel.addresses) }}true{{ end }}
 {{- end }}
 
 {{/* Where the Valkey TLS Secret is mounted. */}}
@@ -96,6 +97,23 @@ app.kubernetes.io/component: controller
 {{- if ne (empty .Values.valkey.tls.certKey) (empty .Values.valkey.tls.keyKey) }}
 {{- fail "valkey.tls.certKey and valkey.tls.keyKey go together (mutual TLS needs both)" }}
 {{- end }}
+{{- if and .Values.valkey.tls.serverName (not .Values.valkey.tls.enabled) }}
+{{- fail "valkey.tls.serverName needs valkey.tls.enabled (the name is what the servers' TLS certificates are checked against)" }}
+{{- end }}
+{{- with .Values.valkey.sentinel }}
+{{- if and .addresses $.Values.valkey.clusterSeeds }}
+{{- fail "valkey.sentinel.addresses and valkey.clusterSeeds exclude each other: Valkey is either a primary behind Sentinel or a Valkey Cluster; empty one of them" }}
+{{- end }}
+{{- if and .addresses (not .masterName) }}
+{{- fail "valkey.sentinel.addresses needs valkey.sentinel.masterName, the name of the primary the sentinels monitor (myprimary in Bitnami's valkey chart, mymaster in valkey-io's)" }}
+{{- end }}
+{{- if and (not .addresses) (or .masterName .username .existingSecret.name .existingSecret.passwordKey) }}
+{{- fail "valkey.sentinel.masterName, username and existingSecret need valkey.sentinel.addresses (the sentinels to ask for the primary); without addresses they would be ignored" }}
+{{- end }}
+{{- if ne (empty .existingSecret.name) (empty .existingSecret.passwordKey) }}
+{{- fail "valkey.sentinel.existingSecret.name and valkey.sentinel.existingSecret.passwordKey go together (the Secret and the key of the sentinels' password in it)" }}
+{{- end }}
+{{- end }}
 {{- with .Values.controller.watchNamespace }}
 {{- range $.Values.controller.holderPods.namespaces }}
 {{- if ne . $.Values.controller.watchNamespace }}
@@ -103,7 +121,7 @@ app.kubernetes.io/component: controller
 {{- end }}
 {{- end }}
 {{- end }}
-{{- if and (eq .Values.controller.backend "valkey") (not .Values.valkey.existingSecret.name) (not .Values.valkey.url) }}
-{{- fail "controller.backend=valkey needs valkey.url or valkey.existingSecret.name" }}
+{{- if and (eq .Values.controller.backend "valkey") (not .Values.valkey.existingSecret.name) (not .Values.valkey.url) (not .Values.valkey.clusterSeeds) (not .Values.valkey.sentinel.addresses) }}
+{{- fail "controller.backend=valkey needs valkey.url or valkey.existingSecret.name (or valkey.clusterSeeds, or valkey.sentinel.addresses)" }}
 {{- end }}
 {{- end }}

@@ -431,6 +431,20 @@ impl ControllerProcess {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> ControllerProcess {
+        let mut all = vec![("TARGETLEASE_VALKEY_URL", valkey_url)];
+        all.extend_from_slice(env);
+        Self::start_reaching(cluster, kubeconfig, args, &all)
+    }
+
+    /// A controller that reaches the lease store as `args` and `env` say (no Valkey URL is
+    /// set: `--valkey-sentinels`, `--valkey-cluster-seeds` or `TARGETLEASE_VALKEY_URL` in
+    /// them), the API server as `kubeconfig` says.
+    pub fn start_reaching(
+        cluster: &Cluster,
+        kubeconfig: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> ControllerProcess {
         let port = super::server::free_port();
         let http = format!("127.0.0.1:{port}");
         let log = cluster.scratch().join(format!("controller-{port}.log"));
@@ -441,7 +455,6 @@ impl ControllerProcess {
             .args(args)
             .envs(cluster.envs())
             .env("KUBECONFIG", kubeconfig)
-            .env("TARGETLEASE_VALKEY_URL", valkey_url)
             .env("TARGETLEASE_LOG", "info,targetlease=debug")
             .envs(env.iter().copied())
             .stdin(Stdio::null())

@@ -21,6 +21,9 @@ use support::kube::{
 };
 use support::proxy::{Mode, Proxy};
 use support::scenario::{SEC, Scenario, run_suite};
+use support::sentinel::{MASTER, Options, Topology};
+use support::server::ServerKind;
+use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 
 // 1. kubectl apply leads to Held; kubectl wait works on the condition and on the phase.
 async fn apply_leads_to_held(s: Scenario) {
@@ -2141,6 +2144,124 @@ async fn permits_cap_holders_and_pass_in_order(s: Scenario) {
     assert_eq!(most, 3, "never saw three held at once");
 }
 
+// A primary behind Sentinel fails over (SENTINEL FAILOVER) while ten TargetLeases with a 30 s
+// TTL are held by a controller that reaches Valkey through the sentinels: every one shows Held
+// with its token at every moment, and the renewals after the switch land on the new primary (the
+// old one keeps taking writes for seconds, until Sentinel demotes it).
+async fn sentinel_failover_keeps_leases_held(mut s: Scenario) {
+    let topology =
+        tokio::task::spawn_blocking(|| Topology::start(Options::plain(ServerKind::Valkey91)))
+            .await
+            .expect("start the sentinel topology");
+    let sentinels = topology.sentinel_addrs().join(",");
+    s.controller.take();
+    let args = [
+        "--watch-namespace",
+        s.ns.as_str(),
+        "--valkey-timeout",
+        "1s",
+        "--valkey-sentinels",
+        sentinels.as_str(),
+        "--valkey-sentinel-master",
+        MASTER,
+    ];
+    let kubeconfig = std::path::Path::new(s.cluster.kubeconfig());
+    s.controller = Some(ControllerProcess::start_reaching(
+        &s.cluster,
+        kubeconfig,
+        &args,
+        &[],
+    ));
+    let names: Vec<String> = (0..10).map(|i| format!("sentinel-{i}")).collect();
+    for name in &names {
+        s.apply(
+            name,
+            &format!("{name}-target"),
+            "worker-1",
+            "ttlSeconds: 30",
+        );
+    }
+    let mut tokens = std::collections::BTreeMap::new();
+    for name in &names {
+        let held = s.wait_phase(name, Phase::Held, 30 * SEC).await;
+        tokens.insert(name.clone(), token_of(&held));
+    }
+    // Every status, all along: Held, with the token it had.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (api, tokens, stop) = (s.api(), tokens.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut looks = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                for lease in api.list(&Default::default()).await.expect("list").items {
+                    let name = lease.name_any();
+                    let Some(token) = tokens.get(&name) else {
+                        continue;
+                    };
+                    assert_eq!(
+                        phase_of(&lease),
+                        Some(Phase::Held),
+                        "{name}: {:?}",
+                        lease.status
+                    );
+                    assert_eq!(token_of(&lease), *token, "{name} changed tokens");
+                }
+                looks += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            looks
+        })
+    };
+    let old = topology.nodes[0].port;
+    let started = Instant::now();
+    tokio::task::block_in_place(|| topology.failover());
+    let new = tokio::task::block_in_place(|| topology.wait_for_new_primary(old, 20 * SEC));
+    support::suite::measured(
+        "controller: SENTINEL FAILOVER until the sentinels name the new primary",
+        started.elapsed(),
+    );
+    // One poll interval (1 s) for the controller to leave the old primary, then more than one
+    // renewal interval (TTL/3 = 10 s).
+    let switched = Instant::now() + Duration::from_millis(1_500);
+    tokio::time::sleep(13 * SEC).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let looks = watcher
+        .await
+        .expect("every status stayed Held with its token");
+    assert!(looks > 50, "only {looks} looks at the statuses");
+    // On the new primary itself: every lease with its token, renewed after the switch.
+    let mut direct = ValkeyConfig::new(
+        targetlease::redact::SecretUrl::parse(&format!("redis://127.0.0.1:{new}")).expect("url"),
+    );
+    direct.key_prefix = "tl".into();
+    let on_new = ValkeyStore::connect(direct)
+        .await
+        .expect("connect to the new primary");
+    let since_switch = u64::try_from(switched.elapsed().as_millis()).unwrap_or(u64::MAX);
+    for (name, token) in &tokens {
+        let seen = on_new
+            .inspect(&s.target(&format!("{name}-target")))
+            .await
+            .expect("inspect");
+        let lease = seen
+            .lease
+            .unwrap_or_else(|| panic!("{name}: no lease on the new primary"));
+        assert_eq!(
+            lease.token, *token,
+            "{name}: another token on the new primary"
+        );
+        assert!(
+            lease.expires_in_ms + since_switch > 30_000,
+            "{name}: not renewed on the new primary since the switch ({} ms left, {since_switch} ms since)",
+            lease.expires_in_ms
+        );
+    }
+    assert!(
+        s.controller().logs().contains("the primary changed"),
+        "the controller did not log the switch"
+    );
+}
+
 fn main() {
     let scenarios = scenarios![
         apply_leads_to_held,
@@ -2171,6 +2292,7 @@ fn main() {
         ttl_edit_while_held_reaches_the_store,
         data_loss_never_shows_two_held_for_long,
         permits_cap_holders_and_pass_in_order,
+        sentinel_failover_keeps_leases_held,
     ];
     run_suite("controller", scenarios.to_vec());
 }

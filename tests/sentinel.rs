@@ -539,6 +539,67 @@ async fn confirmed_grants_survive_a_killed_primary() {
     );
 }
 
+/// With `durability replicas=2`, a new connection counts the primary's replicas in sync: while
+/// one is down, connects are refused (`unavailable`, naming the shortfall) rather than left to
+/// run acquires that would wait in vain, and the store works again once the replica is back.
+async fn durability_is_checked_against_the_primary_at_every_connect() {
+    let options = Options {
+        data_args: ["--appendonly", "yes"].map(String::from).to_vec(),
+        ..Options::plain(ServerKind::Valkey91)
+    };
+    let mut topology = topology(options).await;
+    let mut config = config_for(addrs(&topology));
+    config.durability = Durability {
+        local: false,
+        replicas: 2,
+    };
+    let store = connect(config).await;
+    contract_cases::acquired(
+        &*store,
+        &contract_cases::acquire_req(&target("two"), "l", "o", TTL),
+    )
+    .await;
+    let primary = topology.nodes[0].port;
+    let replica = topology.nodes[2].port;
+    topology.node(replica).kill();
+    tokio::task::block_in_place(|| {
+        topology
+            .query(primary, &["CLIENT", "KILL", "TYPE", "normal"])
+            .expect("CLIENT KILL");
+    });
+    let e = store
+        .acquire(&contract_cases::acquire_req(
+            &target("one-short"),
+            "l",
+            "o",
+            TTL,
+        ))
+        .await
+        .expect_err("a connect to a primary with one replica of two");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(
+        e.to_string().contains(&format!(
+            "named 127.0.0.1:{primary}, which has 1 replica(s) online where the durability replicas=2 needs 2"
+        )),
+        "{e}"
+    );
+    tokio::task::block_in_place(|| {
+        topology.node(replica).restart();
+        let primary = &topology.nodes[0];
+        assert!(topology.nodes[2].wait_in_sync_with(primary, Duration::from_secs(20)));
+    });
+    let back = Instant::now();
+    let req = contract_cases::acquire_req(&target("two-again"), "l", "o", TTL);
+    loop {
+        match store.acquire(&req).await {
+            Ok(AcquireOutcome::Acquired(_)) => break,
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => assert!(back.elapsed() < Duration::from_secs(10), "not back: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// SIGSTOP of the primary past `down-after-milliseconds`, then SIGCONT: for a while two servers
 /// think they are the primary. With `min-replicas-to-write 1` the isolated one refuses every
 /// write (its replicas follow the new primary), and the workload's tokens keep growing.
@@ -929,6 +990,11 @@ fn main() {
             "sentinel::confirmed_grants_survive_a_killed_primary",
             long,
             confirmed_grants_survive_a_killed_primary,
+        ),
+        trial_with_limit(
+            "sentinel::durability_is_checked_against_the_primary_at_every_connect",
+            long,
+            durability_is_checked_against_the_primary_at_every_connect,
         ),
         trial_with_limit(
             "sentinel::stopped_primary_comes_back_isolated",

@@ -467,6 +467,14 @@ mod tests {
                 &["--valkey-sentinels=a:1", "--valkey-sentinel-master="][..],
                 "master name",
             ),
+            (
+                &[
+                    "--valkey-sentinels=a:1",
+                    "--valkey-sentinel-master=m",
+                    "--valkey-sentinel-poll-interval=10ms",
+                ][..],
+                "poll interval",
+            ),
         ] {
             let message = refused(args);
             assert!(message.contains(says), "{args:?}: {message}");

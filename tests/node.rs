@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use support::kube::{Cluster, http_get, metric, repo};
 use support::oci::{Layout, build_controller_image, sh, unpack};
+use support::sentinel::{MASTER as SENTINEL_MASTER, Options as SentinelOptions, Topology};
 use support::server::{Server, ServerKind};
 
 const SYSTEM_NS: &str = "targetlease-system";
@@ -710,6 +711,127 @@ fn permits_cap_a_parallel_job() {
     );
 }
 
+/// The chart against Valkey behind Sentinel (one primary, two replicas, three sentinels on the
+/// node's address, with a password): `helm upgrade` to `valkey.sentinel.*`, then a TargetLease
+/// is Held through the primary the sentinels name, keeps its token through `SENTINEL FAILOVER`
+/// (and stays in the new primary), and a new one is granted there above it. Runs last: the
+/// release stays on Sentinel afterwards.
+fn chart_follows_a_sentinel_failover() {
+    let w = &*world();
+    let topology = Topology::start(SentinelOptions {
+        host: Some(w.cluster.node_ip()),
+        password: Some(PASSWORD.into()),
+        ..SentinelOptions::plain(ServerKind::Valkey91)
+    });
+    let addresses = topology.sentinel_addrs().join(",");
+    let chart = repo().join("charts/targetlease").display().to_string();
+    let upgrade = w.cluster.helm(&[
+        "upgrade",
+        RELEASE,
+        &chart,
+        "-n",
+        SYSTEM_NS,
+        "--reuse-values",
+        "--set",
+        &format!("valkey.sentinel.addresses={{{addresses}}}"),
+        "--set",
+        &format!("valkey.sentinel.masterName={SENTINEL_MASTER}"),
+    ]);
+    assert!(
+        upgrade.status.success(),
+        "helm upgrade to Sentinel failed: {}",
+        String::from_utf8_lossy(&upgrade.stderr)
+    );
+    let started = Instant::now();
+    w.until(
+        "two Ready controller pods on Sentinel",
+        SYSTEM_NS,
+        Duration::from_secs(180),
+        || {
+            let pods = w.controller_pods();
+            let on_sentinel = |pod: &Value| {
+                pod["spec"]["containers"][0]["env"]
+                    .as_array()
+                    .is_some_and(|env| {
+                        env.iter()
+                            .any(|e| e["name"] == "TARGETLEASE_VALKEY_SENTINELS")
+                    })
+            };
+            (pods.len() == 2 && pods.iter().all(|p| ready(p) && on_sentinel(p))).then_some(())
+        },
+    );
+    support::suite::measured(
+        "controller pods Ready on Sentinel after helm upgrade",
+        started.elapsed(),
+    );
+    let apply = |name: &str| {
+        w.cluster.apply(&format!(
+            "apiVersion: targetlease.dev/v1alpha1\nkind: TargetLease\nmetadata:\n  name: {name}\n  namespace: {APP_NS}\nspec:\n  target: node/{name}\n  holder: node-suite\n  ttlSeconds: 30\n"
+        ));
+        w.until(
+            &format!("TargetLease {name} Held"),
+            SYSTEM_NS,
+            Duration::from_secs(60),
+            || (w.phase(name).as_deref() == Some("Held")).then_some(()),
+        );
+        w.lease(name).expect("lease")["status"]["fencingToken"]
+            .as_u64()
+            .expect("token")
+    };
+    let fence = |port: u16, name: &str| {
+        let reply = topology
+            .query(
+                port,
+                &["GET", &format!("tl:{{{APP_NS}/node/{name}}}:fence")],
+            )
+            .unwrap_or_else(|e| panic!("GET the fence of {name} on {port}: {e}"));
+        support::sentinel::text(&reply)
+    };
+    let first = apply("sentinel-first");
+    let old = topology.primary_port().expect("a primary");
+    assert!(
+        fence(old, "sentinel-first").contains(&first.to_string()),
+        "the grant is not on the primary {old}"
+    );
+    topology.failover();
+    let new = topology.wait_for_new_primary(old, Duration::from_secs(30));
+    // Past a renewal (TTL/3) on the new primary.
+    for _ in 0..12 {
+        std::thread::sleep(Duration::from_secs(1));
+        let lease = w.lease("sentinel-first").expect("lease");
+        assert_eq!(lease["status"]["phase"], "Held", "{}", lease["status"]);
+        assert_eq!(
+            lease["status"]["fencingToken"].as_u64(),
+            Some(first),
+            "{}",
+            lease["status"]
+        );
+    }
+    let pttl = topology
+        .query(
+            new,
+            &[
+                "PTTL",
+                &format!("tl:{{{APP_NS}/node/sentinel-first}}:lease"),
+            ],
+        )
+        .map(|r| support::sentinel::text(&r))
+        .unwrap_or_default();
+    assert!(
+        pttl.parse::<i64>().is_ok_and(|ms| ms > 0),
+        "the lease is not on the new primary {new}: PTTL {pttl}"
+    );
+    let second = apply("sentinel-second");
+    assert!(
+        second > first,
+        "token {second} after the failover is not above {first}"
+    );
+    assert!(
+        fence(new, "sentinel-second").contains(&second.to_string()),
+        "the new grant is not on the new primary {new}"
+    );
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     // One cluster, one node: the tests build on each other, in this order.
@@ -739,6 +861,10 @@ fn main() {
             deleted_holder_pod_hands_over,
         ),
         test("permits_cap_a_parallel_job", permits_cap_a_parallel_job),
+        test(
+            "chart_follows_a_sentinel_failover",
+            chart_follows_a_sentinel_failover,
+        ),
     ];
     let conclusion = libtest_mimic::run(&args, trials);
     // Valkey stops and the node is torn down before the closing line.

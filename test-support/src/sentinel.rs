@@ -31,6 +31,11 @@ pub struct Options {
     pub data_args: Vec<String>,
     /// TLS-only everywhere, client certificates required, with these certificates.
     pub tls: Option<Arc<Certs>>,
+    /// The address every process also listens on and the sentinels announce (the node's
+    /// address, for pods); loopback only when `None`.
+    pub host: Option<String>,
+    /// The default user's password on the data nodes (the sentinels and replicas use it too).
+    pub password: Option<String>,
 }
 
 impl Options {
@@ -40,6 +45,8 @@ impl Options {
             kind,
             data_args: Vec::new(),
             tls: None,
+            host: None,
+            password: None,
         }
     }
 }
@@ -93,6 +100,13 @@ impl Topology {
         } else {
             Listen::Plain
         };
+        if let Some(host) = &options.host {
+            node_args.extend(["--bind".into(), "127.0.0.1".into(), host.clone()]);
+        }
+        if let Some(password) = &options.password {
+            node_args.extend(["--requirepass".into(), password.clone()]);
+            node_args.extend(["--masterauth".into(), password.clone()]);
+        }
         let start = |extra: &[&str]| {
             let mut all: Vec<&str> = node_args.iter().map(String::as_str).collect();
             all.extend_from_slice(extra);
@@ -100,7 +114,8 @@ impl Topology {
         };
         let primary = start(&[]);
         let port = primary.port.to_string();
-        let replica_of = ["--replicaof", "127.0.0.1", port.as_str()];
+        let host = options.host.clone().unwrap_or_else(|| "127.0.0.1".into());
+        let replica_of = ["--replicaof", host.as_str(), port.as_str()];
         let replicas = [start(&replica_of), start(&replica_of)];
         let mut nodes = vec![primary];
         nodes.extend(replicas);
@@ -132,11 +147,12 @@ impl Topology {
         topology
     }
 
-    /// `127.0.0.1:<port>` of every sentinel.
+    /// `<host>:<port>` of every sentinel.
     pub fn sentinel_addrs(&self) -> Vec<String> {
+        let host = self.options.host.as_deref().unwrap_or("127.0.0.1");
         self.sentinels
             .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port))
+            .map(|s| format!("{host}:{}", s.port))
             .collect()
     }
 
@@ -225,8 +241,13 @@ impl Topology {
 
     /// One command as the default user on the process at `port` (TLS when the topology is).
     pub fn query(&self, port: u16, args: &[&str]) -> redis::RedisResult<Value> {
+        // The data nodes' default user has the password; the sentinels' has none.
+        let auth = match &self.options.password {
+            Some(pw) if self.nodes.iter().any(|n| n.port == port) => format!(":{pw}@"),
+            _ => String::new(),
+        };
         let client = match &self.options.tls {
-            None => Client::open(format!("redis://127.0.0.1:{port}")),
+            None => Client::open(format!("redis://{auth}127.0.0.1:{port}")),
             Some(certs) => {
                 Client::build_with_tls(format!("rediss://127.0.0.1:{port}"), certs.admin_certs())
             }
@@ -300,15 +321,24 @@ fn spawn_sentinel(options: &Options, primary_port: u16) -> Sentinel {
                 }
             }
         }
+        let host = options.host.as_deref().unwrap_or("127.0.0.1");
+        let bind = match &options.host {
+            Some(host) => format!("127.0.0.1 {host}"),
+            None => "127.0.0.1".into(),
+        };
         conf.push_str(&format!(
-            "bind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel.log\n\
-             sentinel monitor {MASTER} 127.0.0.1 {primary_port} 2\n\
+            "bind {bind}\ndir {dir}\nlogfile {dir}/sentinel.log\n\
+             sentinel monitor {MASTER} {host} {primary_port} 2\n\
              sentinel down-after-milliseconds {MASTER} {down}\n\
              sentinel failover-timeout {MASTER} 3000\n\
              sentinel parallel-syncs {MASTER} 2\n",
             dir = dir.path().display(),
             down = DOWN_AFTER.as_millis()
         ));
+        // After `sentinel monitor`, which it refers to.
+        if let Some(password) = &options.password {
+            conf.push_str(&format!("sentinel auth-pass {MASTER} {password}\n"));
+        }
         let path = dir.path().join("sentinel.conf");
         std::fs::write(&path, conf).expect("write sentinel.conf");
         let mut child = Command::new(&binary)

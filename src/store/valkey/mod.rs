@@ -395,11 +395,17 @@ fn online_replica(line: &str) -> bool {
         && fields.split(',').any(|field| field == "state=online")
 }
 
+/// How much of what is left of a call's deadline `WAITAOF` leaves for its reply to arrive: a
+/// tenth, and at least this much (a retry late in the deadline has little time left, and a
+/// tenth of it is no margin on a loaded machine).
+const WAITAOF_REPLY_MARGIN: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// `WAITAOF numlocal numreplicas timeout`, the timeout leaving room for the reply to arrive
 /// before the call deadline.
 fn waitaof(durability: Durability, deadline: Instant) -> Cmd {
     let left = deadline.saturating_duration_since(Instant::now());
-    let wait_ms = millis(left).saturating_mul(9) / 10;
+    let margin = (left / 10).max(WAITAOF_REPLY_MARGIN);
+    let wait_ms = millis(left.saturating_sub(margin));
     let mut cmd = redis::cmd("WAITAOF");
     cmd.arg(i64::from(durability.local))
         .arg(durability.replicas)

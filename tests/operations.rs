@@ -21,7 +21,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use support::admin::Admin;
 use support::contract_cases::{
-    self, Harness, RawAccess, ServerEnv, TTL, Variant, acquire_req, acquired, target, valkey_config,
+    self, Harness, RawAccess, ServerEnv, TTL, Variant, acquire_req, acquired, handle, renew_req,
+    target, valkey_config,
 };
 use support::proxy::{Mode, Proxy};
 use support::server::{Listen, Server, ServerKind, resp};
@@ -516,6 +517,50 @@ async fn durability_replicas_waits_for_the_replica() {
     assert_eq!(fence_on(&r.replica, &keys), Some(g.token));
 }
 
+/// A durable acquire waiting for a replica that does not answer (replication held back, as when
+/// a replica leaves in a failover) holds up no renewal: durable acquires have connections of
+/// their own, even with a pool of one.
+async fn durability_wait_holds_up_no_renewal() {
+    let r = replicated().await;
+    let mut config = valkey_config(&format!("redis://127.0.0.1:{}", r.primary.port));
+    config.durability = "replicas=1".parse().expect("durability");
+    config.call_timeout = Duration::from_millis(1500);
+    config.pool_size = 1;
+    let store = std::sync::Arc::new(ValkeyStore::connect(config).await.expect("connect"));
+    let held = target("renewed-meanwhile");
+    let g = acquired(&*store, &acquire_req(&held, "lease-a", "alice", TTL)).await;
+    r.link.set(Mode::Stall);
+    let waiting = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let t = target("waits-for-the-replica");
+            store.acquire(&acquire_req(&t, "lease-b", "bob", TTL)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let renewed = store
+        .renew(&renew_req(handle(&held, "lease-a", "alice", g.token), TTL))
+        .await
+        .expect("renew beside a waiting durable acquire");
+    let took = started.elapsed();
+    measured(
+        "renew beside a durable acquire waiting for its replica",
+        took,
+    );
+    assert!(
+        matches!(renewed, targetlease::store::RenewOutcome::Renewed { .. }),
+        "{renewed:?}"
+    );
+    assert!(
+        took < Duration::from_millis(500),
+        "the renew waited {took:?} behind WAITAOF"
+    );
+    let e = waiting.await.expect("task").expect_err("not confirmed");
+    assert_eq!(e.kind(), ErrorKind::NotDurable, "{e}");
+    r.link.set(Mode::Pass);
+}
+
 async fn durability_needs_waitaof_and_aof() {
     let redis = Server::start(ServerKind::Redis70);
     let mut config = valkey_config(&redis.url());
@@ -667,8 +712,9 @@ async fn durable_acquire_sends_scripts_and_waitaof_only() {
         .filter(|c| !allowed.contains(&c.as_str()))
         .collect();
     assert!(others.is_empty(), "unexpected commands: {others:?}");
-    // The probe when the connection was made, then every script (EVALSHA, or EVAL after NOSCRIPT) immediately
-    // followed by WAITAOF on the same connection.
+    // The probe when each connection was made (one per INFO, the eviction check of a new
+    // connection; acquires have connections of their own), then every script (EVALSHA, or EVAL
+    // after NOSCRIPT) immediately followed by WAITAOF on the same connection.
     let calls: Vec<&str> = commands
         .iter()
         .map(String::as_str)
@@ -681,9 +727,11 @@ async fn durable_acquire_sends_scripts_and_waitaof_only() {
             assert_eq!(calls.get(i + 1), Some(&"WAITAOF"), "{calls:?}");
         }
     }
+    let connections = calls.iter().filter(|c| **c == "INFO").count();
+    assert!(connections >= 1, "{calls:?}");
     assert_eq!(
         calls.iter().filter(|c| **c == "WAITAOF").count(),
-        scripts + 1,
+        scripts + connections,
         "{calls:?}"
     );
 }
@@ -841,6 +889,10 @@ fn main() {
         trial(
             "durability::replicas_waits_for_the_replica",
             durability_replicas_waits_for_the_replica,
+        ),
+        trial(
+            "durability::wait_holds_up_no_renewal",
+            durability_wait_holds_up_no_renewal,
         ),
         trial(
             "durability::needs_waitaof_and_aof",

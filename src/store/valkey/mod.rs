@@ -51,6 +51,11 @@ pub struct ValkeyStore {
 struct Inner {
     config: ValkeyConfig,
     pool: Pool,
+    /// With a durability setting: the connections durable acquires run on. `WAITAOF` blocks
+    /// the connection it is sent on until the replicas confirm or it times out (for a whole
+    /// call deadline when a replica has just left in a failover); on connections of their own
+    /// it holds up no renewal, release or check.
+    durable: Option<Pool>,
     backoff: Backoff,
     reply_ttl_ms: String,
     /// Whether the task that follows the sentinels' view of the primary runs.
@@ -144,16 +149,20 @@ impl ValkeyStore {
             min: config.reconnect_min_delay,
             max: config.reconnect_max_delay,
         };
-        let pool = Pool::new(
-            Connector::new(config.clone()),
-            config.pool_size,
-            config.connect_timeout,
-            backoff,
-        );
+        let pool = || {
+            Pool::new(
+                Connector::new(config.clone()),
+                config.pool_size,
+                config.connect_timeout,
+                backoff,
+            )
+        };
+        let (pool, durable) = (pool(), (!config.durability.is_none()).then(pool));
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 pool,
+                durable,
                 backoff,
                 reply_ttl_ms,
                 following: AtomicBool::new(false),
@@ -191,12 +200,16 @@ impl ValkeyStore {
     /// idempotent: scripts by their request id, the rest are reads.
     async fn call(&self, request: Request<'_>) -> Result<Value, StoreError> {
         self.follow_failovers();
+        let pool = match (&request, &self.inner.durable) {
+            (Request::DurableScript(..), Some(durable)) => durable,
+            _ => &self.inner.pool,
+        };
         let limit = self.config().call_timeout;
         let deadline = Instant::now() + limit;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let failure = match self.inner.pool.checkout(deadline).await {
+            let failure = match pool.checkout(deadline).await {
                 Err(e) => e,
                 Ok(mut checkout) => {
                     let sent = request.send(&mut checkout.conn, deadline);
@@ -204,13 +217,13 @@ impl ValkeyStore {
                         Ok(Ok(value)) => return Ok(value),
                         Ok(Err(e)) => {
                             if breaks_connection(&e) {
-                                self.inner.pool.discard(&checkout);
+                                pool.discard(&checkout);
                             }
                             classify(self.endpoint(), &e, limit, false)
                         }
                         Err(_) => {
                             // The connection may be stalled; do not hand it out again.
-                            self.inner.pool.discard(&checkout);
+                            pool.discard(&checkout);
                             return Err(StoreError::Timeout {
                                 endpoint: self.endpoint().to_owned(),
                                 after_ms: millis(limit),
@@ -250,6 +263,9 @@ impl ValkeyStore {
                     break;
                 };
                 inner.pool.follow_primary().await;
+                if let Some(durable) = &inner.durable {
+                    durable.follow_primary().await;
+                }
             }
         });
     }

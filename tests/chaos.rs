@@ -1,15 +1,29 @@
-//! Chaos: two controller replicas, a real control plane and a real Valkey (behind a TCP proxy),
-//! TargetLeases created and deleted at random on exclusive targets and on targets with permits 2
-//! and 3, holders writing to a fenced store, and faults injected at random: controller SIGKILL,
-//! leader change, Valkey SIGKILL with and without its data, connection cuts and stalls, API
-//! server crash, the leader partitioned from the API server (a proxy per replica holds its
-//! bytes), the leader Lease deleted, a failover to a replica that missed the newest writes, and
-//! `targetlease run` holders partitioned from the API server. An independent checker, sharing no
-//! code with the controller's decision logic, watches every status, owns the fenced store, and
-//! reads the timestamps the `run` holders' commands write while they run: never more Held than a
-//! target's permits, never two on one slot, never more commands at once than the permits.
+//! Chaos: two controller replicas, a real control plane and a real Valkey, TargetLeases created
+//! and deleted at random on exclusive targets and on targets with permits 2 and 3, holders
+//! writing to a fenced store, and faults injected at random, in two trials.
 //!
-//! `TARGETLEASE_CHAOS_SECONDS` sets the length of the fault phase (default 150 s).
+//! `chaos_with_independent_checker` reaches one Valkey behind a TCP proxy. Its faults:
+//! controller SIGKILL, leader change, Valkey SIGKILL with and without its data, connection cuts
+//! and stalls, API server crash, the leader partitioned from the API server (a proxy per replica
+//! holds its bytes), the leader Lease deleted, a failover to a replica that missed the newest
+//! writes, and `targetlease run` holders partitioned from the API server.
+//!
+//! `chaos_through_sentinel` reaches a Sentinel topology (one primary, two replicas, three
+//! sentinels) through `--valkey-sentinels` alone. Its faults: a planned failover (`SENTINEL
+//! FAILOVER`), a SIGKILL of the current primary (started again as a replica of the new one), and
+//! those of the first trial that do not act on Valkey; both Sentinel faults come first, and the
+//! trial fails unless each was injected. The TCP proxy is not on this path (the sentinels name
+//! the servers' own ports), so its faults are not in this trial. Both Sentinel faults count as
+//! data loss, as the failover to the lagging replica does: replication is asynchronous, and a
+//! demoted primary takes writes on open connections until the store follows the new one.
+//!
+//! An independent checker, sharing no code with the controller's decision logic, watches every
+//! status, owns the fenced store, and reads the timestamps the `run` holders' commands write
+//! while they run: never more Held than a target's permits, never two on one slot, never more
+//! commands at once than the permits.
+//!
+//! `TARGETLEASE_CHAOS_SECONDS` sets the length of the first trial's fault phase (default 150 s);
+//! the Sentinel trial's lasts 30% of it, at least 45 s.
 
 use targetlease_test_support as support;
 
@@ -32,10 +46,10 @@ use tokio::process::{Child, Command};
 
 use support::kube::{Cluster, ControllerProcess};
 use support::proxy::{Mode, Proxy};
+use support::sentinel::{self, MASTER, Topology, text};
 use support::server::{Server, ServerKind};
 use support::suite;
 
-const NS: &str = "chaos";
 /// The permits of each workload target (`target-<i>`): half exclusive, half shared.
 const PERMITS: [u32; 6] = [1, 2, 1, 3, 1, 2];
 const TARGETS: usize = PERMITS.len();
@@ -459,6 +473,8 @@ enum Fault {
     LeaderLeaseDeleted,
     ValkeyFailoverToLaggingReplica,
     RunPartition,
+    SentinelFailover,
+    SentinelPrimaryKilled,
 }
 
 const FAULTS: [Fault; 11] = [
@@ -475,6 +491,78 @@ const FAULTS: [Fault; 11] = [
     Fault::RunPartition,
 ];
 
+/// The faults of the Sentinel trial: the Valkey faults act on the topology through Sentinel (the
+/// TCP proxy is not on the controllers' path there: the sentinels name the servers' own ports);
+/// the others are those that do not touch Valkey.
+const SENTINEL_FAULTS: [Fault; 8] = [
+    Fault::ControllerKill,
+    Fault::LeaderChange,
+    Fault::ApiServerCrash,
+    Fault::LeaderPartition,
+    Fault::LeaderLeaseDeleted,
+    Fault::RunPartition,
+    Fault::SentinelFailover,
+    Fault::SentinelPrimaryKilled,
+];
+
+/// The faults the Sentinel trial must inject at least once (it fails otherwise): they come
+/// first, in this order, and one skipped (no replica in sync) is tried again next.
+const SENTINEL_REQUIRED: [Fault; 2] = [Fault::SentinelPrimaryKilled, Fault::SentinelFailover];
+
+/// One chaos trial: where its resources live, how its controllers reach Valkey, its faults.
+struct Setup {
+    name: &'static str,
+    /// The namespace of its TargetLeases, its leader Lease and its `run`s.
+    ns: &'static str,
+    /// Through a Sentinel topology rather than one Valkey behind a TCP proxy.
+    sentinel: bool,
+    /// Length of the fault phase.
+    seconds: u64,
+    faults: Vec<Fault>,
+    /// Faults injected first, each until it was injected once.
+    required: Vec<Fault>,
+}
+
+impl Setup {
+    /// The trials: `TARGETLEASE_CHAOS_FAULTS=RunPartition,LeaderLeaseDeleted` keeps only the
+    /// faults named; a trial left without any is ignored.
+    fn all() -> Vec<Setup> {
+        let chosen = |all: &[Fault]| -> Vec<Fault> {
+            match std::env::var("TARGETLEASE_CHAOS_FAULTS") {
+                Ok(names) => all
+                    .iter()
+                    .copied()
+                    .filter(|f| names.split(',').any(|n| n.trim() == format!("{f:?}")))
+                    .collect(),
+                Err(_) => all.to_vec(),
+            }
+        };
+        let sentinel_faults = chosen(&SENTINEL_FAULTS);
+        let required = SENTINEL_REQUIRED
+            .into_iter()
+            .filter(|f| sentinel_faults.contains(f))
+            .collect();
+        vec![
+            Setup {
+                name: "chaos_with_independent_checker",
+                ns: "chaos",
+                sentinel: false,
+                seconds: fault_seconds(),
+                faults: chosen(&FAULTS),
+                required: Vec::new(),
+            },
+            Setup {
+                name: "chaos_through_sentinel",
+                ns: "chaos-sentinel",
+                sentinel: true,
+                seconds: sentinel_fault_seconds(),
+                faults: sentinel_faults,
+                required,
+            },
+        ]
+    }
+}
+
 /// The `run` holders alive now: their serial number and their proxy to the API server.
 type RunSlots = Arc<Mutex<Vec<(u64, Arc<Proxy>)>>>;
 
@@ -487,14 +575,28 @@ fn run_permits(target: usize) -> u32 {
     RUN_TARGETS.get(target).map_or(1, |(permits, _)| *permits)
 }
 
+/// The Valkey the controllers reach.
+enum Valkey {
+    /// One primary, reached through a TCP proxy.
+    Proxied {
+        valkey: Server,
+        /// A replica of `valkey` with its own AOF: promoted, after being detached while
+        /// `valkey` keeps granting, by the failover fault.
+        standby: Server,
+        proxy: Proxy,
+    },
+    /// A primary with two replicas and three sentinels, reached through the sentinels.
+    Sentinel(Topology),
+}
+
 struct World {
     cluster: Arc<Cluster>,
     client: Client,
-    valkey: Server,
-    /// A replica of `valkey` with its own AOF: promoted, after being detached while `valkey`
-    /// keeps granting, by the failover fault.
-    standby: Server,
-    proxy: Proxy,
+    ns: &'static str,
+    valkey: Valkey,
+    /// How long each Sentinel failover took, from the fault until every sentinel named the
+    /// new primary.
+    failovers: Vec<Duration>,
     /// The `run` holders alive now, each with the proxy between it and the API server.
     runs: RunSlots,
     /// When each fault that loses Valkey data happened.
@@ -506,41 +608,74 @@ struct World {
 
 impl World {
     fn api(&self) -> Api<TargetLease> {
-        Api::namespaced(self.client.clone(), NS)
+        Api::namespaced(self.client.clone(), self.ns)
     }
 
     fn replica(&self, i: usize) -> ControllerProcess {
-        let url = format!("redis://127.0.0.1:{}", self.proxy.port);
         let name = format!("replica-{i}");
         let kubeconfig = self.cluster.kubeconfig_via(self.api_proxies[i].port);
-        ControllerProcess::start_as(
-            &self.cluster,
-            &kubeconfig,
-            &url,
-            &[
-                "--watch-namespace",
-                NS,
-                "--leader-election",
-                "--leader-election-namespace",
-                NS,
-                "--leader-election-seconds",
-                "3",
-                "--identity",
-                &name,
-                "--valkey-timeout",
-                "1s",
-            ],
-        )
+        let mut args = vec![
+            "--watch-namespace",
+            self.ns,
+            "--leader-election",
+            "--leader-election-namespace",
+            self.ns,
+            "--leader-election-seconds",
+            "3",
+            "--identity",
+            &name,
+            "--valkey-timeout",
+            "1s",
+        ];
+        match &self.valkey {
+            Valkey::Proxied { proxy, .. } => {
+                let url = format!("redis://127.0.0.1:{}", proxy.port);
+                ControllerProcess::start_as(&self.cluster, &kubeconfig, &url, &args)
+            }
+            Valkey::Sentinel(topology) => {
+                let sentinels = topology.sentinel_addrs().join(",");
+                args.extend([
+                    "--valkey-sentinels",
+                    &sentinels,
+                    "--valkey-sentinel-master",
+                    MASTER,
+                ]);
+                ControllerProcess::start_reaching(&self.cluster, &kubeconfig, &args, &[])
+            }
+        }
+    }
+
+    /// The single Valkey behind the proxy; the Valkey faults other than Sentinel's are only in
+    /// that trial's list.
+    fn proxied(&mut self) -> (&mut Server, &mut Server, &mut Proxy) {
+        match &mut self.valkey {
+            Valkey::Proxied {
+                valkey,
+                standby,
+                proxy,
+            } => (valkey, standby, proxy),
+            Valkey::Sentinel(_) => panic!("a proxied Valkey fault in the Sentinel trial"),
+        }
+    }
+
+    /// The port of the server that holds the leases now.
+    fn primary_port(&self) -> Option<u16> {
+        match &self.valkey {
+            Valkey::Proxied { valkey, .. } => Some(valkey.port),
+            Valkey::Sentinel(topology) => tokio::task::block_in_place(|| topology.primary_port()),
+        }
     }
 
     async fn leader(&self) -> Option<usize> {
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), NS);
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.ns);
         let lease = leases.get_opt("targetlease-controller").await.ok()??;
         let holder = lease.spec?.holder_identity?;
         holder.strip_prefix("replica-")?.parse().ok()
     }
 
-    async fn inject(&mut self, fault: Fault, rng: &mut impl Rng) {
+    /// Injects `fault`; false when it was skipped (the Valkey replicas were not in sync, or a
+    /// `run` target had no `run`).
+    async fn inject(&mut self, fault: Fault, rng: &mut impl Rng) -> bool {
         match fault {
             Fault::ControllerKill => {
                 let i = rng.random_range(0..self.replicas.len());
@@ -563,13 +698,15 @@ impl World {
                 self.replicas[i] = Some(self.replica(i));
             }
             Fault::ValkeyRestartWithData => {
-                self.valkey.kill();
-                self.valkey.restart();
+                let (valkey, _, _) = self.proxied();
+                valkey.kill();
+                valkey.restart();
             }
             Fault::ValkeyRestartDataLost => {
                 self.data_lost.lock().unwrap().push(Instant::now());
-                self.valkey.kill();
-                for entry in std::fs::read_dir(self.valkey.dir())
+                let (valkey, _, _) = self.proxied();
+                valkey.kill();
+                for entry in std::fs::read_dir(valkey.dir())
                     .expect("valkey dir")
                     .flatten()
                 {
@@ -580,17 +717,17 @@ impl World {
                             std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
                     }
                 }
-                self.valkey.restart();
+                valkey.restart();
             }
-            Fault::ConnectionCut => self.proxy.cut(),
+            Fault::ConnectionCut => self.proxied().2.cut(),
             Fault::ConnectionStall => {
-                self.proxy.set(Mode::Stall);
+                self.proxied().2.set(Mode::Stall);
                 tokio::time::sleep(Duration::from_millis(rng.random_range(1000..3000))).await;
-                self.proxy.set(Mode::Pass);
+                self.proxied().2.set(Mode::Pass);
             }
             Fault::ApiServerCrash => self.cluster.restart("kube-apiserver", true),
             Fault::LeaderLeaseDeleted => {
-                let leases: Api<Lease> = Api::namespaced(self.client.clone(), NS);
+                let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.ns);
                 let _ = leases
                     .delete("targetlease-controller", &DeleteParams::default())
                     .await;
@@ -598,21 +735,40 @@ impl World {
             Fault::ValkeyFailoverToLaggingReplica => {
                 // The standby has every write; detached, it misses what the primary grants
                 // from now on, until the primary dies and every client is sent to it.
-                if !self
-                    .standby
-                    .wait_in_sync_with(&self.valkey, Duration::from_secs(10))
-                {
+                let data_lost = self.data_lost.clone();
+                let (valkey, standby, _) = self.proxied();
+                if !standby.wait_in_sync_with(valkey, Duration::from_secs(10)) {
                     eprintln!("    the standby did not catch up: failover skipped");
-                    return;
+                    return false;
                 }
-                self.standby.promote();
-                self.data_lost.lock().unwrap().push(Instant::now());
+                standby.promote();
+                data_lost.lock().unwrap().push(Instant::now());
                 tokio::time::sleep(Duration::from_millis(rng.random_range(300..1500))).await;
-                self.valkey.kill();
-                self.proxy.retarget(self.standby.port);
-                self.proxy.cut();
-                let fresh = durable_valkey(Some(&self.standby));
-                self.valkey = std::mem::replace(&mut self.standby, fresh);
+                let (valkey, standby, proxy) = self.proxied();
+                valkey.kill();
+                proxy.retarget(standby.port);
+                proxy.cut();
+                let fresh = durable_valkey(Some(standby));
+                *valkey = std::mem::replace(standby, fresh);
+            }
+            Fault::SentinelFailover | Fault::SentinelPrimaryKilled => {
+                let Valkey::Sentinel(topology) = &mut self.valkey else {
+                    panic!("a Sentinel fault in the proxied trial");
+                };
+                let kill = fault == Fault::SentinelPrimaryKilled;
+                let data_lost = self.data_lost.clone();
+                let outcome =
+                    tokio::task::block_in_place(|| sentinel_failover(topology, kill, &data_lost));
+                match outcome {
+                    Ok(took) => {
+                        eprintln!("    every sentinel named the new primary after {took:?}");
+                        self.failovers.push(took);
+                    }
+                    Err(why) => {
+                        eprintln!("    {why}: skipped");
+                        return false;
+                    }
+                }
             }
             Fault::RunPartition => {
                 // One `run` loses the API server (its node is partitioned) for longer than it
@@ -626,7 +782,7 @@ impl World {
                     .map(|(_, p)| p.clone())
                     .collect();
                 let Some(proxy) = slots.choose(rng).cloned() else {
-                    return;
+                    return false;
                 };
                 proxy.set(Mode::Stall);
                 tokio::time::sleep(Duration::from_millis(rng.random_range(4000..8000))).await;
@@ -645,7 +801,81 @@ impl World {
                 self.api_proxies[i].set(Mode::Pass);
             }
         }
+        true
     }
+}
+
+/// A failover of the topology's primary: planned (`SENTINEL FAILOVER`) or by SIGKILL, after
+/// which the killed node is started again as a replica of the new primary (without persistence
+/// it would come back empty and as a primary). Both lose grants the old primary acknowledged
+/// and had not replicated: replication is asynchronous, and a demoted primary takes writes on
+/// open connections until the store's poll or Sentinel moves them (they vanish when it resyncs
+/// from the new one). Returns how long until every sentinel named the new primary, or why the
+/// failover was not done: a replica must be in sync first, or the promoted one could miss far
+/// more than that window. The other replica may still be syncing (a node restarted after a
+/// SIGKILL) or be the old primary of a planned failover, which the sentinels make a replica
+/// only at their next look at it (up to 10 s): the faults do not wait for a whole topology.
+fn sentinel_failover(
+    topology: &mut Topology,
+    kill: bool,
+    data_lost: &Mutex<Vec<Instant>>,
+) -> Result<Duration, String> {
+    let old = topology
+        .primary_port()
+        .ok_or("no sentinel names a primary")?;
+    let waiting = Instant::now();
+    let deadline = waiting + Duration::from_secs(15);
+    while online_replicas(topology, old) < 1 {
+        if Instant::now() > deadline {
+            return Err(format!("primary {old} has no replica in sync"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if waiting.elapsed() > Duration::from_secs(1) {
+        eprintln!("    waited {:?} for a replica in sync", waiting.elapsed());
+    }
+    let started = Instant::now();
+    if kill {
+        data_lost.lock().unwrap().push(started);
+        topology.node(old).kill();
+    } else {
+        let reply = topology
+            .query(
+                topology.sentinels[0].port,
+                &["SENTINEL", "FAILOVER", MASTER],
+            )
+            .map_err(|e| format!("SENTINEL FAILOVER: {e}"))?;
+        if text(&reply) != "OK" {
+            return Err(format!("SENTINEL FAILOVER: {}", text(&reply)));
+        }
+        // The promotion follows the reply: no write is lost before it.
+        data_lost.lock().unwrap().push(Instant::now());
+    }
+    let new = topology.wait_for_new_primary(old, Duration::from_secs(20));
+    let took = started.elapsed();
+    if kill {
+        let restarting = Instant::now();
+        topology.node(old).restart_as_replica_of(new);
+        eprintln!(
+            "    {old} restarted as a replica of {new} in {:?}",
+            restarting.elapsed()
+        );
+    }
+    Ok(took)
+}
+
+/// How many replicas the server on `port` reports as in sync with it, as a primary.
+fn online_replicas(topology: &Topology, port: u16) -> usize {
+    let Ok(info) = topology.query(port, &["INFO", "replication"]) else {
+        return 0;
+    };
+    let info = text(&info);
+    if !info.contains("role:master") {
+        return 0;
+    }
+    info.lines()
+        .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+        .count()
 }
 
 /// A Valkey 9.1 that fsyncs its AOF on every write; a replica of `primary` when given.
@@ -801,6 +1031,7 @@ async fn workload(
 /// the `run`s share one host, each with its own `--instance`.
 async fn run_holders(
     cluster: Arc<Cluster>,
+    ns: &'static str,
     checker: Arc<Checker>,
     slots: RunSlots,
     dir: std::path::PathBuf,
@@ -851,7 +1082,7 @@ async fn run_holders(
                 .args(["--uts", "sh", "-c", "hostname \"$0\" && exec \"$@\""])
                 .arg(&host)
                 .arg(support::kube::targetlease_bin())
-                .args(["run", "-n", NS, "--target", &format!("run-{target}")])
+                .args(["run", "-n", ns, "--target", &format!("run-{target}")])
                 .args([
                     "--holder",
                     &format!("runner-{serial}"),
@@ -1077,13 +1308,34 @@ fn fault_seconds() -> u64 {
         .unwrap_or(150)
 }
 
-async fn chaos(cluster: Arc<Cluster>) {
-    let seconds = fault_seconds();
-    cluster.kubectl_ok(&["create", "namespace", NS]);
+/// Length of the Sentinel trial's fault phase: 30% of [`fault_seconds`], at least 45 s (time
+/// for its two Sentinel faults and two others).
+fn sentinel_fault_seconds() -> u64 {
+    (fault_seconds() * 3 / 10).max(45)
+}
+
+async fn chaos(cluster: Arc<Cluster>, setup: Setup) {
+    let seconds = setup.seconds;
+    let ns = setup.ns;
+    cluster.kubectl_ok(&["create", "namespace", ns]);
     let client = cluster.client().await;
-    let valkey = durable_valkey(None);
-    let standby = durable_valkey(Some(&valkey));
-    let proxy = Proxy::start(valkey.port).await;
+    let valkey = if setup.sentinel {
+        let topology = tokio::task::spawn_blocking(|| {
+            Topology::start(sentinel::Options::plain(ServerKind::Valkey91))
+        })
+        .await
+        .expect("start the Sentinel topology");
+        Valkey::Sentinel(topology)
+    } else {
+        let valkey = durable_valkey(None);
+        let standby = durable_valkey(Some(&valkey));
+        let proxy = Proxy::start(valkey.port).await;
+        Valkey::Proxied {
+            valkey,
+            standby,
+            proxy,
+        }
+    };
     let runs_dir = tempfile::tempdir().expect("run folder");
     let api_proxies = vec![
         Proxy::start(cluster.apiserver_port()).await,
@@ -1092,9 +1344,9 @@ async fn chaos(cluster: Arc<Cluster>) {
     let mut world = World {
         cluster: cluster.clone(),
         client: client.clone(),
+        ns,
         valkey,
-        standby,
-        proxy,
+        failovers: Vec::new(),
         runs: RunSlots::default(),
         data_lost: Arc::new(Mutex::new(Vec::new())),
         api_proxies,
@@ -1127,6 +1379,7 @@ async fn chaos(cluster: Arc<Cluster>) {
     ));
     let runs = tokio::spawn(run_holders(
         cluster.clone(),
+        ns,
         checker.clone(),
         world.runs.clone(),
         runs_dir.path().to_owned(),
@@ -1134,33 +1387,43 @@ async fn chaos(cluster: Arc<Cluster>) {
         seed,
     ));
 
-    // `TARGETLEASE_CHAOS_FAULTS=RunPartition,LeaderLeaseDeleted` injects only those.
-    let faults: Vec<Fault> = match std::env::var("TARGETLEASE_CHAOS_FAULTS") {
-        Ok(names) => FAULTS
-            .into_iter()
-            .filter(|f| names.split(',').any(|n| n.trim() == format!("{f:?}")))
-            .collect(),
-        Err(_) => FAULTS.to_vec(),
-    };
+    let faults = setup.faults;
     assert!(
         !faults.is_empty(),
         "TARGETLEASE_CHAOS_FAULTS names no fault"
     );
     let mut rng = StdRng::seed_from_u64(seed);
+    // The required faults first, in their order (popped from the end).
+    let mut pending: Vec<Fault> = setup.required.iter().rev().copied().collect();
     let mut injected: BTreeMap<Fault, u32> = BTreeMap::new();
+    let mut skipped: BTreeMap<Fault, u32> = BTreeMap::new();
     let mut longest_recovery = Duration::ZERO;
     let mut unrecovered = Vec::new();
     tokio::time::sleep(Duration::from_secs(5)).await;
     while Instant::now() + Duration::from_secs(20) < fault_phase_end {
-        let fault = *faults.choose(&mut rng).expect("faults");
+        let fault = match pending.pop() {
+            Some(fault) => fault,
+            None => *faults.choose(&mut rng).expect("faults"),
+        };
         eprintln!(
             "[{:>5.1}s] fault: {fault:?}",
             (Instant::now() + Duration::from_secs(seconds) - fault_phase_end).as_secs_f64()
         );
-        world.inject(fault, &mut rng).await;
+        if !world.inject(fault, &mut rng).await {
+            *skipped.entry(fault).or_default() += 1;
+            // Tried again after the other required faults.
+            if setup.required.contains(&fault) && !injected.contains_key(&fault) {
+                pending.insert(0, fault);
+            }
+            tokio::time::sleep(Duration::from_millis(rng.random_range(2000..5000))).await;
+            continue;
+        }
         *injected.entry(fault).or_default() += 1;
         match recovery_time(&api, Duration::from_secs(TTL_SECONDS + 25)).await {
-            Some(took) => longest_recovery = longest_recovery.max(took),
+            Some(took) => {
+                eprintln!("    recovered in {took:?}");
+                longest_recovery = longest_recovery.max(took);
+            }
             None => unrecovered.push(fault),
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(2000..5000))).await;
@@ -1211,11 +1474,27 @@ async fn chaos(cluster: Arc<Cluster>) {
     let (commands, command_peaks) = check_commands(&checker, runs_dir.path(), &lost_at);
 
     let violations = checker.violations.lock().unwrap().clone();
+    let store = if setup.sentinel {
+        "Valkey through 3 sentinels (1 primary, 2 replicas)"
+    } else {
+        "Valkey behind a TCP proxy"
+    };
     println!(
-        "chaos summary ({seconds} s of faults, 2 controller replicas, {TARGETS} targets with permits {PERMITS:?}, ttl {TTL_SECONDS} s):"
+        "chaos summary of {} ({seconds} s of faults, 2 controller replicas, {store}, {TARGETS} targets with permits {PERMITS:?}, ttl {TTL_SECONDS} s):",
+        setup.name
     );
     for (fault, n) in &injected {
         println!("  faults injected: {fault:?} x{n}");
+    }
+    for (fault, n) in &skipped {
+        println!("  faults skipped: {fault:?} x{n}");
+    }
+    if setup.sentinel {
+        println!(
+            "  Sentinel failovers: {}, longest until every sentinel named the new primary: {:?}",
+            world.failovers.len(),
+            world.failovers.iter().max().copied().unwrap_or_default()
+        );
     }
     println!(
         "  operations (creates + deletes): {}",
@@ -1247,6 +1526,12 @@ async fn chaos(cluster: Arc<Cluster>) {
     println!("  longest recovery after a fault: {longest_recovery:?}");
     println!("  settled after the faults in {:?}", settle.elapsed());
     println!("  violations: {}", violations.len());
+    for fault in &setup.required {
+        assert!(
+            injected.contains_key(fault),
+            "{fault:?} was never injected: the run proves nothing about it"
+        );
+    }
     assert!(!injected.is_empty(), "no fault was injected");
     assert!(
         checker.accepted.load(Ordering::Relaxed) > 0,
@@ -1283,14 +1568,17 @@ async fn leaked_leases(world: &World, api: &Api<TargetLease>) -> Vec<String> {
         return vec!["(list failed)".into()];
     };
     let live: HashSet<String> = list.items.iter().filter_map(|l| l.uid()).collect();
-    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{}", world.valkey.port)) else {
+    let Some(port) = world.primary_port() else {
+        return vec!["(no primary named)".into()];
+    };
+    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}")) else {
         return vec!["(valkey unreachable)".into()];
     };
     let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
         return vec!["(valkey unreachable)".into()];
     };
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("tl:{{{NS}/*}}:lease"))
+        .arg(format!("tl:{{{}/*}}:lease", world.ns))
         .query_async(&mut conn)
         .await
         .unwrap_or_default();
@@ -1310,21 +1598,25 @@ async fn leaked_leases(world: &World, api: &Api<TargetLease>) -> Vec<String> {
 }
 
 fn main() {
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    // One after the other: they share the control plane (its crashes) and the two cores.
+    args.test_threads = Some(1);
     let cluster = Arc::new({
         let cluster = Cluster::start();
         cluster.install_crd();
         cluster
     });
-    let seconds = fault_seconds();
-    let limit = Duration::from_secs(seconds + 300);
-    let trial = {
-        let cluster = cluster.clone();
-        suite::trial_with_limit("chaos_with_independent_checker", limit, move || {
-            chaos(cluster)
+    let trials = Setup::all()
+        .into_iter()
+        .map(|setup| {
+            let cluster = cluster.clone();
+            let limit = Duration::from_secs(setup.seconds + 300);
+            let ignored = setup.faults.is_empty();
+            suite::trial_with_limit(setup.name, limit, move || chaos(cluster, setup))
+                .with_ignored_flag(ignored)
         })
-    };
-    let conclusion = libtest_mimic::run(&args, vec![trial]);
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
     drop(cluster);
     suite::finish("chaos", conclusion);
 }

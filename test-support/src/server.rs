@@ -221,6 +221,22 @@ impl Server {
         }
     }
 
+    /// Starts the server again (after [`Server::kill`]) as a replica of the server on loopback
+    /// port `primary`, and keeps it one across later restarts: a former primary without
+    /// persistence would otherwise come back empty and as a primary, until something
+    /// reconfigures it.
+    pub fn restart_as_replica_of(&mut self, primary: u16) {
+        if let Some(i) = self.extra.iter().position(|a| a == "--replicaof") {
+            self.extra.drain(i..(i + 3).min(self.extra.len()));
+        }
+        self.extra.extend([
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            primary.to_string(),
+        ]);
+        self.restart();
+    }
+
     /// Waits until this replica has every write of `primary` (link up, equal offsets).
     pub fn wait_in_sync_with(&self, primary: &Server, limit: Duration) -> bool {
         let field = |info: &str, name: &str| {

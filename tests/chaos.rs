@@ -264,6 +264,7 @@ impl Checker {
                 continue;
             };
             if self.after_data_loss() {
+                eprintln!("    above the bound after a data loss (counted): {target}: {breach}");
                 self.excused.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -825,7 +826,7 @@ fn sentinel_failover(
         .ok_or("no sentinel names a primary")?;
     let waiting = Instant::now();
     let deadline = waiting + Duration::from_secs(15);
-    while online_replicas(topology, old) < 1 {
+    while synced_replicas(topology, old) < 1 {
         if Instant::now() > deadline {
             return Err(format!("primary {old} has no replica in sync"));
         }
@@ -864,17 +865,27 @@ fn sentinel_failover(
     Ok(took)
 }
 
-/// How many replicas the server on `port` reports as in sync with it, as a primary.
-fn online_replicas(topology: &Topology, port: u16) -> usize {
-    let Ok(info) = topology.query(port, &["INFO", "replication"]) else {
-        return 0;
-    };
-    let info = text(&info);
-    if !info.contains("role:master") {
-        return 0;
-    }
-    info.lines()
-        .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+/// How many data nodes replicate the server on `port` with their sync done, as they tell it
+/// themselves: a replica still in its first full sync (one restarted after a SIGKILL, or one
+/// moved to a new primary) can be listed by the primary as online while it holds nothing yet.
+fn synced_replicas(topology: &Topology, port: u16) -> usize {
+    let master = format!("master_port:{port}");
+    topology
+        .nodes
+        .iter()
+        .filter(|n| n.port != port)
+        .filter(|n| {
+            topology
+                .query(n.port, &["INFO", "replication"])
+                .is_ok_and(|info| {
+                    let info = text(&info);
+                    let has = |line: &str| info.lines().any(|l| l.trim() == line);
+                    has("role:slave")
+                        && has(&master)
+                        && has("master_link_status:up")
+                        && has("master_sync_in_progress:0")
+                })
+        })
         .count()
 }
 

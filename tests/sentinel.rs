@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use targetlease::redact::{Secret, SecretUrl};
 use targetlease::store::valkey::{
-    ClientCertificate, DEFAULT_SENTINEL_POLL_INTERVAL, Durability, HostPort, PasswordSource,
-    Sentinels, TlsConfig, ValkeyConfig, ValkeyStore,
+    ClientCertificate, DEFAULT_CALL_TIMEOUT, DEFAULT_SENTINEL_POLL_INTERVAL, Durability, Endpoints,
+    HostPort, PasswordSource, Sentinels, TlsConfig, ValkeyConfig, ValkeyStore,
 };
 use targetlease::store::{
     AcquireOutcome, AcquireRequest, ErrorKind, LeaseId, LeaseStore, Owner, Permits, ReleaseOutcome,
@@ -450,6 +450,12 @@ async fn planned_failover(options: Options, durability: Durability) {
         "{left_on_old} connection(s) still on the old primary {:?} after the sentinels named {new}",
         SWITCHED + deadline
     );
+    // Only meaningful while the old primary still takes writes: once Sentinel demotes it, it
+    // closes every client connection itself.
+    assert!(
+        old_role.starts_with("master"),
+        "the old primary was demoted before the count ({old_role:?}): the count proves nothing"
+    );
     // A durable acquire on the old primary waits in WAITAOF for a replica that has left, until
     // its deadline, and holds up the calls behind it on the same multiplexed connection: they
     // fail `timeout` (docs/operations.md, Sentinel).
@@ -622,11 +628,9 @@ async fn durability_is_checked_against_the_primary_at_every_connect() {
         replicas: 2,
     };
     let store = connect(config).await;
-    contract_cases::acquired(
-        &*store,
-        &contract_cases::acquire_req(&target("two"), "l", "o", TTL),
-    )
-    .await;
+    let two = target("two");
+    let held =
+        contract_cases::acquired(&*store, &contract_cases::acquire_req(&two, "l", "o", TTL)).await;
     let primary = topology.nodes[0].port;
     let replica = topology.nodes[2].port;
     topology.node(replica).kill();
@@ -647,9 +651,21 @@ async fn durability_is_checked_against_the_primary_at_every_connect() {
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(
         e.to_string().contains(&format!(
-            "named 127.0.0.1:{primary}, which has 1 replica(s) online where the durability replicas=2 needs 2"
+            "names 127.0.0.1:{primary}, which has 1 replica(s) online where the durability replicas=2 needs 2"
         )),
         "{e}"
+    );
+    // A renewal needs no replica: its connections are not refused.
+    let renewed = store
+        .renew(&contract_cases::renew_req(
+            handle(&two, "l", "o", held.token),
+            TTL,
+        ))
+        .await
+        .expect("a renewal while a replica is short");
+    assert!(
+        matches!(renewed, targetlease::store::RenewOutcome::Renewed { .. }),
+        "{renewed:?}"
     );
     tokio::task::block_in_place(|| {
         topology.node(replica).restart();
@@ -690,7 +706,7 @@ async fn stopped_primary_comes_back_isolated() {
     let old = topology.nodes[0].port;
     let pid = topology.nodes[0].pid();
     let t = topology.clone();
-    let (history, fault, ()) = under_workload(
+    let (history, fault, probes) = under_workload(
         store.clone(),
         "stopped",
         6,
@@ -705,17 +721,40 @@ async fn stopped_primary_comes_back_isolated() {
                 "sentinel: SIGSTOP of the primary until every sentinel names another",
                 started.elapsed(),
             );
+            // Resumed while the workload runs: two servers think they are the primary until
+            // Sentinel demotes the old one. Writes sent to it now must be refused.
+            signal(pid, "CONT");
+            let mut answers: BTreeMap<String, usize> = BTreeMap::new();
+            let until = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < until {
+                let answer = match t.query(old, &["SET", "tl:isolated-probe", "x"]) {
+                    Ok(reply) => format!("accepted: {}", text(&reply)),
+                    Err(e) => e.code().unwrap_or("other error").to_owned(),
+                };
+                *answers.entry(answer).or_default() += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            answers
         },
     )
     .await;
-    // Writes go straight to the old primary, as a client that never asked the sentinels would.
+    eprintln!("writes to the resumed old primary while the workload ran: {probes:?}");
+    assert!(
+        probes.keys().all(|answer| !answer.starts_with("accepted")),
+        "the isolated primary took a write: {probes:?}"
+    );
+    assert!(
+        probes.contains_key("NOREPLICAS"),
+        "the old primary was never seen isolated (refusing with NOREPLICAS): {probes:?}"
+    );
+    // Acquires (as the data user, through the scripts) go straight to the old primary, as a
+    // client that never asked the sentinels would send them.
     let mut direct =
         ValkeyConfig::new(SecretUrl::parse(&format!("redis://127.0.0.1:{old}")).expect("url"));
     direct.username = Some(USER.into());
     direct.password = Some(PasswordSource::Value(Secret::new(PASSWORD)));
     direct.call_timeout = Duration::from_millis(500);
     direct.reply_ttl = Duration::from_secs(60);
-    signal(pid, "CONT");
     let direct = ValkeyStore::new_lazy(direct).expect("direct store");
     let mut refusals: BTreeMap<String, usize> = BTreeMap::new();
     let until = Instant::now() + Duration::from_secs(3);
@@ -746,11 +785,9 @@ async fn stopped_primary_comes_back_isolated() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    eprintln!("writes to the old primary after SIGCONT: {refusals:?}");
-    assert!(
-        refusals.get("no replicas").is_some_and(|n| *n > 0),
-        "the old primary was never seen isolated (refusing with NOREPLICAS): {refusals:?}"
-    );
+    // By now Sentinel may have demoted it (read-only): refused either way, never granted.
+    eprintln!("acquires sent straight to the old primary after the workload: {refusals:?}");
+
     let outage = check_history(&history, fault, deadline, &[ErrorKind::Timeout]);
     measured(
         "sentinel: SIGSTOP of the primary, longest pause between successful calls",
@@ -800,39 +837,43 @@ fn address_reply(port: u16) -> String {
     format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{port}\r\n", port.len())
 }
 
-async fn sentinels_that_mislead_are_passed_over() {
-    let topology = topology(Options::plain(ServerKind::Valkey91)).await;
-    let real = addrs(&topology);
-    let replica = topology.nodes[1].port;
-    let names_a_replica = fake_sentinel(Some(address_reply(replica))).await;
-    let never_answers = fake_sentinel(None).await;
-    let names_nothing_there = fake_sentinel(Some(address_reply(1))).await;
-    let unknown = fake_sentinel(Some("*-1\r\n".into())).await;
-    // The misleading ones first; without a sentinel password (the fakes take no AUTH).
-    let mut sentinels = vec![
-        names_a_replica.clone(),
-        never_answers.clone(),
-        names_nothing_there.clone(),
-        unknown.clone(),
-    ];
-    sentinels.extend(real);
+/// The store's settings with these sentinels and no sentinel user (the fakes take no AUTH, and
+/// the real sentinels' default user has no password).
+fn unauthenticated(sentinels: Vec<HostPort>) -> ValkeyConfig {
     let mut config = config_for(sentinels);
-    if let targetlease::store::valkey::Endpoints::Sentinel(s) = &mut config.endpoints {
+    if let Endpoints::Sentinel(s) = &mut config.endpoints {
         s.username = None;
         s.password = None;
     }
-    // The real sentinels' default user takes no password; a question must give up on a
-    // silent sentinel well inside the call deadline.
-    config.connect_timeout = Duration::from_millis(300);
+    config
+}
+
+async fn connect_fails(config: ValkeyConfig) -> StoreError {
+    ValkeyStore::connect(config)
+        .await
+        .expect_err("no primary should be found")
+}
+
+/// A minority of misleading sentinels is outvoted; a sentinel that never answers costs a share
+/// of the connect timeout, not the call (default timeouts), and is not asked first again.
+async fn misleading_sentinels_are_outvoted() {
+    let topology = topology(Options::plain(ServerKind::Valkey91)).await;
+    let real = addrs(&topology);
+    let (primary, replica) = (topology.nodes[0].port, topology.nodes[1].port);
+    let names_a_replica = fake_sentinel(Some(address_reply(replica))).await;
+    let never_answers = fake_sentinel(None).await;
+    let mut sentinels = vec![names_a_replica.clone(), never_answers.clone()];
+    sentinels.extend(real.clone());
     let started = Instant::now();
-    let store = connect(config.clone()).await;
+    let store = connect(unauthenticated(sentinels)).await;
+    let took = started.elapsed();
     measured(
-        "sentinel: connect past four misleading sentinels",
-        started.elapsed(),
+        "sentinel: connect past a sentinel naming a replica and a silent one",
+        took,
     );
-    let t = target("misled");
+    assert!(took < DEFAULT_CALL_TIMEOUT, "the connect took {took:?}");
+    let t = target("outvoted");
     contract_cases::acquired(&*store, &contract_cases::acquire_req(&t, "l", "o", TTL)).await;
-    let primary = topology.nodes[0].port;
     assert!(
         our_connections(&topology, primary) >= 1,
         "the store is not on the primary"
@@ -842,42 +883,116 @@ async fn sentinels_that_mislead_are_passed_over() {
         0,
         "the store is on a replica"
     );
-    // Only the misleading ones: the error names each one's cause.
-    let mut only_bad = config.clone();
-    if let targetlease::store::valkey::Endpoints::Sentinel(s) = &mut only_bad.endpoints {
-        s.addrs = vec![
-            names_a_replica.clone(),
-            never_answers.clone(),
-            names_nothing_there.clone(),
-        ];
-    }
-    let e = ValkeyStore::connect(only_bad)
-        .await
-        .expect_err("no sentinel leads to the primary");
+    // The silent one first, default timeouts: the store connects within one call, and once a
+    // sentinel answered, reconnects no longer wait for the silent one.
+    let mut silent_first = vec![never_answers.clone()];
+    silent_first.extend(real);
+    let store = connect(unauthenticated(silent_first)).await;
+    tokio::task::block_in_place(|| {
+        topology
+            .query(primary, &["CLIENT", "KILL", "TYPE", "normal"])
+            .expect("CLIENT KILL");
+    });
+    let started = Instant::now();
+    contract_cases::acquired(
+        &*store,
+        &contract_cases::acquire_req(&target("silent"), "l", "o", TTL),
+    )
+    .await;
+    let took = started.elapsed();
+    measured(
+        "sentinel: reconnect with a silent sentinel listed first",
+        took,
+    );
+    assert!(
+        took < Duration::from_millis(300),
+        "the reconnect asked the silent sentinel first again: {took:?}"
+    );
+}
+
+/// Without a majority for one server, nothing is connected to, and the error names each
+/// sentinel's answer; a majority naming a replica or an unreachable server is refused after the
+/// role check or the connect; a name no majority monitors is a configuration error.
+async fn no_majority_no_primary() {
+    let topology = topology(Options::plain(ServerKind::Valkey91)).await;
+    let real = addrs(&topology);
+    let replica = topology.nodes[1].port;
+    let names_a_replica = fake_sentinel(Some(address_reply(replica))).await;
+    let also_names_the_replica = fake_sentinel(Some(address_reply(replica))).await;
+    let never_answers = fake_sentinel(None).await;
+    let names_nothing_there = fake_sentinel(Some(address_reply(1))).await;
+    let also_nothing_there = fake_sentinel(Some(address_reply(1))).await;
+    let unknown = fake_sentinel(Some("*-1\r\n".into())).await;
+    let also_unknown = fake_sentinel(Some("*-1\r\n".into())).await;
+    let dead = HostPort {
+        host: "127.0.0.1".into(),
+        port: support::server::free_port(),
+    };
+
+    let e = connect_fails(unauthenticated(vec![
+        names_a_replica.clone(),
+        never_answers.clone(),
+        names_nothing_there.clone(),
+    ]))
+    .await;
     let message = e.to_string();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{message}");
     for says in [
-        format!("sentinel {names_a_replica}: named 127.0.0.1:{replica}, which answers role:slave"),
-        format!("sentinel {never_answers}: no answer within 300 ms"),
-        format!("sentinel {names_nothing_there}: named 127.0.0.1:1, which failed"),
+        "no majority of the 3 sentinel(s) (2 needed) names one primary".to_owned(),
+        format!("sentinel {names_a_replica}: named 127.0.0.1:{replica}"),
+        format!("sentinel {never_answers}: no answer within"),
+        format!("sentinel {names_nothing_there}: named 127.0.0.1:1"),
     ] {
         assert!(message.contains(&says), "{says:?} not in {message}");
     }
     assert!(!message.contains(PASSWORD), "{message}");
-    // A name no sentinel knows is a configuration error, named as such.
-    let mut unknown_only = config;
-    if let targetlease::store::valkey::Endpoints::Sentinel(s) = &mut unknown_only.endpoints {
-        s.addrs = vec![unknown.clone()];
-    }
-    let e = ValkeyStore::connect(unknown_only)
-        .await
-        .expect_err("unknown name");
-    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+
+    let e = connect_fails(unauthenticated(vec![
+        names_a_replica.clone(),
+        also_names_the_replica,
+        real[0].clone(),
+    ]))
+    .await;
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(
-        e.to_string()
-            .contains(&format!("monitors no primary named \"{MASTER}\"")),
+        e.to_string().contains(&format!(
+            "majority names 127.0.0.1:{replica}, which answers role:slave"
+        )),
         "{e}"
     );
+
+    let e = connect_fails(unauthenticated(vec![
+        names_nothing_there,
+        also_nothing_there,
+        real[0].clone(),
+    ]))
+    .await;
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(
+        e.to_string()
+            .contains("majority names 127.0.0.1:1, which failed"),
+        "{e}"
+    );
+
+    for alone in [
+        vec![unknown.clone()],
+        vec![unknown.clone(), also_unknown.clone(), dead.clone()],
+    ] {
+        let e = connect_fails(unauthenticated(alone)).await;
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+        assert!(
+            e.to_string()
+                .contains(&format!("monitors no primary named \"{MASTER}\"")),
+            "{e}"
+        );
+    }
+    // One sentinel that does not know the name, the others unreachable: it may be restarting.
+    let other_dead = HostPort {
+        host: "127.0.0.1".into(),
+        port: support::server::free_port(),
+    };
+    let e = connect_fails(unauthenticated(vec![unknown, dead, other_dead])).await;
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
 }
 
 async fn sentinels_down_wrong_password_and_unknown_name() {
@@ -906,7 +1021,7 @@ async fn sentinels_down_wrong_password_and_unknown_name() {
     .await;
     // A wrong sentinel password is access_denied, on every sentinel that answers.
     let mut wrong = config_for(sentinels.clone());
-    if let targetlease::store::valkey::Endpoints::Sentinel(s) = &mut wrong.endpoints {
+    if let Endpoints::Sentinel(s) = &mut wrong.endpoints {
         s.addrs.remove(0);
         s.password = Some(PasswordSource::Value(Secret::new("not-the-password")));
     }
@@ -924,7 +1039,7 @@ async fn sentinels_down_wrong_password_and_unknown_name() {
     assert_eq!(e.kind(), ErrorKind::AccessDenied, "{e}");
     // A master name the sentinels do not monitor.
     let mut unknown = config_for(sentinels.clone());
-    if let targetlease::store::valkey::Endpoints::Sentinel(s) = &mut unknown.endpoints {
+    if let Endpoints::Sentinel(s) = &mut unknown.endpoints {
         s.master = "not-monitored".into();
     }
     let e = ValkeyStore::connect(unknown)
@@ -1080,9 +1195,10 @@ fn main() {
             stopped_primary_comes_back_isolated,
         ),
         trial(
-            "sentinel::sentinels_that_mislead_are_passed_over",
-            sentinels_that_mislead_are_passed_over,
+            "sentinel::misleading_sentinels_are_outvoted",
+            misleading_sentinels_are_outvoted,
         ),
+        trial("sentinel::no_majority_no_primary", no_majority_no_primary),
         trial(
             "sentinel::sentinels_down_wrong_password_and_unknown_name",
             sentinels_down_wrong_password_and_unknown_name,

@@ -3,7 +3,7 @@
 //! [`crate::store::LeaseStore`] and [`StoreError`].
 
 use std::net::SocketAddr;
-use std::sync::Once;
+use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -74,15 +74,23 @@ pub(super) struct Connector {
     config: ValkeyConfig,
     tls: Option<TlsConfig>,
     endpoint: String,
-    sentinel_order: sentinel::Order,
+    sentinel_order: Arc<sentinel::Order>,
+    /// Replicas in sync a Sentinel-named primary must have: the durability's on the connections
+    /// of durable acquires, none on the others (a renewal needs no replica).
+    replicas_needed: u32,
 }
 
 impl Connector {
     /// Prepares a connector; warns once when certificate checks are off.
-    pub(super) fn new(config: ValkeyConfig) -> Self {
+    pub(super) fn new(
+        config: ValkeyConfig,
+        sentinel_order: Arc<sentinel::Order>,
+        durable_acquires: bool,
+    ) -> Self {
         let tls = config.effective_tls();
         let endpoint = config.endpoints.describe();
-        if tls.as_ref().is_some_and(|t| t.insecure) {
+        // The warning once per store, not once per pool.
+        if !durable_acquires && tls.as_ref().is_some_and(|t| t.insecure) {
             warn!(
                 endpoint = %endpoint,
                 "TLS certificate verification is DISABLED (insecure): anyone on the network path \
@@ -90,14 +98,19 @@ impl Connector {
             );
         }
         Self {
+            replicas_needed: if durable_acquires {
+                config.durability.replicas
+            } else {
+                0
+            },
             config,
             tls,
             endpoint,
-            sentinel_order: sentinel::Order::default(),
+            sentinel_order,
         }
     }
 
-    /// Which sentinel to ask first.
+    /// Which sentinel to ask first (shared by the store's pools).
     pub(super) fn sentinel_order(&self) -> &sentinel::Order {
         &self.sentinel_order
     }
@@ -112,8 +125,8 @@ impl Connector {
         &self.endpoint
     }
 
-    /// Opens one connection, bounded by the connect timeout (through Sentinel: each question to
-    /// a sentinel and the connection to the primary it names are bounded by it, and the whole
+    /// Opens one connection, bounded by the connect timeout (through Sentinel: finding and
+    /// reaching the primary by it, the checks on the new connection by it again, and the whole
     /// by the caller's deadline).
     pub(super) async fn connect(&self, limit: Duration) -> Result<Connected, StoreError> {
         install_crypto_provider();
@@ -210,11 +223,10 @@ impl Connector {
             }
             Ok(connected)
         };
-        // Through Sentinel each step has its own bound; the caller's deadline bounds them all.
         let overall = match &self.config.endpoints {
-            Endpoints::Sentinel(s) => {
-                limit.saturating_mul(u32::try_from(s.addrs.len() + 2).unwrap_or(u32::MAX))
-            }
+            // Finding the primary has the connect timeout; the checks on its connection the same
+            // again.
+            Endpoints::Sentinel(_) => limit.saturating_mul(2),
             _ => limit,
         };
         match tokio::time::timeout(overall, checked).await {
@@ -254,20 +266,28 @@ impl Connector {
             .await
     }
 
-    /// Through Sentinel: the primary the sentinels name now (see [`sentinel::named_primary`]);
-    /// `None` otherwise, or when no sentinel answered.
-    pub(super) async fn named_primary(&self, limit: Duration) -> Option<HostPort> {
+    /// Through Sentinel: the primary a majority of the sentinels name now (see
+    /// [`sentinel::named_primary`]); `Ok(None)` for a URL or a cluster.
+    pub(super) async fn named_primary(
+        &self,
+        limit: Duration,
+    ) -> Result<Option<HostPort>, StoreError> {
         let Endpoints::Sentinel(sentinels) = &self.config.endpoints else {
-            return None;
+            return Ok(None);
         };
         install_crypto_provider();
-        let material = self.tls.as_ref().map(TlsConfig::load).transpose().ok()?;
+        let material = self.tls.as_ref().map(TlsConfig::load).transpose()?;
         sentinel::named_primary(self, sentinels, limit, material.as_ref()).await
     }
 
-    /// The durability this connector checks, for the Sentinel role check.
+    /// The configured durability, for messages.
     pub(super) fn durability(&self) -> Durability {
         self.config.durability
+    }
+
+    /// Replicas in sync a Sentinel-named primary must have for this connector's connections.
+    pub(super) fn replicas_needed(&self) -> u32 {
+        self.replicas_needed
     }
 
     /// Refuses a connection to a server that cannot provide the configured durability: WAITAOF

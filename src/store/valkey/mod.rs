@@ -33,7 +33,7 @@ pub use self::config::{
 };
 use self::connect::{Conn, Connector};
 use self::keys::TargetKeys;
-use self::pool::{Backoff, Pool};
+use self::pool::{Backoff, Pool, PrimaryState};
 use self::scripts::LuaScript;
 use super::Ttl;
 use super::{
@@ -149,15 +149,20 @@ impl ValkeyStore {
             min: config.reconnect_min_delay,
             max: config.reconnect_max_delay,
         };
-        let pool = || {
+        // Both pools ask the sentinels in one order and move to a new primary together.
+        let order = Arc::new(sentinel::Order::default());
+        let primary = Arc::new(PrimaryState::default());
+        let pool = |durable_acquires| {
             Pool::new(
-                Connector::new(config.clone()),
+                Connector::new(config.clone(), order.clone(), durable_acquires),
                 config.pool_size,
                 config.connect_timeout,
                 backoff,
+                primary.clone(),
             )
         };
-        let (pool, durable) = (pool(), (!config.durability.is_none()).then(pool));
+        let durable = (!config.durability.is_none()).then(|| pool(true));
+        let pool = pool(false);
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -262,10 +267,8 @@ impl ValkeyStore {
                 let Some(inner) = weak.upgrade() else {
                     break;
                 };
+                // The pools share the primary's generation: one poll moves both.
                 inner.pool.follow_primary().await;
-                if let Some(durable) = &inner.durable {
-                    durable.follow_primary().await;
-                }
             }
         });
     }

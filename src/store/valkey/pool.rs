@@ -10,13 +10,14 @@
 //! Through Sentinel every connect asks which server is the primary. When a connect finds
 //! another primary than the one the pooled connections reach, those connections are dropped
 //! before any of them carries another call: each connection belongs to a primary generation,
-//! and a connection of an older generation is never handed out. A pool in use also asks the
-//! sentinels every poll interval ([`Pool::follow_primary`]): a demoted primary keeps accepting
-//! writes on its open connections until the sentinels reconfigure it, seconds after the
-//! failover.
+//! and a connection of an older generation is never handed out; a connection made to the old
+//! primary while the store moved is refused. A store in use also asks the sentinels every poll
+//! interval ([`Pool::follow_primary`]): a demoted primary keeps accepting writes on its open
+//! connections until the sentinels reconfigure it, seconds after the failover. The generation
+//! is shared by a store's pools ([`PrimaryState`]).
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
@@ -25,7 +26,7 @@ use tracing::{info, warn};
 
 use super::classify::millis;
 use super::config::HostPort;
-use super::connect::{Conn, Connected, Connector};
+use super::connect::{Conn, Connector};
 use crate::store::StoreError;
 
 /// Exponential backoff with jitter, bounded by `max`.
@@ -99,10 +100,30 @@ pub(super) struct Pool {
     backoff: Backoff,
     connect_timeout: Duration,
     reconnect: Mutex<Reconnect>,
-    /// Bumped whenever a connect reaches another primary than the last one (Sentinel only).
+    /// Which primary the store's connections reach, shared by its pools.
+    primary: Arc<PrimaryState>,
+}
+
+/// Which primary a store's connections reach (Sentinel only), shared by its pools: a switch
+/// seen by one retires the connections of every pool.
+#[derive(Debug, Default)]
+pub(super) struct PrimaryState {
+    /// Bumped whenever the store moves to another primary.
     generation: AtomicU64,
-    /// The primary the current generation's connections reach.
-    primary: Mutex<Option<HostPort>>,
+    /// The primary of the current generation.
+    known: Mutex<Option<HostPort>>,
+    /// Whether the last poll of the sentinels failed (to log a change, not every poll).
+    poll_failing: AtomicBool,
+}
+
+impl PrimaryState {
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, Option<HostPort>> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Pool {
@@ -112,6 +133,7 @@ impl Pool {
         size: usize,
         connect_timeout: Duration,
         backoff: Backoff,
+        primary: Arc<PrimaryState>,
     ) -> Self {
         Self {
             connector,
@@ -121,8 +143,7 @@ impl Pool {
             backoff,
             connect_timeout,
             reconnect: Mutex::new(Reconnect::default()),
-            generation: AtomicU64::new(0),
-            primary: Mutex::new(None),
+            primary,
         }
     }
 
@@ -151,7 +172,7 @@ impl Pool {
     /// The live connection of `slot`, if it has one of the current primary generation (an
     /// older one is dropped).
     fn live(&self, slot: usize) -> Option<Checkout> {
-        let generation = self.generation.load(Ordering::Acquire);
+        let generation = self.primary.generation();
         let mut guard = self.slots[slot].live();
         if guard
             .as_ref()
@@ -166,39 +187,41 @@ impl Pool {
         })
     }
 
-    /// Asks the sentinels which server is the primary and, when it is not the one the pooled
-    /// connections reach, drops them all: the next call connects to the new primary (and checks
-    /// its role). Nothing happens when no sentinel answers or no connection was made yet.
+    /// Asks the sentinels which server is the primary and, when a majority name another one
+    /// than the store's connections reach, moves the store to it: every pooled connection is
+    /// retired, and the next call connects to the new primary (and checks its role). Nothing
+    /// changes when no majority answers or no connection was made yet; a failing poll is
+    /// logged when it starts failing and when it recovers.
     pub(super) async fn follow_primary(&self) {
-        let Some(named) = self.connector.named_primary(self.connect_timeout).await else {
+        let named = self.connector.named_primary(self.connect_timeout).await;
+        let failing = named.is_err();
+        if self.primary.poll_failing.swap(failing, Ordering::Relaxed) != failing {
+            match &named {
+                Err(e) => warn!(
+                    endpoint = %self.endpoint(),
+                    kind = e.kind().as_str(),
+                    error = %e,
+                    "cannot ask the sentinels for the primary; a failover is followed only when a connection breaks"
+                ),
+                Ok(_) => info!(endpoint = %self.endpoint(), "the sentinels answer again"),
+            }
+        }
+        let Ok(Some(named)) = named else {
             return;
         };
-        let known = self
-            .primary
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        if known.is_some_and(|known| known != named) {
-            // The next connect records the primary it really reaches.
-            self.generation_for(Some(&named));
+        let mut known = self.primary.known();
+        if known.as_ref().is_some_and(|known| *known != named) {
+            self.switch(&mut known, named);
         }
     }
 
-    /// The generation a new connection to `primary` belongs to. A primary other than the last
-    /// one starts a new generation and drops every pooled connection to the old one at once.
-    fn generation_for(&self, primary: Option<&HostPort>) -> u64 {
-        let Some(primary) = primary else {
-            return self.generation.load(Ordering::Acquire);
-        };
-        let mut known = self.primary.lock().unwrap_or_else(|e| e.into_inner());
-        if known.as_ref() == Some(primary) {
-            return self.generation.load(Ordering::Acquire);
-        }
-        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+    /// Moves the store to `primary`: a new generation, this pool's connections dropped at once
+    /// (the other pool's at their next checkout).
+    fn switch(&self, known: &mut Option<HostPort>, primary: HostPort) -> u64 {
+        let generation = self.primary.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let mut dropped = 0;
         for slot in &self.slots {
-            let mut live = slot.live();
-            if live.take().is_some() {
+            if slot.live().take().is_some() {
                 dropped += 1;
             }
         }
@@ -213,8 +236,35 @@ impl Pool {
         } else {
             info!(endpoint = %self.endpoint(), primary = %primary, "connected to the primary");
         }
-        *known = Some(primary.clone());
+        *known = Some(primary);
         generation
+    }
+
+    /// The generation a new connection to `primary` belongs to, when it was made in generation
+    /// `started_in`. A first primary, or another one found while nothing moved, starts a new
+    /// generation; a connection to another primary than the store moved to while it was being
+    /// made is refused (it reached the old one): the call tries again.
+    fn adopt(&self, primary: Option<&HostPort>, started_in: u64) -> Result<u64, StoreError> {
+        let Some(primary) = primary else {
+            return Ok(self.primary.generation());
+        };
+        let mut known = self.primary.known();
+        let current = self.primary.generation();
+        if known.as_ref() == Some(primary) {
+            return Ok(current);
+        }
+        if current != started_in {
+            return Err(StoreError::Unavailable {
+                endpoint: self.endpoint().to_owned(),
+                cause: format!(
+                    "the store moved to the primary {} while this connection was made to {primary}",
+                    known
+                        .as_ref()
+                        .map_or_else(|| "?".to_owned(), ToString::to_string)
+                ),
+            });
+        }
+        Ok(self.switch(&mut known, primary.clone()))
     }
 
     async fn connect_slot(&self, slot: usize, deadline: Instant) -> Result<Checkout, StoreError> {
@@ -232,17 +282,25 @@ impl Pool {
         let limit = self
             .connect_timeout
             .min(deadline.saturating_duration_since(Instant::now()));
-        match self.connector.connect(limit).await {
-            Ok(Connected { conn, primary }) => {
+        let started_in = self.primary.generation();
+        let connected = self.connector.connect(limit).await.and_then(|c| {
+            let generation = self.adopt(c.primary.as_ref(), started_in)?;
+            Ok((c.conn, generation))
+        });
+        match connected {
+            Ok((conn, generation)) => {
                 self.connected();
-                let generation = self.generation_for(primary.as_ref());
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                 *self.slots[slot].live() = Some(Live {
-                    conn: conn.clone(),
+                    conn,
                     id,
                     generation,
                 });
-                Ok(Checkout { conn, slot, id })
+                // Through `live`: a switch since `adopt` retires it before any call.
+                self.live(slot).ok_or_else(|| StoreError::Unavailable {
+                    endpoint: self.endpoint().to_owned(),
+                    cause: "the primary changed while connecting".into(),
+                })
             }
             Err(e) => {
                 self.failed(&e);

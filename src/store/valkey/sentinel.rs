@@ -1,23 +1,27 @@
 //! Finding the primary through Sentinel, at every connect.
 //!
-//! The sentinels are asked in turn, the one that answered last first, with
-//! `SENTINEL GET-MASTER-ADDR-BY-NAME` (each question bounded by the connect timeout). The primary a
-//! sentinel names is connected to with the data credentials, and its role is read with
-//! `INFO replication` on that very connection, the one that will carry the calls: a sentinel
-//! that does not know the name, names a replica (a failover in progress, or a sentinel on the
-//! wrong side of a partition) or names a server that cannot be reached is passed over. When
-//! every sentinel fails, the error names each one's cause.
+//! The sentinels are asked in turn, the one that answered first last time first, with
+//! `SENTINEL GET-MASTER-ADDR-BY-NAME`, until a majority of the configured sentinels name the same
+//! server: a sentinel on the minority side of a partition, or one that has not heard of a
+//! failover yet, is outvoted rather than followed. Each question gets a share of the connect
+//! timeout (what is left, divided among the sentinels not yet asked and the primary), so a
+//! sentinel that accepts connections and never answers leaves time for the others. The server
+//! the majority names is connected to with the data credentials, and its role is read with
+//! `INFO replication` on that very connection, the one that will carry the calls. When no
+//! primary is found, the error names each sentinel's answer.
 //!
 //! Why not redis-rs' own Sentinel client: it asks `SENTINEL MASTERS` (an ACL right that shows
-//! every monitored primary, where one name needs `SENTINEL GET-MASTER-ADDR-BY-NAME`), checks
-//! the role on a separate connection with its own fixed timeouts (the connection that carries
-//! the calls is never the one checked), and has no hook for the TLS server name.
+//! every monitored primary, where one name needs `SENTINEL GET-MASTER-ADDR-BY-NAME`), follows the
+//! first sentinel that answers, checks the role on a separate connection with its own fixed
+//! timeouts (the connection that carries the calls is never the one checked), and has no hook
+//! for the TLS server name.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::Value;
 use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
 
 use super::classify::{classify, millis};
 use super::config::{HostPort, Sentinels, TlsMaterial};
@@ -25,7 +29,8 @@ use super::connect::{Connector, collect_text};
 use crate::redact::Secret;
 use crate::store::{ErrorKind, StoreError};
 
-/// Which sentinel to ask first: the one that answered last. Shared by every connect of a store.
+/// Which sentinel to ask first: the first that answered last time. Shared by every connect of
+/// a store (both of its pools) and by its poll.
 #[derive(Debug, Default)]
 pub(super) struct Order {
     first: AtomicUsize,
@@ -38,31 +43,115 @@ impl Order {
         (0..count).map(move |i| (first + i) % count)
     }
 
-    fn answered(&self, index: usize) {
+    fn ask_first(&self, index: usize) {
         self.first.store(index, Ordering::Relaxed);
     }
 }
 
-/// Why one sentinel did not lead to a primary.
+/// What one sentinel answered, when it did not help name a primary.
 enum Cause {
     /// The sentinel could not be asked (or refused the question).
     Asking(StoreError),
-    /// The question ran out of time.
+    /// The question ran out of its share of the time.
     Slow(Duration),
     /// The sentinel does not monitor a primary of that name.
     Unknown,
-    /// The named server could not be connected to, or refused the data credentials.
-    Primary(HostPort, StoreError),
-    /// The named server is not a primary.
-    NotPrimary(HostPort, String),
-    /// The named server has fewer replicas online than the durability needs.
-    TooFewReplicas(HostPort, usize),
-    /// The named server was already tried on this connect.
-    Again(HostPort),
+    /// The sentinel named this server, which no majority named.
+    Named(HostPort),
 }
 
-/// Connects to the primary the sentinels name; answers the connection and the primary's
-/// address.
+/// The answers of one round of questions.
+struct Round<'a> {
+    /// The server a majority named, if one did.
+    primary: Option<HostPort>,
+    /// What the sentinels that did not lead to it said.
+    answers: Vec<(&'a HostPort, Cause)>,
+}
+
+/// How many of `count` sentinels make a majority.
+fn quorum(count: usize) -> usize {
+    count / 2 + 1
+}
+
+/// Asks the sentinels in turn until a majority of them name one server, by `until`.
+async fn ask_majority<'a>(
+    connector: &Connector,
+    sentinels: &'a Sentinels,
+    until: Instant,
+    limit: Duration,
+    material: Option<&TlsMaterial>,
+) -> Result<Round<'a>, StoreError> {
+    let password = sentinels.password.as_ref().map(|p| p.load()).transpose()?;
+    let count = sentinels.addrs.len();
+    let order = connector.sentinel_order();
+    let mut votes: Vec<(HostPort, usize)> = Vec::new();
+    let mut answers = Vec::new();
+    let mut first_answered = None;
+    let turn: Vec<usize> = order.in_turn(count).collect();
+    for (asked, &index) in turn.iter().enumerate() {
+        let sentinel = &sentinels.addrs[index];
+        // The sentinels not asked yet and the primary share what is left.
+        let sharers = u32::try_from(count - asked + 1).unwrap_or(u32::MAX);
+        let share = limit.min(until.saturating_duration_since(Instant::now()) / sharers);
+        if first_answered.is_none() {
+            // Should this connect be abandoned during the question (the call's deadline), the
+            // next one starts past a sentinel that never answers.
+            order.ask_first((index + 1) % count);
+        }
+        let question = ask(
+            connector,
+            sentinel,
+            sentinels,
+            password.as_ref(),
+            material,
+            share,
+        );
+        let primary = match tokio::time::timeout(share, question).await {
+            Err(_) => {
+                answers.push((sentinel, Cause::Slow(share)));
+                continue;
+            }
+            Ok(Err(e)) => {
+                answers.push((sentinel, Cause::Asking(e)));
+                continue;
+            }
+            Ok(Ok(None)) => {
+                answers.push((sentinel, Cause::Unknown));
+                continue;
+            }
+            Ok(Ok(Some(primary))) => primary,
+        };
+        if first_answered.is_none() {
+            first_answered = Some(index);
+            order.ask_first(index);
+        }
+        let votes_for = match votes.iter_mut().find(|(named, _)| *named == primary) {
+            Some((_, n)) => {
+                *n += 1;
+                *n
+            }
+            None => {
+                votes.push((primary.clone(), 1));
+                1
+            }
+        };
+        if votes_for >= quorum(count) {
+            answers.retain(|(_, cause)| !matches!(cause, Cause::Named(named) if *named == primary));
+            return Ok(Round {
+                primary: Some(primary),
+                answers,
+            });
+        }
+        answers.push((sentinel, Cause::Named(primary)));
+    }
+    Ok(Round {
+        primary: None,
+        answers,
+    })
+}
+
+/// Connects to the primary a majority of the sentinels name; answers the connection and the
+/// primary's address.
 pub(super) async fn connect(
     connector: &Connector,
     sentinels: &Sentinels,
@@ -70,90 +159,63 @@ pub(super) async fn connect(
     password: Option<&Secret>,
     material: Option<&TlsMaterial>,
 ) -> Result<(MultiplexedConnection, HostPort), StoreError> {
-    let sentinel_password = sentinels.password.as_ref().map(|p| p.load()).transpose()?;
-    let order = connector.sentinel_order();
-    let mut failures: Vec<(&HostPort, Cause)> = Vec::new();
-    let mut tried: Vec<HostPort> = Vec::new();
-    for index in order.in_turn(sentinels.addrs.len()) {
-        let sentinel = &sentinels.addrs[index];
-        let asked = ask(
-            connector,
-            sentinel,
-            sentinels,
-            sentinel_password.as_ref(),
-            material,
-            limit,
-        );
-        let primary = match tokio::time::timeout(limit, asked).await {
-            Err(_) => {
-                failures.push((sentinel, Cause::Slow(limit)));
-                continue;
-            }
-            Ok(Err(e)) => {
-                failures.push((sentinel, Cause::Asking(e)));
-                continue;
-            }
-            Ok(Ok(None)) => {
-                failures.push((sentinel, Cause::Unknown));
-                continue;
-            }
-            Ok(Ok(Some(primary))) => primary,
-        };
-        if tried.contains(&primary) {
-            failures.push((sentinel, Cause::Again(primary)));
-            continue;
-        }
-        tried.push(primary.clone());
-        let opened = open_primary(connector, &primary, limit, password, material);
-        let cause = match tokio::time::timeout(limit, opened).await {
-            Ok(Ok(Role::Primary(conn))) => {
-                order.answered(index);
-                return Ok((conn, primary));
-            }
-            Ok(Ok(Role::Other(role))) => Cause::NotPrimary(primary, role),
-            Ok(Ok(Role::Short(online))) => Cause::TooFewReplicas(primary, online),
-            Ok(Err(e)) => Cause::Primary(primary, e),
-            Err(_) => Cause::Primary(
-                primary,
-                StoreError::Unavailable {
-                    endpoint: String::new(),
-                    cause: format!("connect timed out after {} ms", millis(limit)),
-                },
-            ),
-        };
-        failures.push((sentinel, cause));
+    let until = Instant::now() + limit;
+    let round = ask_majority(connector, sentinels, until, limit, material).await?;
+    let Some(primary) = round.primary else {
+        return Err(no_majority(connector, sentinels, round.answers));
+    };
+    let endpoint = connector.endpoint();
+    let named = format!("the sentinels' majority names {primary}");
+    let left = until.saturating_duration_since(Instant::now());
+    let opened = open_primary(connector, &primary, left, password, material);
+    let failed = |cause: String| StoreError::Unavailable {
+        endpoint: endpoint.to_owned(),
+        cause,
+    };
+    match tokio::time::timeout(left, opened).await {
+        Ok(Ok(Role::Primary(conn))) => Ok((conn, primary)),
+        Ok(Ok(Role::Other(role))) => Err(failed(format!(
+            "{named}, which answers role:{role} (a failover in progress?)"
+        ))),
+        Ok(Ok(Role::Short(online))) => Err(failed(format!(
+            "{named}, which has {online} replica(s) online where the durability {} needs {}",
+            connector.durability(),
+            connector.replicas_needed()
+        ))),
+        Ok(Err(e)) => Err(match e {
+            StoreError::AccessDenied { cause, .. } => StoreError::AccessDenied {
+                endpoint: endpoint.to_owned(),
+                cause: format!("{named}, which refused the data user: {cause}"),
+            },
+            StoreError::Tls { cause, .. } => StoreError::Tls {
+                endpoint: endpoint.to_owned(),
+                cause: format!("{named}: {cause}"),
+            },
+            other => failed(format!("{named}, which failed: {}", reason(&other))),
+        }),
+        Err(_) => Err(failed(format!(
+            "{named}, which did not answer within {} ms",
+            millis(left)
+        ))),
     }
-    Err(no_primary(connector, sentinels, failures))
 }
 
-/// The primary the sentinels name now, without connecting to it: the first answer of the
-/// sentinels asked in turn (each question bounded by `limit`); `None` when none answered with an
-/// address. Polled while the pool is in use, so that a failover is followed even while the
-/// pooled connections to the old primary still work (a demoted primary keeps taking writes until
-/// the sentinels reconfigure it, which they do only seconds later).
+/// The primary a majority of the sentinels name now, without connecting to it; `None` when no
+/// majority names one (or the sentinels cannot be asked). Polled while the pool is in use, so
+/// that a failover is followed even while the pooled connections to the old primary still work
+/// (a demoted primary keeps taking writes until the sentinels reconfigure it, seconds later).
 pub(super) async fn named_primary(
     connector: &Connector,
     sentinels: &Sentinels,
     limit: Duration,
     material: Option<&TlsMaterial>,
-) -> Option<HostPort> {
-    let password = sentinels.password.as_ref().and_then(|p| p.load().ok());
-    let order = connector.sentinel_order();
-    for index in order.in_turn(sentinels.addrs.len()) {
-        let sentinel = &sentinels.addrs[index];
-        let asked = ask(
-            connector,
-            sentinel,
-            sentinels,
-            password.as_ref(),
-            material,
-            limit,
-        );
-        if let Ok(Ok(Some(primary))) = tokio::time::timeout(limit, asked).await {
-            return Some(primary);
-        }
+) -> Result<Option<HostPort>, StoreError> {
+    let until = Instant::now() + limit;
+    let round = ask_majority(connector, sentinels, until, limit, material).await?;
+    match round.primary {
+        Some(primary) => Ok(Some(primary)),
+        None => Err(no_majority(connector, sentinels, round.answers)),
     }
-    None
 }
 
 /// Asks one sentinel for the primary's address; `None` when it does not know the name.
@@ -255,7 +317,7 @@ async fn open_primary(
     if role != "master" {
         return Ok(Role::Other(role));
     }
-    let wanted = usize::try_from(connector.durability().replicas).unwrap_or(usize::MAX);
+    let wanted = usize::try_from(connector.replicas_needed()).unwrap_or(usize::MAX);
     let online = text
         .lines()
         .filter(|line| super::online_replica(line))
@@ -266,59 +328,50 @@ async fn open_primary(
     Ok(Role::Primary(conn))
 }
 
-/// The error of a connect on which no sentinel led to a primary: the kind of the refusals when
-/// every refusal is of one kind (a wrong password is `access_denied`, a name no sentinel knows
-/// is `invalid_config`), `unavailable` otherwise (sentinels down, a failover in progress); the
-/// message names each sentinel's cause.
-fn no_primary(
+/// The error of a round in which no majority of the sentinels named one primary. When a
+/// majority refused the same way (a wrong password is `access_denied`, a name they do not
+/// monitor `invalid_config`, a certificate they reject `tls`), that is the error: a minority
+/// could be a sentinel restarting, a majority is the configuration. Otherwise `unavailable`
+/// (sentinels down, a failover still spreading among them). The message names each answer.
+fn no_majority(
     connector: &Connector,
     sentinels: &Sentinels,
-    failures: Vec<(&HostPort, Cause)>,
+    answers: Vec<(&HostPort, Cause)>,
 ) -> StoreError {
     let endpoint = connector.endpoint().to_owned();
     let master = &sentinels.master;
-    // The refusals among the answers (a sentinel down or slow, a replica named, a primary
-    // already tried are not refusals): one consistent refusal (the same wrong password
-    // everywhere) is the error even when other sentinels are down.
-    let refusals: Vec<ErrorKind> = failures
+    let count = sentinels.addrs.len();
+    let refusals: Vec<ErrorKind> = answers
         .iter()
         .filter_map(|(_, cause)| match cause {
-            Cause::Asking(e) | Cause::Primary(_, e) => Some(e.kind()),
+            Cause::Asking(e) => Some(e.kind()),
             Cause::Unknown => Some(ErrorKind::InvalidConfig),
-            _ => None,
+            Cause::Slow(_) | Cause::Named(_) => None,
         })
         .filter(|kind| *kind != ErrorKind::Unavailable)
         .collect();
-    let each: Vec<String> = failures
+    let majority_kind = refusals
+        .iter()
+        .copied()
+        .find(|kind| refusals.iter().filter(|k| *k == kind).count() >= quorum(count));
+    let each: Vec<String> = answers
         .into_iter()
         .map(|(sentinel, cause)| {
             let why = match cause {
                 Cause::Asking(e) => reason(&e),
-                Cause::Slow(limit) => format!("no answer within {} ms", millis(limit)),
+                Cause::Slow(share) => format!("no answer within {} ms", millis(share)),
                 Cause::Unknown => format!("monitors no primary named {master:?}"),
-                Cause::Primary(primary, e) => {
-                    format!("named {primary}, which failed: {}", reason(&e))
-                }
-                Cause::NotPrimary(primary, role) => {
-                    format!("named {primary}, which answers role:{role} (a failover in progress?)")
-                }
-                Cause::TooFewReplicas(primary, online) => format!(
-                    "named {primary}, which has {online} replica(s) online where the durability \
-                     {} needs {}",
-                    connector.durability(),
-                    connector.durability().replicas
-                ),
-                Cause::Again(primary) => format!("named {primary} too, already tried"),
+                Cause::Named(primary) => format!("named {primary}"),
             };
             format!("sentinel {sentinel}: {why}")
         })
         .collect();
-    let cause = format!("no sentinel led to the primary: {}", each.join("; "));
-    let same = refusals
-        .first()
-        .copied()
-        .filter(|first| refusals.iter().all(|k| k == first));
-    match same {
+    let cause = format!(
+        "no majority of the {count} sentinel(s) ({} needed) names one primary: {}",
+        quorum(count),
+        each.join("; ")
+    );
+    match majority_kind {
         Some(ErrorKind::AccessDenied) => StoreError::AccessDenied { endpoint, cause },
         Some(ErrorKind::Tls) => StoreError::Tls { endpoint, cause },
         Some(ErrorKind::InvalidConfig) => StoreError::InvalidConfig(format!(
@@ -369,10 +422,11 @@ mod tests {
     }
 
     #[test]
-    fn the_sentinel_that_answered_last_is_asked_first() {
+    fn the_sentinel_that_answered_first_is_asked_first_and_a_majority_decides() {
         let order = Order::default();
         assert_eq!(order.in_turn(3).collect::<Vec<_>>(), [0, 1, 2]);
-        order.answered(2);
+        order.ask_first(2);
         assert_eq!(order.in_turn(3).collect::<Vec<_>>(), [2, 0, 1]);
+        assert_eq!((quorum(1), quorum(2), quorum(3), quorum(4)), (1, 2, 2, 3));
     }
 }

@@ -100,6 +100,9 @@ so a URL Secret would be unused. */}}
 {{- if and .Values.valkey.tls.serverName (not .Values.valkey.tls.enabled) }}
 {{- fail "valkey.tls.serverName needs valkey.tls.enabled (the name is what the servers' TLS certificates are checked against)" }}
 {{- end }}
+{{- if and .Values.valkey.tls.serverName .Values.valkey.clusterSeeds }}
+{{- fail "valkey.tls.serverName cannot be used with valkey.clusterSeeds: every cluster node is checked against the address it announces" }}
+{{- end }}
 {{- with .Values.valkey.sentinel }}
 {{- if and .addresses $.Values.valkey.clusterSeeds }}
 {{- fail "valkey.sentinel.addresses and valkey.clusterSeeds exclude each other: Valkey is either a primary behind Sentinel or a Valkey Cluster; empty one of them" }}

@@ -32,7 +32,7 @@ use support::contract_cases::{
     self, Harness, RawAccess, ServerEnv, TTL, Variant, handle, release_req, target,
 };
 use support::sentinel::{DOWN_AFTER, MASTER, Options, Topology, text};
-use support::server::ServerKind;
+use support::server::{Server, ServerKind};
 use support::suite::{self, measured, trial, trial_with_limit};
 use support::tls::Certs;
 
@@ -886,7 +886,7 @@ async fn misleading_sentinels_are_outvoted() {
     // The silent one first, default timeouts: the store connects within one call, and once a
     // sentinel answered, reconnects no longer wait for the silent one.
     let mut silent_first = vec![never_answers.clone()];
-    silent_first.extend(real);
+    silent_first.extend(real.iter().cloned());
     let store = connect(unauthenticated(silent_first)).await;
     tokio::task::block_in_place(|| {
         topology
@@ -908,6 +908,74 @@ async fn misleading_sentinels_are_outvoted() {
         took < Duration::from_millis(300),
         "the reconnect asked the silent sentinel first again: {took:?}"
     );
+    // A silent sentinel between answering ones: asked last once it was silent, so reconnects do
+    // not wait for it again.
+    let mut silent_between = vec![real[0].clone(), never_answers.clone()];
+    silent_between.extend(real[1..].iter().cloned());
+    let store = connect(unauthenticated(silent_between)).await;
+    tokio::task::block_in_place(|| {
+        topology
+            .query(primary, &["CLIENT", "KILL", "TYPE", "normal"])
+            .expect("CLIENT KILL");
+    });
+    let started = Instant::now();
+    contract_cases::acquired(
+        &*store,
+        &contract_cases::acquire_req(&target("silent-between"), "l", "o", TTL),
+    )
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(300),
+        "the reconnect waited for the silent sentinel again: {took:?}"
+    );
+    // A minority naming another server that is a primary too (the old primary of a failover,
+    // cut off with a sentinel): outvoted, never connected to, although its role check passes.
+    let other = tokio::task::spawn_blocking(|| Server::start(ServerKind::Valkey91))
+        .await
+        .expect("start another primary");
+    let rule = support::documented_acl_rule("acl-rule", USER, PASSWORD);
+    let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
+    assert!(
+        other.raw(&rule).starts_with("+OK"),
+        "ACL user on the other primary"
+    );
+    let names_another_primary = fake_sentinel(Some(address_reply(other.port))).await;
+    let mut outvoted = vec![names_another_primary];
+    outvoted.extend(real.iter().cloned());
+    let store = connect(unauthenticated(outvoted)).await;
+    contract_cases::acquired(
+        &*store,
+        &contract_cases::acquire_req(&target("not-the-other"), "l", "o", TTL),
+    )
+    .await;
+    let on_other = other.raw(&["CLIENT", "LIST"]);
+    assert!(
+        !on_other.contains(&format!(" user={USER} ")),
+        "the store connected to the primary only a minority named: {on_other}"
+    );
+    // A sentinel that refuses the sentinel password is outvoted too; a majority refusing it
+    // is access_denied, a minority refusing it beside unreachable ones unavailable.
+    let wrongpass = "-WRONGPASS invalid username-password pair or user is disabled.\r\n";
+    let refuses = fake_sentinel(Some(wrongpass.into())).await;
+    let also_refuses = fake_sentinel(Some(wrongpass.into())).await;
+    let mut one_refuses = vec![refuses.clone()];
+    one_refuses.extend(real.iter().cloned());
+    let store = connect(config_for(one_refuses)).await;
+    contract_cases::acquired(
+        &*store,
+        &contract_cases::acquire_req(&target("one-refuses"), "l", "o", TTL),
+    )
+    .await;
+    let dead = || HostPort {
+        host: "127.0.0.1".into(),
+        port: support::server::free_port(),
+    };
+    let e = connect_fails(config_for(vec![refuses.clone(), also_refuses, dead()])).await;
+    assert_eq!(e.kind(), ErrorKind::AccessDenied, "{e}");
+    assert!(!e.to_string().contains(SENTINEL_PASSWORD), "{e}");
+    let e = connect_fails(config_for(vec![refuses, dead(), dead()])).await;
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
 }
 
 /// Without a majority for one server, nothing is connected to, and the error names each
@@ -986,6 +1054,18 @@ async fn no_majority_no_primary() {
             "{e}"
         );
     }
+    // Data ports listed as sentinels: they do not know SENTINEL, a configuration to fix.
+    let data_ports: Vec<HostPort> = topology
+        .nodes
+        .iter()
+        .map(|n| HostPort {
+            host: "127.0.0.1".into(),
+            port: n.port,
+        })
+        .collect();
+    let e = connect_fails(unauthenticated(data_ports)).await;
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("are these sentinels"), "{e}");
     // One sentinel that does not know the name, the others unreachable: it may be restarting.
     let other_dead = HostPort {
         host: "127.0.0.1".into(),

@@ -89,7 +89,20 @@ impl Connector {
     ) -> Self {
         let tls = config.effective_tls();
         let endpoint = config.endpoints.describe();
-        // The warning once per store, not once per pool.
+        // The warnings once per store, not once per pool.
+        if let Endpoints::Sentinel(sentinels) = &config.endpoints
+            && !durable_acquires
+            && sentinels.addrs.len() < 3
+        {
+            warn!(
+                endpoint = %endpoint,
+                sentinels = sentinels.addrs.len(),
+                "fewer than three sentinel addresses: a majority of them cannot outvote a \
+                 sentinel that has not heard of a failover (one address follows whatever it \
+                 says; two need both); list every sentinel's own address, not a Service in \
+                 front of them"
+            );
+        }
         if !durable_acquires && tls.as_ref().is_some_and(|t| t.insecure) {
             warn!(
                 endpoint = %endpoint,

@@ -322,6 +322,20 @@ impl ValkeyStore {
             Endpoints::Sentinel(_) => "the primary named by",
         };
         match fewest {
+            // Through Sentinel a replica may be resyncing after a failover: that passes.
+            Some(online)
+                if online < wanted && matches!(self.config().endpoints, Endpoints::Sentinel(_)) =>
+            {
+                Err(StoreError::Unavailable {
+                    endpoint: self.endpoint().to_owned(),
+                    cause: format!(
+                        "durability {durability} needs {wanted} replica(s) online, and {primary} \
+                         {} has {online} online (INFO replication); a replica resyncing after a \
+                         failover?",
+                        self.endpoint()
+                    ),
+                })
+            }
             Some(online) if online < wanted => Err(StoreError::InvalidConfig(format!(
                 "durability {durability} needs {wanted} replica(s) online, and {primary} {} has \
                  {online} online (INFO replication): every acquire would run and then fail \

@@ -172,11 +172,13 @@ impl Pool {
     /// The live connection of `slot`, if it has one of the current primary generation (an
     /// older one is dropped).
     fn live(&self, slot: usize) -> Option<Checkout> {
-        let generation = self.primary.generation();
         let mut guard = self.slots[slot].live();
+        // Read under the slot's lock: a switch bumps the generation before it empties the
+        // slots, so a connection of the old generation is never handed out after the bump.
+        let generation = self.primary.generation();
         if guard
             .as_ref()
-            .is_some_and(|live| live.generation != generation)
+            .is_some_and(|live| live.generation < generation)
         {
             *guard = None;
         }
@@ -193,6 +195,7 @@ impl Pool {
     /// changes when no majority answers or no connection was made yet; a failing poll is
     /// logged when it starts failing and when it recovers.
     pub(super) async fn follow_primary(&self) {
+        let asked_in = self.primary.generation();
         let named = self.connector.named_primary(self.connect_timeout).await;
         let failing = named.is_err();
         if self.primary.poll_failing.swap(failing, Ordering::Relaxed) != failing {
@@ -201,7 +204,7 @@ impl Pool {
                     endpoint = %self.endpoint(),
                     kind = e.kind().as_str(),
                     error = %e,
-                    "cannot ask the sentinels for the primary; a failover is followed only when a connection breaks"
+                    "the sentinels do not name a primary by a majority; the pooled connections carry on, and a failover is seen only when they break"
                 ),
                 Ok(_) => info!(endpoint = %self.endpoint(), "the sentinels answer again"),
             }
@@ -210,6 +213,10 @@ impl Pool {
             return;
         };
         let mut known = self.primary.known();
+        // A connect that moved the store while the sentinels were asked has the newer answer.
+        if self.primary.generation() != asked_in {
+            return;
+        }
         if known.as_ref().is_some_and(|known| *known != named) {
             self.switch(&mut known, named);
         }

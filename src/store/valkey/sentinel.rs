@@ -16,7 +16,7 @@
 //! timeouts (the connection that carries the calls is never the one checked), and has no hook
 //! for the TLS server name.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::Value;
@@ -29,22 +29,42 @@ use super::connect::{Connector, collect_text};
 use crate::redact::Secret;
 use crate::store::{ErrorKind, StoreError};
 
-/// Which sentinel to ask first: the first that answered last time. Shared by every connect of
-/// a store (both of its pools) and by its poll.
+/// In which order to ask the sentinels: from the first that answered last time, and the ones
+/// that did not answer in time last time at the end (a majority is usually reached before
+/// them). Shared by every connect of a store (both of its pools) and by its poll.
 #[derive(Debug, Default)]
 pub(super) struct Order {
     first: AtomicUsize,
+    /// One bit per sentinel (at most 16 are configured): slow or silent at its last question.
+    slow: AtomicU64,
 }
 
 impl Order {
     /// Indexes of `count` sentinels in the order to ask them.
-    fn in_turn(&self, count: usize) -> impl Iterator<Item = usize> {
+    fn in_turn(&self, count: usize) -> Vec<usize> {
         let first = self.first.load(Ordering::Relaxed) % count.max(1);
-        (0..count).map(move |i| (first + i) % count)
+        let rotated = (0..count).map(|i| (first + i) % count);
+        let (answered, slow): (Vec<usize>, Vec<usize>) = rotated.partition(|&i| !self.is_slow(i));
+        answered.into_iter().chain(slow).collect()
     }
 
     fn ask_first(&self, index: usize) {
         self.first.store(index, Ordering::Relaxed);
+    }
+
+    fn is_slow(&self, index: usize) -> bool {
+        index < 64 && self.slow.load(Ordering::Relaxed) & (1 << index) != 0
+    }
+
+    fn set_slow(&self, index: usize, slow: bool) {
+        if index >= 64 {
+            return;
+        }
+        if slow {
+            self.slow.fetch_or(1 << index, Ordering::Relaxed);
+        } else {
+            self.slow.fetch_and(!(1 << index), Ordering::Relaxed);
+        }
     }
 }
 
@@ -87,17 +107,18 @@ async fn ask_majority<'a>(
     let mut votes: Vec<(HostPort, usize)> = Vec::new();
     let mut answers = Vec::new();
     let mut first_answered = None;
-    let turn: Vec<usize> = order.in_turn(count).collect();
+    let turn = order.in_turn(count);
     for (asked, &index) in turn.iter().enumerate() {
         let sentinel = &sentinels.addrs[index];
-        // The sentinels not asked yet and the primary share what is left.
-        let sharers = u32::try_from(count - asked + 1).unwrap_or(u32::MAX);
+        // What is left is shared by the answers still needed for a majority (or the sentinels
+        // left, if fewer) and the primary.
+        let most_votes = votes.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        let needed = (quorum(count) - most_votes).min(count - asked);
+        let sharers = u32::try_from(needed + 1).unwrap_or(u32::MAX);
         let share = limit.min(until.saturating_duration_since(Instant::now()) / sharers);
-        if first_answered.is_none() {
-            // Should this connect be abandoned during the question (the call's deadline), the
-            // next one starts past a sentinel that never answers.
-            order.ask_first((index + 1) % count);
-        }
+        // Marked slow until it answers: should this connect be abandoned during the question
+        // (the call's deadline), the next one asks it last.
+        order.set_slow(index, true);
         let question = ask(
             connector,
             sentinel,
@@ -106,7 +127,9 @@ async fn ask_majority<'a>(
             material,
             share,
         );
-        let primary = match tokio::time::timeout(share, question).await {
+        let answer = tokio::time::timeout(share, question).await;
+        order.set_slow(index, answer.is_err());
+        let primary = match answer {
             Err(_) => {
                 answers.push((sentinel, Cause::Slow(share)));
                 continue;
@@ -341,6 +364,8 @@ fn no_majority(
     let endpoint = connector.endpoint().to_owned();
     let master = &sentinels.master;
     let count = sentinels.addrs.len();
+    // A server that does not understand SENTINEL (a data port listed as a sentinel) answers
+    // an unexpected reply: like a wrong name, a configuration to fix.
     let refusals: Vec<ErrorKind> = answers
         .iter()
         .filter_map(|(_, cause)| match cause {
@@ -350,6 +375,10 @@ fn no_majority(
         })
         .filter(|kind| *kind != ErrorKind::Unavailable)
         .collect();
+    let unknown = answers
+        .iter()
+        .filter(|(_, cause)| matches!(cause, Cause::Unknown))
+        .count();
     let majority_kind = refusals
         .iter()
         .copied()
@@ -374,9 +403,13 @@ fn no_majority(
     match majority_kind {
         Some(ErrorKind::AccessDenied) => StoreError::AccessDenied { endpoint, cause },
         Some(ErrorKind::Tls) => StoreError::Tls { endpoint, cause },
-        Some(ErrorKind::InvalidConfig) => StoreError::InvalidConfig(format!(
-            "{endpoint}: {cause}; check --valkey-sentinel-master"
+        Some(ErrorKind::InvalidConfig) if unknown >= quorum(count) => StoreError::InvalidConfig(
+            format!("{endpoint}: {cause}; check --valkey-sentinel-master"),
+        ),
+        Some(ErrorKind::UnexpectedReply) => StoreError::InvalidConfig(format!(
+            "{endpoint}: {cause}; are these sentinels (--valkey-sentinels, usually port 26379)?"
         )),
+        Some(ErrorKind::InvalidConfig) => StoreError::InvalidConfig(format!("{endpoint}: {cause}")),
         _ => StoreError::Unavailable { endpoint, cause },
     }
 }
@@ -424,9 +457,17 @@ mod tests {
     #[test]
     fn the_sentinel_that_answered_first_is_asked_first_and_a_majority_decides() {
         let order = Order::default();
-        assert_eq!(order.in_turn(3).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(order.in_turn(3), [0, 1, 2]);
         order.ask_first(2);
-        assert_eq!(order.in_turn(3).collect::<Vec<_>>(), [2, 0, 1]);
+        assert_eq!(order.in_turn(3), [2, 0, 1]);
+        order.set_slow(0, true);
+        assert_eq!(
+            order.in_turn(3),
+            [2, 1, 0],
+            "a silent sentinel is asked last"
+        );
+        order.set_slow(0, false);
+        assert_eq!(order.in_turn(3), [2, 0, 1]);
         assert_eq!((quorum(1), quorum(2), quorum(3), quorum(4)), (1, 2, 2, 3));
     }
 }

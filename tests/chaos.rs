@@ -921,8 +921,9 @@ fn durable_valkey(primary: Option<&Server>) -> Server {
     Server::start_with(ServerKind::Valkey91, &args)
 }
 
-/// Targets that have live resources but no resource whose status says Held, or fewer than
-/// their permits while a claim asking those permits waits; each with what its claims show.
+/// Targets where a claim waits but no resource's status says Held, or where fewer than the
+/// permits are Held while a claim asking those permits waits; each with what its claims show.
+/// A claim that ended (Released, Failed) waits for nothing.
 async fn targets_without_holder(api: &Api<TargetLease>) -> Option<Vec<String>> {
     let list = api.list(&ListParams::default()).await.ok()?;
     // Per target: the permits of each resource showing Held, the permits each waiting claim
@@ -954,8 +955,10 @@ async fn targets_without_holder(api: &Api<TargetLease>) -> Option<Vec<String>> {
     Some(
         by_target
             .into_iter()
+            // Only where a claim waits: a target whose only claim is Released (a `run` cut off
+            // from the API server after the workload stopped starting new ones) needs no holder.
             .filter(|(_, (held, waiting, _))| match held.first() {
-                None => true,
+                None => !waiting.is_empty(),
                 Some(&permits) => held.len() < permits as usize && waiting.contains(&permits),
             })
             .map(|(t, (_, _, shown))| format!("{t} ({})", shown.join(", ")))

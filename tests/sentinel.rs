@@ -854,6 +854,28 @@ async fn connect_fails(config: ValkeyConfig) -> StoreError {
         .expect_err("no primary should be found")
 }
 
+/// Closes the store's connections on the primary (`CLIENT KILL TYPE normal`) and answers how
+/// long an acquire of `name` then takes, reconnecting through the sentinels.
+async fn reconnect_and_acquire(
+    topology: &Topology,
+    store: &dyn LeaseStore,
+    name: &str,
+) -> Duration {
+    let primary = topology.nodes[0].port;
+    tokio::task::block_in_place(|| {
+        topology
+            .query(primary, &["CLIENT", "KILL", "TYPE", "normal"])
+            .expect("CLIENT KILL");
+    });
+    let started = Instant::now();
+    contract_cases::acquired(
+        store,
+        &contract_cases::acquire_req(&target(name), "l", "o", TTL),
+    )
+    .await;
+    started.elapsed()
+}
+
 /// A minority of misleading sentinels is outvoted; a sentinel that never answers costs a share
 /// of the connect timeout, not the call (default timeouts), and is not asked first again.
 async fn misleading_sentinels_are_outvoted() {
@@ -888,18 +910,7 @@ async fn misleading_sentinels_are_outvoted() {
     let mut silent_first = vec![never_answers.clone()];
     silent_first.extend(real.iter().cloned());
     let store = connect(unauthenticated(silent_first)).await;
-    tokio::task::block_in_place(|| {
-        topology
-            .query(primary, &["CLIENT", "KILL", "TYPE", "normal"])
-            .expect("CLIENT KILL");
-    });
-    let started = Instant::now();
-    contract_cases::acquired(
-        &*store,
-        &contract_cases::acquire_req(&target("silent"), "l", "o", TTL),
-    )
-    .await;
-    let took = started.elapsed();
+    let took = reconnect_and_acquire(&topology, &*store, "silent").await;
     measured(
         "sentinel: reconnect with a silent sentinel listed first",
         took,
@@ -913,18 +924,7 @@ async fn misleading_sentinels_are_outvoted() {
     let mut silent_between = vec![real[0].clone(), never_answers.clone()];
     silent_between.extend(real[1..].iter().cloned());
     let store = connect(unauthenticated(silent_between)).await;
-    tokio::task::block_in_place(|| {
-        topology
-            .query(primary, &["CLIENT", "KILL", "TYPE", "normal"])
-            .expect("CLIENT KILL");
-    });
-    let started = Instant::now();
-    contract_cases::acquired(
-        &*store,
-        &contract_cases::acquire_req(&target("silent-between"), "l", "o", TTL),
-    )
-    .await;
-    let took = started.elapsed();
+    let took = reconnect_and_acquire(&topology, &*store, "silent-between").await;
     assert!(
         took < Duration::from_millis(300),
         "the reconnect waited for the silent sentinel again: {took:?}"

@@ -30,6 +30,9 @@ impl Cluster {
             // Failover must not wait for the replica to have been connected recently.
             "--cluster-replica-validity-factor",
             "0",
+            // Replicas sync at once rather than after the default 5 s wait for more replicas.
+            "--repl-diskless-sync-delay",
+            "0",
         ];
         args.extend_from_slice(extra);
         let nodes: Vec<Server> = (0..6).map(|_| Server::start_with(kind, &args)).collect();

@@ -97,7 +97,11 @@ impl Topology {
     /// sentinel knows the other two and both replicas. Panics with the sentinels' view after
     /// 30 s.
     pub fn start(options: Options) -> Topology {
-        let mut node_args: Vec<String> = options.data_args.clone();
+        // Replicas sync at once rather than after the default 5 s wait for more replicas.
+        let mut node_args: Vec<String> = ["--repl-diskless-sync-delay", "0"]
+            .map(String::from)
+            .to_vec();
+        node_args.extend(options.data_args.iter().cloned());
         let listen = if let Some(certs) = &options.tls {
             node_args.extend(tls_args(certs));
             node_args.extend(["--tls-replication".into(), "yes".into()]);

@@ -32,15 +32,8 @@ const PASSWORD: &str = "cluster-pw-71d3";
 
 /// The documented ACL rule, set on every node (ACLs are per node in a cluster).
 fn add_acl_user(cluster: &Cluster) {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
-        .expect("docs/operations.md");
-    let line = doc
-        .lines()
-        .skip_while(|l| !l.contains("<!-- acl-rule:begin -->"))
-        .find(|l| l.starts_with("ACL SETUSER"))
-        .expect("the documented ACL rule");
-    let rule = line.replace(">CHANGE-ME", &format!(">{PASSWORD}"));
-    let args: Vec<&str> = rule.split_whitespace().collect();
+    let rule = support::documented_acl_rule("acl-rule", USER, PASSWORD);
+    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
     for node in &cluster.nodes {
         let reply = node.raw(&args);
         assert!(reply.starts_with("+OK"), "{reply}");

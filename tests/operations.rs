@@ -7,7 +7,6 @@
 
 use targetlease_test_support as support;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -36,26 +35,7 @@ const APP_PASSWORD: &str = "app-pw-9c2e7a-never-logged";
 /// The ACL rule from docs/operations.md for `user` with `password`, as command arguments: the
 /// tests use exactly what the documentation tells operators to run.
 fn documented_acl_rule(user: &str, password: &str) -> Vec<String> {
-    let doc =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
-            .expect("docs/operations.md");
-    let start = doc
-        .find("<!-- acl-rule:begin -->")
-        .expect("acl-rule:begin marker");
-    let end = doc
-        .find("<!-- acl-rule:end -->")
-        .expect("acl-rule:end marker");
-    let line = doc[start..end]
-        .lines()
-        .find(|l| l.starts_with("ACL SETUSER"))
-        .expect("an ACL SETUSER line between the markers");
-    line.split_whitespace()
-        .map(|word| match word {
-            "targetlease" => user.to_owned(),
-            ">CHANGE-ME" => format!(">{password}"),
-            other => other.to_owned(),
-        })
-        .collect()
+    support::documented_acl_rule("acl-rule", user, password)
 }
 
 /// Valkey 9.1 whose default user has a password, with `user` set up by `rule`.

@@ -168,15 +168,18 @@ impl Topology {
 
     /// The port the first sentinel that answers names as the primary.
     pub fn primary_port(&self) -> Option<u16> {
-        self.sentinels.iter().find_map(|s| {
-            let reply = self
-                .query(s.port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER])
-                .ok()?;
-            match reply {
-                Value::Array(items) => text(items.get(1)?).parse().ok(),
-                _ => None,
-            }
-        })
+        self.sentinels.iter().find_map(|s| self.named_by(s.port))
+    }
+
+    /// The primary's port as the sentinel on `port` names it.
+    fn named_by(&self, port: u16) -> Option<u16> {
+        let reply = self
+            .query(port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER])
+            .ok()?;
+        match reply {
+            Value::Array(items) => text(items.get(1)?).parse().ok(),
+            _ => None,
+        }
     }
 
     /// The data node on `port`.
@@ -203,15 +206,7 @@ impl Topology {
             let named: Vec<Option<u16>> = t
                 .sentinels
                 .iter()
-                .map(|s| {
-                    let reply = t
-                        .query(s.port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER])
-                        .ok()?;
-                    match reply {
-                        Value::Array(items) => text(items.get(1)?).parse().ok(),
-                        _ => None,
-                    }
-                })
+                .map(|s| t.named_by(s.port))
                 .filter(Option::is_some)
                 .collect();
             let Some(Some(port)) = named.first().copied() else {

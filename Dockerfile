@@ -1,6 +1,6 @@
 # The controller image: one static binary, CA certificates and a non-root user; no shell.
 #
-#   docker build -t ghcr.io/targetlease/targetlease:0.1.0 .
+#   docker build -t ghcr.io/targetlease/targetlease:0.2.0 .
 #
 # Without Docker, `scripts/image.sh` builds the same image (same binary build, user, paths,
 # entrypoint, command, port and labels: it reads them from this file's last stage) as an OCI
@@ -33,7 +33,7 @@ WORKDIR /
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 LABEL org.opencontainers.image.title="targetlease" \
       org.opencontainers.image.description="Kubernetes operator: fenced leases on Valkey" \
-      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.version="0.2.0" \
       org.opencontainers.image.source="https://github.com/targetlease/targetlease"
 EXPOSE 8080
 ENTRYPOINT ["/targetlease"]

@@ -883,7 +883,7 @@ impl Bench {
                 Box::pin(async move {
                     if apply {
                         let patch = serde_json::json!({
-                            "apiVersion": "targetlease.dev/v1alpha1",
+                            "apiVersion": "targetlease.dev/v1beta1",
                             "kind": "TargetLease",
                             "status": new,
                         });

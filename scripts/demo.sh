@@ -48,12 +48,12 @@ kubectl create namespace shop >/dev/null
 
 bold "two workers claim the same target"
 cat <<'YAML' | tee "$work/leases.yaml" | sed 's/^/    /'
-apiVersion: targetlease.dev/v1alpha1
+apiVersion: targetlease.dev/v1beta1
 kind: TargetLease
 metadata: {name: migration-worker-1, namespace: shop}
 spec: {target: orders-db/migration, holder: worker-1, ttlSeconds: 30}
 ---
-apiVersion: targetlease.dev/v1alpha1
+apiVersion: targetlease.dev/v1beta1
 kind: TargetLease
 metadata: {name: migration-worker-2, namespace: shop}
 spec: {target: orders-db/migration, holder: worker-2, ttlSeconds: 30}

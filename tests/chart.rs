@@ -619,7 +619,7 @@ fn chart_versions_match_the_crate() {
 /// A TargetLease object as the API server returns it, with `status` (generation 1).
 fn sample(status: Option<TargetLeaseStatus>) -> Value {
     let mut object = json!({
-        "apiVersion": "targetlease.dev/v1alpha1",
+        "apiVersion": "targetlease.dev/v1beta1",
         "kind": "TargetLease",
         "metadata": {"name": "sample", "namespace": "shop", "generation": 1, "uid": "u-1"},
         "spec": {"target": "orders-db/migration", "holder": "worker-7", "ttlSeconds": 30},

@@ -19,7 +19,7 @@ use kube::{Client, ResourceExt};
 use libtest_mimic::{Arguments, Trial};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use targetlease::api::{Phase, TargetLease};
+use targetlease::api::{Phase, SERVED_VERSIONS, StorageVersion, TargetLease, VERSION};
 use targetlease::store::TargetRef;
 use targetlease::store::valkey::keys::TargetKeys;
 
@@ -1028,6 +1028,263 @@ fn replica_sets(world: &World) -> Vec<(String, String, i64)> {
     sets
 }
 
+/// `kubectl apply` of `yaml` (from stdin) in `ns`; the output, whether it succeeded or not.
+fn apply_yaml(world: &World, ns: &str, yaml: &str) -> Output {
+    world
+        .cluster
+        .kubectl_with_input(&["apply", "-n", ns, "-f", "-"], Some(yaml))
+}
+
+/// A TargetLease until it is Held; its token.
+async fn held_token(api: &Api<TargetLease>, name: &str) -> u64 {
+    let lease = await_lease(api, name, "Held", 30 * SEC, |l| {
+        phase_of(l) == Some(Phase::Held)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    token_of(&lease)
+}
+
+/// Every TargetLease example applied as each served version, side by side: the controller
+/// (speaking v1beta1) holds them all, `kubectl get tl` and both versions' URLs list them,
+/// the field selectors work, `targetlease wait` reads an object created as v1alpha1, and the
+/// API server stores them in the chart's storage version (v1alpha1) whatever they were
+/// written as.
+async fn examples_work_under_both_versions(world: &World) {
+    let examples = repo().join("examples/gitops/leases");
+    let client = world.cluster.client().await;
+    let kubeconfig = PathBuf::from(world.cluster.kubeconfig());
+    for version in SERVED_VERSIONS {
+        let ns = world.namespace(&format!("examples-{version}"));
+        let api: Api<TargetLease> = Api::namespaced(client.clone(), &ns);
+        for file in ["reports-writer.yaml", "orders-maintenance.yaml"] {
+            let text = std::fs::read_to_string(examples.join(file)).expect("example");
+            let current = format!("apiVersion: targetlease.dev/{VERSION}");
+            assert!(text.contains(&current), "{file} is written as {VERSION}");
+            let text = text.replace(&current, &format!("apiVersion: targetlease.dev/{version}"));
+            let out = apply_yaml(world, &ns, &text);
+            assert!(
+                out.status.success(),
+                "apply {file} as {version}: {}",
+                stderr(&out)
+            );
+            // Both versions are current while v1alpha1 is stored: no deprecation warning.
+            assert!(!stderr(&out).contains("deprecated"), "{}", stderr(&out));
+        }
+        let writer = held_token(&api, "reports-writer").await;
+        held_token(&api, "orders-maintenance").await;
+        // `targetlease wait` speaks v1beta1; the object may have been created as v1alpha1.
+        let out = targetlease_as(world, &kubeconfig, &["wait", "reports-writer", "-n", &ns]);
+        assert!(out.status.success(), "wait: {}", stderr(&out));
+        assert_eq!(stdout(&out).trim(), writer.to_string());
+        // The short name, and each version's own URL, list both with their tokens.
+        let listed = |resource: &str| {
+            let list = world.json(&["get", resource, "-n", &ns]);
+            let mut names: Vec<String> = list["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|o| {
+                    assert!(o["status"]["fencingToken"].as_u64().is_some(), "{o}");
+                    o["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned()
+                })
+                .collect();
+            names.sort();
+            names
+        };
+        for resource in [
+            "tl".to_string(),
+            format!("targetleases.v1alpha1.{}", targetlease::api::GROUP),
+            format!("targetleases.v1beta1.{}", targetlease::api::GROUP),
+        ] {
+            assert_eq!(
+                listed(&resource),
+                ["orders-maintenance", "reports-writer"],
+                "{resource}"
+            );
+        }
+        let table = world.cluster.kubectl_ok(&["get", "tl", "-n", &ns]);
+        assert!(
+            table.contains("reports-db/writer") && table.contains("Held"),
+            "{table}"
+        );
+        // Field selectors on the spec's target and holder (the CRD's selectableFields).
+        for selector in [
+            "spec.target=reports-db/writer",
+            "spec.holder=reports-writer",
+        ] {
+            let found = world.json(&["get", "tl", "-n", &ns, "--field-selector", selector]);
+            let names: Vec<_> = found["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|o| o["metadata"]["name"].clone())
+                .collect();
+            assert_eq!(names, [json!("reports-writer")], "{selector}");
+        }
+        for name in ["reports-writer", "orders-maintenance"] {
+            assert_eq!(
+                world.cluster.stored_api_version(&ns, name),
+                "targetlease.dev/v1alpha1",
+                "{ns}/{name} is stored in the chart's default storage version"
+            );
+        }
+    }
+}
+
+/// The CRD with only v1alpha1, as a release before v1beta1 installs it.
+fn v1alpha1_only_crd() -> String {
+    let mut crd = targetlease::api::crd(StorageVersion::V1alpha1);
+    crd.spec.versions.retain(|v| v.name == "v1alpha1");
+    serde_yaml::to_string(&crd).expect("CRD yaml")
+}
+
+fn stored_versions(world: &World) -> Vec<String> {
+    let crd = world.json(&["get", "crd", targetlease::api::CRD_NAME]);
+    serde_json::from_value(crd["status"]["storedVersions"].clone()).expect("storedVersions")
+}
+
+/// The storage move and back, as docs/install.md "Upgrading" tells it: `helm upgrade` with
+/// `crds.storageVersion=v1beta1`, `targetlease migrate-storage` (every object re-encoded, read
+/// from etcd itself, and only then `storedVersions` narrowed), the deprecation warning for
+/// v1alpha1 clients, a v1alpha1-only CRD refused while v1beta1 is stored, and the way back that
+/// makes it accepted again. Held leases keep their tokens throughout.
+async fn storage_moves_to_v1beta1_and_back(world: &World) {
+    let ns = world.namespace("storage-move");
+    let client = world.cluster.client().await;
+    let api: Api<TargetLease> = Api::namespaced(client, &ns);
+    let names: Vec<String> = (0..3).map(|i| format!("moved-{i}")).collect();
+    let mut tokens = Vec::new();
+    for name in &names {
+        world.cluster.apply(&lease_yaml(
+            &ns,
+            name,
+            &format!("storage/{name}"),
+            "mover",
+            "",
+        ));
+        tokens.push(held_token(&api, name).await);
+    }
+    let migrate = || {
+        let out = targetlease_as(
+            world,
+            Path::new(world.cluster.kubeconfig()),
+            &["migrate-storage"],
+        );
+        assert!(out.status.success(), "migrate-storage: {}", stderr(&out));
+        stdout(&out)
+    };
+    let chart = chart_dir().display().to_string();
+    let set_storage = |version: &str| {
+        let set = format!("crds.storageVersion={version}");
+        let out = world.cluster.helm(&[
+            "upgrade",
+            RELEASE,
+            &chart,
+            "-n",
+            RELEASE_NS,
+            "--reuse-values",
+            "--set",
+            &set,
+        ]);
+        assert!(out.status.success(), "helm upgrade {set}: {}", stderr(&out));
+    };
+    let stored = |version: &str| {
+        for name in &names {
+            assert_eq!(
+                world.cluster.stored_api_version(&ns, name),
+                format!("targetlease.dev/{version}"),
+                "{name} in etcd"
+            );
+        }
+    };
+    let old_crd_dry_run = || {
+        world.cluster.kubectl_with_input(
+            &[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--dry-run=server",
+                "-f",
+                "-",
+            ],
+            Some(&v1alpha1_only_crd()),
+        )
+    };
+    stored("v1alpha1");
+    assert_eq!(stored_versions(world), ["v1alpha1"]);
+    assert!(
+        old_crd_dry_run().status.success(),
+        "{}",
+        stderr(&old_crd_dry_run())
+    );
+    {
+        // No status writes while the stored encoding is watched (a write re-encodes too).
+        let _paused = world.pause_controller();
+        set_storage("v1beta1");
+        // The objects stay as they were written until something writes them.
+        stored("v1alpha1");
+        assert_eq!(stored_versions(world), ["v1alpha1", "v1beta1"]);
+        // v1alpha1 clients are warned, and still served.
+        let out = apply_yaml(
+            world,
+            &ns,
+            &lease_yaml(&ns, "late", "storage/late", "mover", "")
+                .replace("targetlease.dev/v1beta1", "targetlease.dev/v1alpha1"),
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains(targetlease::api::V1ALPHA1_DEPRECATION),
+            "no deprecation warning: {}",
+            stderr(&out)
+        );
+        assert_eq!(
+            world.cluster.stored_api_version(&ns, "late"),
+            "targetlease.dev/v1beta1"
+        );
+        // A release that serves only v1alpha1 cannot be installed while v1beta1 may be stored.
+        let refused = old_crd_dry_run();
+        assert!(
+            !refused.status.success(),
+            "a v1alpha1-only CRD was accepted"
+        );
+        assert!(
+            stderr(&refused).contains("storedVersions"),
+            "{}",
+            stderr(&refused)
+        );
+        let said = migrate();
+        assert!(
+            said.contains("rewrote") && said.contains("as v1beta1"),
+            "{said}"
+        );
+        stored("v1beta1");
+        assert_eq!(stored_versions(world), ["v1beta1"]);
+        assert!(migrate().contains("nothing to do"));
+        // Still refused: v1beta1 is what is stored now.
+        assert!(!old_crd_dry_run().status.success());
+        // The way back: store v1alpha1 again, migrate, and the old CRD is accepted.
+        set_storage("v1alpha1");
+        let said = migrate();
+        assert!(said.contains("as v1alpha1"), "{said}");
+        stored("v1alpha1");
+        assert_eq!(stored_versions(world), ["v1alpha1"]);
+        assert!(
+            old_crd_dry_run().status.success(),
+            "{}",
+            stderr(&old_crd_dry_run())
+        );
+    }
+    // The leases were never given up: the same tokens, Held again under the restarted
+    // controller.
+    for (name, token) in names.iter().zip(&tokens) {
+        assert_eq!(held_token(&api, name).await, *token, "{name}");
+    }
+}
+
 fn upgrade_rolls_the_deployment(world: &World) {
     let before = replica_sets(world);
     assert_eq!(before.len(), 1, "{before:?}");
@@ -1242,6 +1499,16 @@ fn main() {
             shared,
             "watch_namespace_mode_needs_only_roles",
             |world, tools| watch_namespace_mode_needs_only_roles(world).await
+        ),
+        on_world!(
+            shared,
+            "examples_work_under_both_versions",
+            |world, tools| examples_work_under_both_versions(world).await
+        ),
+        on_world!(
+            shared,
+            "storage_moves_to_v1beta1_and_back",
+            |world, tools| storage_moves_to_v1beta1_and_back(world).await
         ),
         on_world!(shared, "upgrade_rolls_the_deployment", |world, tools| {
             upgrade_rolls_the_deployment(world)

@@ -557,7 +557,7 @@ async fn cut_off_leader_stops_first(mut s: Scenario) {
     // server-side apply) carries the resourceVersion it was decided on, and the API server
     // refuses it once the object moved on.
     let stale = serde_json::json!({
-        "apiVersion": "targetlease.dev/v1alpha1",
+        "apiVersion": "targetlease.dev/v1beta1",
         "kind": "TargetLease",
         "metadata": {"resourceVersion": held.resource_version()},
         "status": held.status,

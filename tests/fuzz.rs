@@ -108,7 +108,7 @@ fn targetlease_documents_never_panic() {
     runner
         .run(&spec, |spec| {
             let doc = serde_json::json!({
-                "apiVersion": "targetlease.dev/v1alpha1",
+                "apiVersion": "targetlease.dev/v1beta1",
                 "kind": "TargetLease",
                 "metadata": {"name": "x", "namespace": "y"},
                 "spec": spec,

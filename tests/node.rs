@@ -413,7 +413,7 @@ fn one_leader_and_metrics_served() {
 fn lease_held_through_the_pod_controller() {
     let w = &*world();
     w.cluster.apply(&format!(
-        "apiVersion: targetlease.dev/v1alpha1\nkind: TargetLease\nmetadata:\n  name: first\n  namespace: {APP_NS}\nspec:\n  target: node/first\n  holder: node-suite\n"
+        "apiVersion: targetlease.dev/v1beta1\nkind: TargetLease\nmetadata:\n  name: first\n  namespace: {APP_NS}\nspec:\n  target: node/first\n  holder: node-suite\n"
     ));
     let started = Instant::now();
     w.until(
@@ -766,7 +766,7 @@ fn chart_follows_a_sentinel_failover() {
     );
     let apply = |name: &str| {
         w.cluster.apply(&format!(
-            "apiVersion: targetlease.dev/v1alpha1\nkind: TargetLease\nmetadata:\n  name: {name}\n  namespace: {APP_NS}\nspec:\n  target: node/{name}\n  holder: node-suite\n  ttlSeconds: 30\n"
+            "apiVersion: targetlease.dev/v1beta1\nkind: TargetLease\nmetadata:\n  name: {name}\n  namespace: {APP_NS}\nspec:\n  target: node/{name}\n  holder: node-suite\n  ttlSeconds: 30\n"
         ));
         w.until(
             &format!("TargetLease {name} Held"),

@@ -1,12 +1,25 @@
-//! The `TargetLease` custom resource (`targetlease.dev/v1alpha1`).
+//! The `TargetLease` custom resource and its CRD.
 //!
 //! The schema is the first line of defence: the API server itself refuses invalid resources with
 //! a message naming the field (OpenAPI bounds and patterns, CEL rules for immutability and for
 //! relations between fields), so the controller never sees them.
+//!
+//! The CRD serves two versions with one schema, `v1alpha1` and `v1beta1`; this code reads and
+//! writes `v1beta1` ([`VERSION`]). With identical schemas the API server converts between them
+//! by changing `apiVersion` alone (conversion strategy `None`), so an object written as either
+//! is read as either, and clients of both versions work side by side. Which version the API
+//! server stores is chosen at install time ([`StorageVersion`]); `targetlease migrate-storage`
+//! rewrites stored objects after a change and records it in the CRD's `status.storedVersions`.
+//! An incompatible schema change would need a new version with a conversion webhook (served by
+//! the controller) and the same two stages; docs/install.md "Upgrading" says what each allows.
 
 pub mod reference;
 mod status;
+pub mod storage;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, CustomResourceDefinitionVersion,
+};
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +27,38 @@ pub use status::{Condition, ConditionType, Phase, Reason, TargetLeaseStatus};
 
 /// API group.
 pub const GROUP: &str = "targetlease.dev";
+/// The API version this code reads and writes (the derive below names it too; a unit test
+/// keeps the two equal).
+pub const VERSION: &str = "v1beta1";
+/// The CRD's name.
+pub const CRD_NAME: &str = "targetleases.targetlease.dev";
+/// Every version the CRD serves, oldest first; all share one schema.
+pub const SERVED_VERSIONS: [&str; 2] = ["v1alpha1", "v1beta1"];
+/// The warning the API server returns to a client of `v1alpha1` once `v1beta1` is stored.
+pub const V1ALPHA1_DEPRECATION: &str = "targetlease.dev/v1alpha1 TargetLease is deprecated: \
+     use targetlease.dev/v1beta1, which has the same fields";
+
+/// The version the API server stores TargetLeases in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum StorageVersion {
+    /// Stored as `v1alpha1`: a rollback to a release that serves only `v1alpha1` stays possible.
+    #[default]
+    #[value(name = "v1alpha1")]
+    V1alpha1,
+    /// Stored as `v1beta1`; `v1alpha1` is still served, with a deprecation warning.
+    #[value(name = "v1beta1")]
+    V1beta1,
+}
+
+impl StorageVersion {
+    /// The version's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageVersion::V1alpha1 => "v1alpha1",
+            StorageVersion::V1beta1 => "v1beta1",
+        }
+    }
+}
 /// Finalizer that keeps a resource until its lease is released in the store.
 pub const FINALIZER: &str = "targetlease.dev/release";
 /// Field manager of every write the controller makes.
@@ -40,7 +85,7 @@ pub const HEARTBEAT_ANNOTATION: &str = "targetlease.dev/heartbeat";
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "targetlease.dev",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "TargetLease",
     plural = "targetleases",
     shortname = "tl",
@@ -58,7 +103,9 @@ pub const HEARTBEAT_ANNOTATION: &str = "targetlease.dev/heartbeat";
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
-    )
+    ),
+    selectable = ".spec.target",
+    selectable = ".spec.holder"
 )]
 #[x_kube(validation = Rule::new(
     "!has(self.maxHoldSeconds) || self.maxHoldSeconds >= self.ttlSeconds"
@@ -128,7 +175,7 @@ fn default_permits() -> u32 {
 #[serde(rename_all = "camelCase")]
 pub struct HolderRef {
     /// Kind of the holder; only `Pod` is supported.
-    #[schemars(regex(pattern = r"^Pod$"))]
+    #[schemars(extend("enum" = ["Pod"]))]
     pub kind: String,
     /// Name of the holder, in the TargetLease's namespace.
     #[schemars(length(min = 1, max = 253))]
@@ -155,21 +202,84 @@ pub(crate) fn test_spec(target: &str, holder: &str) -> TargetLeaseSpec {
     }
 }
 
-/// The CRD as YAML, as `targetlease crd` prints it and `crds/` holds it.
-pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
-    serde_yaml::to_string(&TargetLease::crd())
+/// The CRD with every served version, storing `storage`.
+pub fn crd(storage: StorageVersion) -> CustomResourceDefinition {
+    let mut crd = TargetLease::crd();
+    let body = shared_version_body(&crd);
+    crd.spec.versions = SERVED_VERSIONS
+        .iter()
+        .map(|name| {
+            let deprecated = *name == "v1alpha1" && storage != StorageVersion::V1alpha1;
+            CustomResourceDefinitionVersion {
+                name: (*name).to_string(),
+                served: true,
+                storage: *name == storage.as_str(),
+                deprecated: deprecated.then_some(true),
+                deprecation_warning: deprecated.then(|| V1ALPHA1_DEPRECATION.to_string()),
+                ..body.clone()
+            }
+        })
+        .collect();
+    crd
+}
+
+/// What every served version shares: the derived version's schema, printer columns,
+/// selectable fields and subresources.
+fn shared_version_body(crd: &CustomResourceDefinition) -> CustomResourceDefinitionVersion {
+    // The derive makes exactly one version: the one this code speaks.
+    crd.spec
+        .versions
+        .first()
+        .cloned()
+        .unwrap_or_else(|| CustomResourceDefinitionVersion {
+            name: VERSION.to_string(),
+            ..Default::default()
+        })
+}
+
+/// The CRD as YAML, as `targetlease crd` prints it and `crds/` holds it (with the default
+/// storage version).
+pub fn crd_yaml(storage: StorageVersion) -> Result<String, serde_yaml::Error> {
+    serde_yaml::to_string(&crd(storage))
 }
 
 /// The Helm chart's CRD template (`charts/targetlease/templates/crd.yaml`): the same spec as
-/// [`crd_yaml`], inside `crds.enabled`, with the chart's labels and, with `crds.keep`, the
-/// annotation that makes `helm uninstall` leave the CRD (and so every TargetLease) in place.
+/// [`crd_yaml`], inside `crds.enabled`, with the chart's labels, the storage version and the
+/// deprecation from `crds.storageVersion`, and, with `crds.keep`, the annotation that makes
+/// `helm uninstall` leave the CRD (and so every TargetLease) in place.
 pub fn chart_crd_template() -> Result<String, serde_yaml::Error> {
     let crd = TargetLease::crd();
-    let spec = serde_yaml::to_string(&serde_json::json!({ "spec": crd.spec }))?;
+    let mut spec = serde_yaml::to_value(&crd.spec)?;
+    if let Some(spec) = spec.as_mapping_mut() {
+        spec.remove("versions");
+    }
+    let mut wrapped = serde_yaml::Mapping::new();
+    wrapped.insert("spec".into(), spec);
+    let spec = serde_yaml::to_string(&wrapped)?;
+    let mut body = serde_yaml::to_value(shared_version_body(&crd))?;
+    if let Some(body) = body.as_mapping_mut() {
+        for key in [
+            "name",
+            "served",
+            "storage",
+            "deprecated",
+            "deprecationWarning",
+        ] {
+            body.remove(key);
+        }
+    }
+    let body = indent(&serde_yaml::to_string(&body)?, "    ");
+    let versions = SERVED_VERSIONS
+        .iter()
+        .map(|v| format!("{v:?}"))
+        .collect::<Vec<_>>()
+        .join(" ");
     let name = crd.metadata.name.unwrap_or_default();
     Ok(format!(
         "{{{{- /* Generated by `targetlease crd --chart` from the code; do not edit. */ -}}}}
 {{{{- if .Values.crds.enabled }}}}
+{{{{- /* `helm upgrade --reuse-values` from a release without the value leaves it unset. */}}}}
+{{{{- $storage := .Values.crds.storageVersion | default \"v1alpha1\" }}}}
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
@@ -181,9 +291,33 @@ metadata:
     # Uninstalling the release leaves the CRD, and so every TargetLease, in place.
     helm.sh/resource-policy: keep
   {{{{- end }}}}
-{spec}{{{{- end }}}}
-"
+{spec}  versions:
+  {{{{- range $version := list {versions} }}}}
+  - name: {{{{ $version }}}}
+    served: true
+    storage: {{{{ eq $version $storage }}}}
+    {{{{- if and (eq $version \"v1alpha1\") (ne $storage \"v1alpha1\") }}}}
+    deprecated: true
+    deprecationWarning: {deprecation:?}
+    {{{{- end }}}}
+{body}  {{{{- end }}}}
+{{{{- end }}}}
+",
+        deprecation = V1ALPHA1_DEPRECATION,
     ))
+}
+
+/// `text` with `prefix` before every non-empty line (YAML nested under a template line).
+fn indent(text: &str, prefix: &str) -> String {
+    text.lines()
+        .map(|line| {
+            if line.is_empty() {
+                "\n".to_string()
+            } else {
+                format!("{prefix}{line}\n")
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -193,7 +327,7 @@ mod tests {
     #[test]
     fn committed_crd_matches_the_code() {
         let committed = include_str!("../../crds/targetlease.dev_targetleases.yaml");
-        let generated = crd_yaml().expect("CRD serializes");
+        let generated = crd_yaml(StorageVersion::default()).expect("CRD serializes");
         assert!(
             committed == generated,
             "crds/targetlease.dev_targetleases.yaml is stale: run `cargo run -- crd > crds/targetlease.dev_targetleases.yaml`"
@@ -212,8 +346,57 @@ mod tests {
     }
 
     #[test]
+    fn the_code_speaks_the_version_it_names() {
+        assert_eq!(<TargetLease as kube::Resource>::version(&()), VERSION);
+        assert_eq!(
+            SERVED_VERSIONS.last(),
+            Some(&VERSION),
+            "the newest served version"
+        );
+    }
+
+    #[test]
+    fn every_version_shares_one_schema_and_one_is_stored() {
+        for storage in [StorageVersion::V1alpha1, StorageVersion::V1beta1] {
+            let crd = crd(storage);
+            let names: Vec<_> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
+            assert_eq!(names, SERVED_VERSIONS);
+            let stored: Vec<_> = crd.spec.versions.iter().filter(|v| v.storage).collect();
+            assert_eq!(stored.len(), 1);
+            assert_eq!(stored[0].name, storage.as_str());
+            assert!(crd.spec.versions.iter().all(|v| v.served));
+            let first = &crd.spec.versions[0];
+            for other in &crd.spec.versions[1..] {
+                assert_eq!(other.schema, first.schema);
+                assert_eq!(
+                    other.additional_printer_columns,
+                    first.additional_printer_columns
+                );
+                assert_eq!(other.selectable_fields, first.selectable_fields);
+                assert_eq!(other.subresources, first.subresources);
+            }
+            // v1alpha1 is deprecated exactly when it is no longer stored.
+            let v1alpha1 = &crd.spec.versions[0];
+            let deprecated = storage != StorageVersion::V1alpha1;
+            assert_eq!(v1alpha1.deprecated, deprecated.then_some(true));
+            assert_eq!(
+                v1alpha1.deprecation_warning.as_deref(),
+                deprecated.then_some(V1ALPHA1_DEPRECATION)
+            );
+            assert_eq!(crd.spec.versions[1].deprecated, None);
+        }
+    }
+
+    #[test]
+    fn the_chart_template_has_no_template_text_from_the_schema() {
+        // Descriptions are copied into a Helm template: a `{{` in one would be read as Helm's.
+        let crd = serde_yaml::to_string(&TargetLease::crd()).expect("yaml");
+        assert!(!crd.contains("{{") && !crd.contains("}}"));
+    }
+
+    #[test]
     fn schema_carries_the_validation() {
-        let crd = serde_json::to_string(&TargetLease::crd()).expect("json");
+        let crd = serde_json::to_string(&crd(StorageVersion::default())).expect("json");
         for needle in [
             "self == oldSelf",
             "target is immutable",

@@ -2,14 +2,14 @@
 //! it: `targetlease crd --markdown` prints it, and a unit test fails when the committed file
 //! differs.
 
-use kube::CustomResourceExt;
 use serde_json::Value;
 
-use super::TargetLease;
+use super::{StorageVersion, VERSION};
 
 /// The API reference as Markdown, as `targetlease crd --markdown` prints it.
 pub fn markdown() -> String {
-    let crd = serde_json::to_value(TargetLease::crd()).expect("the CRD serializes to JSON");
+    let crd = serde_json::to_value(super::crd(StorageVersion::default()))
+        .expect("the CRD serializes to JSON");
     render(&crd)
 }
 
@@ -41,7 +41,17 @@ fn render(crd: &Value) -> String {
         .iter()
         .map(|v| format!("`{}`", text(&v["name"])))
         .collect();
-    out.push(format!("| version | {} |", version_names.join(", ")));
+    let stored: Vec<String> = versions
+        .iter()
+        .filter(|v| v["storage"] == Value::Bool(true))
+        .map(|v| format!("`{}`", text(&v["name"])))
+        .collect();
+    out.push(format!(
+        "| versions | {}, one schema (below); stored as {} unless the chart's \
+         `crds.storageVersion` says otherwise ([install.md](install.md#upgrading)) |",
+        version_names.join(", "),
+        stored.join(", ")
+    ));
     out.push(format!("| kind | `{}` |", text(&names["kind"])));
     out.push(format!(
         "| plural, singular | `{}`, `{}` |",
@@ -57,7 +67,20 @@ fn render(crd: &Value) -> String {
         code_list(&names["categories"])
     ));
     out.push(format!("| scope | {} |", text(&spec["scope"])));
-    for version in versions {
+    let selectable: Vec<String> = versions
+        .iter()
+        .find(|v| text(&v["name"]) == VERSION)
+        .and_then(|v| v["selectableFields"].as_array())
+        .into_iter()
+        .flatten()
+        .map(|f| format!("`{}`", text(&f["jsonPath"])))
+        .collect();
+    out.push(format!(
+        "| selectable fields | {} (`kubectl get tl --field-selector spec.target=NAME`) |",
+        selectable.join(", ")
+    ));
+    // The versions share one schema: it is written out once, under the version this code speaks.
+    for version in versions.into_iter().filter(|v| text(&v["name"]) == VERSION) {
         let name = text(&version["name"]);
         let subresources: Vec<String> = version["subresources"]
             .as_object()

@@ -181,6 +181,7 @@ pub struct TargetLeaseStatus {
     pub max_hold_spent_generation: Option<i64>,
     /// `Ready`, `Held`, `Reconciling` and `Stalled`, in the metav1.Condition shape.
     #[serde(default)]
+    #[schemars(length(max = 8))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
 }
@@ -189,17 +190,31 @@ pub struct TargetLeaseStatus {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
+    // The field checks are metav1.Condition's, so tools that read conditions can rely on them.
     /// `Ready`, `Held`, `Reconciling` or `Stalled`.
     #[serde(rename = "type")]
+    #[schemars(
+        length(min = 1, max = 316),
+        regex(
+            pattern = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+        )
+    )]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
+    #[schemars(extend("enum" = ["True", "False", "Unknown"]))]
     pub status: String,
     /// One CamelCase word a program can match on.
+    #[schemars(
+        length(min = 1, max = 1024),
+        regex(pattern = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    )]
     pub reason: String,
     /// What a person should know.
+    #[schemars(length(max = 32768))]
     pub message: String,
     /// The generation the condition was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub observed_generation: Option<i64>,
     /// When the status last changed.
     pub last_transition_time: Timestamp,

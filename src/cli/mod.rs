@@ -44,9 +44,16 @@ enum Command {
         #[arg(long, conflicts_with = "chart")]
         markdown: bool,
         /// Print the Helm chart's CRD template (charts/targetlease/templates/crd.yaml) instead.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "storage_version")]
         chart: bool,
+        /// The version the API server stores TargetLeases in (the chart's
+        /// crds.storageVersion); see docs/install.md "Upgrading".
+        #[arg(long, value_enum, default_value_t)]
+        storage_version: crate::api::StorageVersion,
     },
+    /// Rewrite every stored TargetLease in the CRD's storage version and record it as the only
+    /// stored version (after a change of crds.storageVersion; see docs/install.md "Upgrading").
+    MigrateStorage,
     /// Wait until a TargetLease is Held and print its fencing token.
     Wait(wait::WaitArgs),
     /// Run a command under a lease (creates a TargetLease, waits, runs, releases).
@@ -69,10 +76,14 @@ impl Cli {
                 print!("{}", crate::api::reference::markdown());
                 ExitCode::SUCCESS
             }
-            Command::Crd { chart, .. } => match if chart {
+            Command::Crd {
+                chart,
+                storage_version,
+                ..
+            } => match if chart {
                 crate::api::chart_crd_template()
             } else {
-                crate::api::crd_yaml()
+                crate::api::crd_yaml(storage_version)
             } {
                 Ok(yaml) => {
                     print!("{yaml}");
@@ -83,10 +94,45 @@ impl Cli {
                     ExitCode::FAILURE
                 }
             },
+            Command::MigrateStorage => migrate_storage().await,
             Command::Wait(args) => args.run().await,
             Command::Run(args) => args.run().await,
             Command::Guard(args) => args.run(),
             Command::Lease(command) => command.run().await,
+        }
+    }
+}
+
+/// `targetlease migrate-storage`: one line on stdout saying what was done.
+async fn migrate_storage() -> ExitCode {
+    let client = match kube_client(None).await {
+        Ok((client, _)) => client,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match crate::api::storage::migrate(&client).await {
+        Ok(done) if done.rewritten == 0 && done.stored_before == [done.storage.clone()] => {
+            println!(
+                "every TargetLease is stored as {}: nothing to do",
+                done.storage
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(done) => {
+            println!(
+                "rewrote {} TargetLeases as {}; stored versions were [{}], now [{}]",
+                done.rewritten,
+                done.storage,
+                done.stored_before.join(", "),
+                done.storage
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -99,6 +145,29 @@ pub async fn kube_client(namespace: Option<String>) -> Result<(kube::Client, Str
         .map_err(|e| format!("cannot configure the Kubernetes client: {e}"))?;
     let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
     Ok((client, namespace))
+}
+
+/// [`kube_client`] for `run` and `wait`, after checking that the API server serves the
+/// TargetLease version this binary speaks: without it every call would fail with a bare 404,
+/// and a workload image newer than the installed chart is the likely cause.
+pub async fn lease_client(namespace: Option<String>) -> Result<(kube::Client, String), String> {
+    let (client, namespace) = kube_client(namespace).await?;
+    let group_version = format!("{}/{}", crate::api::GROUP, crate::api::VERSION);
+    let served = match client.list_api_group_resources(&group_version).await {
+        Ok(list) => list.resources.iter().any(|r| r.name == "targetleases"),
+        Err(kube::Error::Api(status)) if status.code == 404 => false,
+        // Anything else (unreachable, forbidden) surfaces at the first real call.
+        Err(_) => true,
+    };
+    if served {
+        Ok((client, namespace))
+    } else {
+        Err(format!(
+            "the API server does not serve {group_version} TargetLeases: install or upgrade the \
+             targetlease chart (it serves {group_version} from 0.2.0 on) before workloads use \
+             this targetlease; see docs/install.md, \"Upgrading\""
+        ))
+    }
 }
 
 /// A duration as flags write it (`30s`, `500ms`, `2m`), parsed by [`parse_duration`] and shown

@@ -44,7 +44,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{info, warn};
 
 use super::watch::{Sighting, watch_one};
-use super::{Span, exit, kube_client, parse_duration};
+use super::{Span, exit, lease_client, parse_duration};
 use crate::api::{HEARTBEAT_ANNOTATION, HolderRef, Phase, TargetLease, TargetLeaseSpec};
 use crate::controller::heartbeat::{released_for_gone_holder, stale_after};
 
@@ -577,7 +577,7 @@ impl RunArgs {
     }
 
     async fn execute(self, signals: watch::Receiver<Option<Signal>>) -> Result<u8, String> {
-        let (client, namespace) = kube_client(self.namespace.clone()).await?;
+        let (client, namespace) = lease_client(self.namespace.clone()).await?;
         let host = hostname::get()
             .ok()
             .and_then(|h| h.into_string().ok())

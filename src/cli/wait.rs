@@ -13,7 +13,7 @@ use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::watch::{Sighting, watch_one};
-use super::{exit, kube_client, parse_duration};
+use super::{exit, lease_client, parse_duration};
 use crate::api::{Phase, TargetLease};
 
 /// Flags of `targetlease wait`.
@@ -69,7 +69,7 @@ impl WaitArgs {
         ) else {
             return Err((exit::FAILURE, "cannot listen for SIGTERM/SIGINT".into()));
         };
-        let (client, namespace) = kube_client(self.namespace.clone())
+        let (client, namespace) = lease_client(self.namespace.clone())
             .await
             .map_err(|m| (exit::FAILURE, m))?;
         let api: Api<TargetLease> = Api::namespaced(client, &namespace);

@@ -199,7 +199,7 @@ async fn write_status(
     // The resourceVersion the status was decided on is a precondition: a write based on a stale
     // read (a cut-off leader's late write, a cache behind) is refused with 409, not applied.
     let patch = json!({
-        "apiVersion": "targetlease.dev/v1alpha1",
+        "apiVersion": TargetLease::api_version(&()),
         "kind": "TargetLease",
         "metadata": {"resourceVersion": lease.resource_version()},
         "status": new,

@@ -1,6 +1,8 @@
 //! A real Kubernetes control plane for the tests (`e2e/cluster up`), the controller binary run
 //! against it as a child process, and helpers to read TargetLeases.
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -354,6 +356,36 @@ impl Cluster {
         self.base.path()
     }
 
+    /// The `apiVersion` etcd holds a TargetLease in: what the API server stored, whatever
+    /// version a client reads it with. Asked from etcd's own HTTP gateway on loopback.
+    pub fn stored_api_version(&self, namespace: &str, name: &str) -> String {
+        let ports = std::fs::read_to_string(self.base.path().join("cluster/ports"))
+            .expect("read the cluster's ports file");
+        let port = ports
+            .lines()
+            .find_map(|l| l.strip_prefix("etcd="))
+            .expect("the ports file names etcd");
+        let key = format!("/registry/targetlease.dev/targetleases/{namespace}/{name}");
+        let body = serde_json::json!({ "key": BASE64.encode(key.as_bytes()) }).to_string();
+        let out = Command::new("curl")
+            .args(["-sf", "--max-time", "5", "-X", "POST", "-d", &body])
+            .arg(format!("http://127.0.0.1:{port}/v3/kv/range"))
+            .output()
+            .expect("run curl");
+        assert!(out.status.success(), "etcd range of {key} failed");
+        let reply: serde_json::Value = serde_json::from_slice(&out.stdout).expect("etcd json");
+        let value = reply["kvs"][0]["value"]
+            .as_str()
+            .unwrap_or_else(|| panic!("etcd holds no {key}: {reply}"));
+        let stored: serde_json::Value =
+            serde_json::from_slice(&BASE64.decode(value).expect("etcd base64"))
+                .expect("a JSON-encoded object in etcd");
+        stored["apiVersion"]
+            .as_str()
+            .expect("apiVersion")
+            .to_owned()
+    }
+
     /// The process id of a control-plane component (`kube-apiserver`, `etcd`, ...) from the
     /// pid file `e2e/cluster` keeps (`PID STARTTIME NAME`); `None` when it is not running.
     /// Read it again after [`Cluster::restart`]: the component then has a new pid.
@@ -544,7 +576,9 @@ pub fn metric(page: &str, series: &str) -> f64 {
 /// A TargetLease manifest; `extra` lines go under `spec`.
 pub fn lease_yaml(ns: &str, name: &str, target: &str, holder: &str, extra: &str) -> String {
     let mut yaml = format!(
-        "apiVersion: targetlease.dev/v1alpha1\nkind: TargetLease\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  target: {target}\n  holder: {holder}\n"
+        "apiVersion: {}/{}\nkind: TargetLease\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  target: {target}\n  holder: {holder}\n",
+        targetlease::api::GROUP,
+        targetlease::api::VERSION
     );
     for line in extra.lines().filter(|l| !l.trim().is_empty()) {
         yaml.push_str("  ");

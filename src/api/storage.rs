@@ -1,0 +1,250 @@
+//! Moving the stored TargetLeases to the CRD's storage version (`targetlease migrate-storage`).
+//!
+//! The API server writes an object in the storage version only when the object is written, so
+//! after the CRD's storage version changes, objects written before stay encoded in the old one,
+//! and the CRD's `status.storedVersions` keeps naming it. A release that no longer serves that
+//! version cannot be installed until every stored object is rewritten and the old version is
+//! dropped from `storedVersions` (the API server refuses the CRD update otherwise). This module
+//! does that, as `kube-storage-version-migrator` does: it waits until the API server stores in
+//! the new version, rewrites every TargetLease unchanged (an update re-encodes it), and only then
+//! records the single stored version. An object written meanwhile by anyone is already encoded
+//! in the new version, so nothing can be left behind between the listing and the record.
+
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
+
+use super::{CRD_NAME, GROUP, SERVED_VERSIONS, TargetLease};
+
+/// How long to wait for the API server to report the new storage version.
+pub const STORAGE_SWITCH_TIMEOUT: Duration = Duration::from_secs(60);
+/// TargetLeases listed per page.
+const PAGE: u32 = 500;
+/// Attempts to rewrite one object that others keep changing (each conflict re-reads it).
+const CONFLICT_ATTEMPTS: u32 = 10;
+
+/// What a migration did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Migration {
+    /// The version every TargetLease is stored in now.
+    pub storage: String,
+    /// `status.storedVersions` before the migration.
+    pub stored_before: Vec<String>,
+    /// TargetLeases rewritten (0 when nothing needed it).
+    pub rewritten: usize,
+}
+
+/// Why a migration stopped. Nothing it did is undone by stopping: objects rewritten stay valid
+/// in the storage version, and `storedVersions` is only changed at the end.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    /// The CRD could not be read, or names no storage version.
+    #[error("cannot read the CRD {CRD_NAME}: {0}")]
+    Crd(String),
+    /// The API server did not report the new storage version in time.
+    #[error(
+        "the API server still does not store TargetLeases as {storage} after {waited:?} \
+         (its discovery reports another storage version); try again later"
+    )]
+    StorageNotSwitched {
+        /// The CRD's storage version.
+        storage: String,
+        /// How long the migration waited.
+        waited: Duration,
+    },
+    /// Others changed one TargetLease every time it was about to be rewritten.
+    #[error(
+        "cannot rewrite TargetLease {namespace}/{name}: it changed {CONFLICT_ATTEMPTS} times \
+         while being rewritten; run again"
+    )]
+    KeptChanging {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+    /// A call to the API server failed.
+    #[error("{action}: {source}")]
+    Api {
+        /// What was being done.
+        action: String,
+        /// The API server's answer.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl MigrationError {
+    fn api(action: impl Into<String>) -> impl FnOnce(kube::Error) -> MigrationError {
+        let action = action.into();
+        move |source| MigrationError::Api { action, source }
+    }
+}
+
+/// The hash the API server's discovery reports for a resource stored as `group/version/kind`
+/// (`storageVersionHash`): base64 of the first 8 bytes of the SHA-256 of that string.
+pub fn storage_version_hash(group: &str, version: &str, kind: &str) -> String {
+    use base64::Engine as _;
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{group}/{version}/{kind}").as_bytes(),
+    );
+    base64::engine::general_purpose::STANDARD.encode(&digest.as_ref()[..8])
+}
+
+/// Rewrites every TargetLease in the CRD's storage version and records it as the only stored
+/// version. Safe to run again, and at any time: with one stored version it returns at once.
+pub async fn migrate(client: &Client) -> Result<Migration, MigrationError> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = crds
+        .get(CRD_NAME)
+        .await
+        .map_err(|e| MigrationError::Crd(e.to_string()))?;
+    let storage = crd
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.storage)
+        .map(|v| v.name.clone())
+        .ok_or_else(|| MigrationError::Crd("no version is marked for storage".into()))?;
+    let stored_before = crd
+        .status
+        .as_ref()
+        .and_then(|s| s.stored_versions.clone())
+        .unwrap_or_default();
+    if stored_before == [storage.clone()] {
+        return Ok(Migration {
+            storage,
+            stored_before,
+            rewritten: 0,
+        });
+    }
+    wait_for_storage_switch(client, &storage).await?;
+    let rewritten = rewrite_all(client).await?;
+    let record = serde_json::json!({ "status": { "storedVersions": [storage] } });
+    crds.patch_status(CRD_NAME, &PatchParams::default(), &Patch::Merge(&record))
+        .await
+        .map_err(MigrationError::api(format!(
+            "cannot record {storage} as the only stored version in the CRD's status \
+             (every TargetLease was rewritten; run again)"
+        )))?;
+    Ok(Migration {
+        storage,
+        stored_before,
+        rewritten,
+    })
+}
+
+/// Waits until the API server's discovery reports TargetLeases stored as `storage`: a CRD update
+/// takes effect in each API server a moment after it is accepted, and an object rewritten
+/// before that would be encoded in the old version again.
+async fn wait_for_storage_switch(client: &Client, storage: &str) -> Result<(), MigrationError> {
+    let kind = TargetLease::kind(&());
+    let want = storage_version_hash(GROUP, storage, &kind);
+    let plural = TargetLease::plural(&());
+    let started = tokio::time::Instant::now();
+    loop {
+        // Any served version's resource list reports the same hash; ask each, as one may be
+        // the version just added and not served yet.
+        for version in SERVED_VERSIONS {
+            let Ok(list) = client
+                .list_api_group_resources(&format!("{GROUP}/{version}"))
+                .await
+            else {
+                continue;
+            };
+            let hash = list
+                .resources
+                .iter()
+                .find(|r| r.name == plural)
+                .and_then(|r| r.storage_version_hash.as_deref());
+            if hash == Some(want.as_str()) {
+                return Ok(());
+            }
+        }
+        if started.elapsed() >= STORAGE_SWITCH_TIMEOUT {
+            return Err(MigrationError::StorageNotSwitched {
+                storage: storage.to_string(),
+                waited: started.elapsed(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Rewrites every TargetLease in every namespace, unchanged; returns how many.
+async fn rewrite_all(client: &Client) -> Result<usize, MigrationError> {
+    // Dynamic objects, so that a field this release does not know is written back as it was.
+    let resource = ApiResource::erase::<TargetLease>(&());
+    let all: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let mut rewritten = 0;
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = all
+            .list(&params)
+            .await
+            .map_err(MigrationError::api("cannot list TargetLeases"))?;
+        for object in page.items {
+            if rewrite(client, &resource, object).await? {
+                rewritten += 1;
+            }
+        }
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(rewritten),
+        }
+    }
+}
+
+/// Writes `object` back unchanged (the API server re-encodes it in the storage version); on a
+/// conflict, reads it again and retries. False when it was deleted meanwhile.
+async fn rewrite(
+    client: &Client,
+    resource: &ApiResource,
+    mut object: DynamicObject,
+) -> Result<bool, MigrationError> {
+    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+    let name = object.metadata.name.clone().unwrap_or_default();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, resource);
+    for _ in 0..CONFLICT_ATTEMPTS {
+        match api.replace(&name, &PostParams::default(), &object).await {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                match api
+                    .get_opt(&name)
+                    .await
+                    .map_err(MigrationError::api(format!(
+                        "cannot read TargetLease {namespace}/{name} again"
+                    )))? {
+                    Some(fresh) => object = fresh,
+                    None => return Ok(false),
+                }
+            }
+            Err(source) => {
+                return Err(MigrationError::Api {
+                    action: format!("cannot rewrite TargetLease {namespace}/{name}"),
+                    source,
+                });
+            }
+        }
+    }
+    Err(MigrationError::KeptChanging { namespace, name })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_version_hash_is_the_api_servers() {
+        // As the API server reports them in discovery (k8s.io/apiserver's StorageVersionHash):
+        // apps/v1 Deployment is "8aSe+NMegvE=" on every Kubernetes release.
+        assert_eq!(
+            storage_version_hash("apps", "v1", "Deployment"),
+            "8aSe+NMegvE="
+        );
+    }
+}

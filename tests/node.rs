@@ -7,7 +7,7 @@
 
 use targetlease_test_support as support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ use libtest_mimic::Arguments;
 use serde_json::Value;
 
 use support::kube::{Cluster, http_get, metric, repo};
-use support::oci::{Layout, build_controller_image, sh, unpack};
+use support::oci::{Layout, build_controller_image, unpack};
 use support::sentinel::{MASTER as SENTINEL_MASTER, Options as SentinelOptions, Topology};
 use support::server::{Server, ServerKind};
 
@@ -237,30 +237,11 @@ impl World {
     }
 }
 
-/// Builds the application image for the examples: busybox (static), the targetlease binary at
-/// /usr/local/bin (as the examples' comment tells users to copy it), and /app/reports-writer and
-/// /app/migrate and /app/report, which print the token (and slot) they were given.
+/// Builds the application image for the examples: busybox, the controller image's targetlease
+/// binary at /usr/local/bin (as the examples' comment tells users to copy it), and
+/// /app/reports-writer and /app/migrate and /app/report, which print the token (and slot) they
+/// were given.
 fn app_image(cluster: &Cluster, controller: &Layout) -> PathBuf {
-    let rootfs = cluster.scratch().join("app-rootfs");
-    let dir = |p: &Path| p.display().to_string();
-    let layer = &controller.layer;
-    for sub in ["bin", "usr/local/bin", "app", "tmp", "etc"] {
-        std::fs::create_dir_all(rootfs.join(sub)).expect("dir");
-    }
-    sh(
-        "tar",
-        &[
-            "-xzf",
-            &dir(layer),
-            "-C",
-            &dir(&rootfs.join("usr/local/bin")),
-            "targetlease",
-        ],
-    );
-    std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).expect("busybox-static");
-    for applet in ["sh", "sleep", "echo", "cat", "date", "env"] {
-        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).expect("symlink");
-    }
     let programs = [
         (
             "app/reports-writer",
@@ -275,42 +256,8 @@ fn app_image(cluster: &Cluster, controller: &Layout) -> PathBuf {
             "#!/bin/sh\n# The Job example's migration: shows its token and arguments, works a little, exits.\necho \"migrate: start token=$TARGETLEASE_TOKEN args=$*\"\nsleep \"${MIGRATE_SECONDS:-8}\"\necho \"migrate: done token=$TARGETLEASE_TOKEN\"\n",
         ),
     ];
-    for (path, text) in programs {
-        std::fs::write(rootfs.join(path), text).expect("write");
-        std::fs::set_permissions(
-            rootfs.join(path),
-            std::os::unix::fs::PermissionsExt::from_mode(0o555),
-        )
-        .expect("chmod");
-    }
-    std::fs::write(
-        rootfs.join("etc/passwd"),
-        "root:x:0:0:root:/root:/sbin/nologin\napp:x:10001:10001:app:/tmp:/sbin/nologin\n",
-    )
-    .expect("passwd");
-    std::fs::set_permissions(
-        rootfs.join("tmp"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
-    )
-    .expect("chmod");
-    let out = cluster.scratch().join("app.oci.tar");
-    sh(
-        "python3",
-        &[
-            &repo().join("scripts/oci_image.py").display().to_string(),
-            "--rootfs",
-            &dir(&rootfs),
-            "--name",
-            APP_IMAGE,
-            "--out",
-            &dir(&out),
-            "--env",
-            "PATH=/usr/local/bin:/bin",
-            "--user",
-            "10001:10001",
-        ],
-    );
-    out
+    let binary = controller.binary(&cluster.scratch().join("controller-binary"));
+    support::oci::app_image(cluster.scratch(), APP_IMAGE, &binary, &programs)
 }
 
 fn ready(pod: &Value) -> bool {

@@ -86,3 +86,71 @@ pub fn unpack(tarball: &Path) -> Layout {
         layer,
     }
 }
+
+impl Layout {
+    /// Extracts the image's `targetlease` binary into `dir`; its path.
+    pub fn binary(&self, dir: &Path) -> PathBuf {
+        std::fs::create_dir_all(dir).expect("binary dir");
+        sh(
+            "tar",
+            &[
+                "-xzf",
+                &self.layer.display().to_string(),
+                "-C",
+                &dir.display().to_string(),
+                "targetlease",
+            ],
+        );
+        dir.join("targetlease")
+    }
+}
+
+/// Builds an application image in `scratch`: busybox (static), `targetlease` (the binary at
+/// `binary`) at /usr/local/bin, and `programs` (path under the root, script text), run as user
+/// 10001; the tarball's path. The image `name` is what pods reference.
+pub fn app_image(scratch: &Path, name: &str, binary: &Path, programs: &[(&str, &str)]) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let slug: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let rootfs = scratch.join(format!("{slug}-rootfs"));
+    for sub in ["bin", "usr/local/bin", "app", "tmp", "etc"] {
+        std::fs::create_dir_all(rootfs.join(sub)).expect("dir");
+    }
+    std::fs::copy(binary, rootfs.join("usr/local/bin/targetlease")).expect("copy targetlease");
+    std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).expect("busybox-static");
+    for applet in ["sh", "sleep", "echo", "cat", "date", "env"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).expect("symlink");
+    }
+    for (path, text) in programs {
+        std::fs::write(rootfs.join(path), text).expect("write");
+        std::fs::set_permissions(rootfs.join(path), PermissionsExt::from_mode(0o555))
+            .expect("chmod");
+    }
+    std::fs::write(
+        rootfs.join("etc/passwd"),
+        "root:x:0:0:root:/root:/sbin/nologin\napp:x:10001:10001:app:/tmp:/sbin/nologin\n",
+    )
+    .expect("passwd");
+    std::fs::set_permissions(rootfs.join("tmp"), PermissionsExt::from_mode(0o1777)).expect("chmod");
+    let out = scratch.join(format!("{slug}.oci.tar"));
+    let dir = |p: &Path| p.display().to_string();
+    sh(
+        "python3",
+        &[
+            &repo().join("scripts/oci_image.py").display().to_string(),
+            "--rootfs",
+            &dir(&rootfs),
+            "--name",
+            name,
+            "--out",
+            &dir(&out),
+            "--env",
+            "PATH=/usr/local/bin:/bin",
+            "--user",
+            "10001:10001",
+        ],
+    );
+    out
+}

@@ -1,0 +1,801 @@
+//! Upgrades as users run them, on a real node (`e2e/cluster up --node`): the previous release's
+//! chart and image (built by this suite from the commit `e2e/previous-release.env` names, cached
+//! under the cache folder, never stored in git) are installed with `helm install`; 50
+//! TargetLeases are Held, and `targetlease run` and `targetlease wait` workloads of the previous
+//! release run against them. Then, in turn: `helm upgrade` to this chart and image, `helm
+//! rollback` to the previous release, `helm upgrade` again, a rolling restart of the
+//! controller, and the API version move (`crds.storageVersion=v1beta1` and `targetlease
+//! migrate-storage`), after which a rollback to the previous release is refused.
+//!
+//! Throughout, a sampler reads every TargetLease (as `v1alpha1`, the version every phase serves)
+//! about three times a second and checks the guarantees across each seam: no declared lease stops
+//! being Held or changes its token, no token on a target is ever lower than one seen before on
+//! it, never two Held on one target. The `run` workload's commands print `start` and `end`
+//! lines, timestamped by the container runtime: no two overlap, and their tokens grow. The
+//! `wait` workload keeps getting its lease's token.
+
+use targetlease_test_support as support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use libtest_mimic::Trial;
+use serde_json::Value;
+
+use support::kube::{Cluster, repo};
+use support::oci::{build_controller_image, sh};
+use support::server::{Server, ServerKind};
+
+const SYSTEM_NS: &str = "targetlease-system";
+const APP_NS: &str = "shop";
+const RELEASE: &str = "tl";
+const PASSWORD: &str = "upgrade-suite-secret";
+/// Declared TargetLeases held through every phase.
+const LEASES: usize = 50;
+/// The workloads' image: busybox and the previous release's targetlease.
+const APP_IMAGE: &str = "localhost/targetlease-upgrade-app:previous";
+/// The target the `run` workload's two replicas take turns on.
+const RUN_TARGET: &str = "upgrade/run";
+const SEC: Duration = Duration::from_secs(1);
+
+fn main() {
+    support::suite::run(
+        "upgrade-node",
+        vec![Trial::test("upgrade_and_rollback_keep_leases_held", || {
+            upgrade_and_rollback_keep_leases_held();
+            Ok(())
+        })],
+    )
+}
+
+/// The previous release, built from its commit.
+struct Previous {
+    version: String,
+    commit: String,
+    /// Its controller image (OCI tarball).
+    image: PathBuf,
+    /// Its `targetlease` binary.
+    binary: PathBuf,
+    /// Its chart.
+    chart: PathBuf,
+}
+
+/// Builds the previous release once per commit: its sources from git, its image with its own
+/// `scripts/image.sh`, in a target folder seeded from this checkout's static build (same flags
+/// and dependencies: only what changed compiles).
+fn previous_release() -> Previous {
+    let pins = std::fs::read_to_string(repo().join("e2e/previous-release.env"))
+        .expect("read e2e/previous-release.env");
+    let pin = |key: &str| {
+        pins.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("e2e/previous-release.env has no {key}"))
+            .trim()
+            .to_owned()
+    };
+    let (version, commit) = (
+        pin("PREVIOUS_RELEASE_VERSION"),
+        pin("PREVIOUS_RELEASE_COMMIT"),
+    );
+    let cache_root = std::env::var("TARGETLEASE_CACHE_DIR").map_or_else(
+        |_| PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/targetlease"),
+        PathBuf::from,
+    );
+    let cache = cache_root.join("previous-release").join(&commit);
+    let previous = Previous {
+        image: cache.join("image.oci.tar"),
+        binary: cache.join("targetlease"),
+        chart: cache.join("chart"),
+        version,
+        commit,
+    };
+    if cache.join("complete").exists() {
+        return previous;
+    }
+    let started = Instant::now();
+    let _ = std::fs::remove_dir_all(&cache);
+    let src = cache.join("src");
+    std::fs::create_dir_all(&src).expect("cache dir");
+    let repo_dir = repo().display().to_string();
+    let has_commit = std::process::Command::new("git")
+        .args(["-C", &repo_dir, "cat-file", "-e"])
+        .arg(format!("{}^{{commit}}", previous.commit))
+        .status()
+        .expect("run git");
+    assert!(
+        has_commit.success(),
+        "the previous release's commit {} is not in this clone: the upgrade suite needs the \
+         history (a full clone, not a shallow one)",
+        previous.commit
+    );
+    sh(
+        "bash",
+        &[
+            "-c",
+            &format!(
+                "git -C '{repo_dir}' archive --format=tar {} | tar -x -C '{}'",
+                previous.commit,
+                src.display()
+            ),
+        ],
+    );
+    // Seed the build with this checkout's compiled dependencies.
+    let here = std::env::var("CARGO_TARGET_DIR").expect("scripts/env.sh sets CARGO_TARGET_DIR");
+    let target = cache.join("target");
+    for sub in ["release", "x86_64-unknown-linux-gnu/release"] {
+        let from = Path::new(&here).join(sub);
+        if from.exists() {
+            let to = target.join(sub);
+            std::fs::create_dir_all(&to).expect("target dir");
+            for part in ["deps", "build", ".fingerprint"] {
+                if from.join(part).exists() {
+                    sh(
+                        "cp",
+                        &[
+                            "-a",
+                            &from.join(part).display().to_string(),
+                            &to.display().to_string(),
+                        ],
+                    );
+                }
+            }
+        }
+    }
+    let out = std::process::Command::new("bash")
+        .arg(src.join("scripts/image.sh"))
+        .env("CARGO_TARGET_DIR", &target)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("run the previous release's scripts/image.sh");
+    assert!(
+        out.status.success(),
+        "the previous release's image did not build"
+    );
+    let tarball = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    std::fs::rename(&tarball, &previous.image).expect("keep the image");
+    std::fs::rename(
+        target.join("x86_64-unknown-linux-gnu/release/targetlease"),
+        &previous.binary,
+    )
+    .expect("keep the binary");
+    std::fs::rename(src.join("charts/targetlease"), &previous.chart).expect("keep the chart");
+    let _ = std::fs::remove_dir_all(&target);
+    let _ = std::fs::remove_dir_all(&src);
+    std::fs::write(cache.join("complete"), "").expect("mark the cache complete");
+    support::suite::measured("previous release built", started.elapsed());
+    previous
+}
+
+/// What the sampler saw that breaks a guarantee, and what it saw at all.
+#[derive(Default)]
+struct Seen {
+    violations: Vec<String>,
+    /// Declared lease -> its token.
+    declared: HashMap<String, u64>,
+    /// Target -> the largest token seen on it.
+    max_token: HashMap<String, u64>,
+    samples: usize,
+    /// Failed reads (the API server restarting a watch cache, ...): not violations.
+    failed_reads: usize,
+}
+
+impl Seen {
+    fn check(&mut self, list: &Value, phase: &str) {
+        self.samples += 1;
+        let mut held_by_target: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for item in list["items"].as_array().into_iter().flatten() {
+            let name = item["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let target = item["spec"]["target"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let status = &item["status"];
+            let held = status["phase"] == "Held";
+            let token = status["fencingToken"].as_u64();
+            if let Some(want) = self.declared.get(&name)
+                && (!held || token != Some(*want))
+            {
+                self.violations.push(format!(
+                    "{phase}: declared lease {name} was Held with token {want}, now {} {:?}",
+                    status["phase"], token
+                ));
+            }
+            if held {
+                held_by_target
+                    .entry(target.clone())
+                    .or_default()
+                    .push(name.clone());
+                if let Some(token) = token {
+                    let max = self.max_token.entry(target.clone()).or_insert(token);
+                    if token < *max {
+                        self.violations.push(format!(
+                            "{phase}: {name} Held on {target} with token {token}, below {max} seen \
+                             before on it"
+                        ));
+                    }
+                    *max = (*max).max(token);
+                }
+            }
+        }
+        for (target, names) in held_by_target {
+            if names.len() > 1 {
+                self.violations
+                    .push(format!("{phase}: two Held on {target}: {names:?}"));
+            }
+        }
+    }
+}
+
+/// Reads every TargetLease until stopped, checking each sample.
+struct Sampler {
+    seen: Arc<Mutex<Seen>>,
+    phase: Arc<Mutex<String>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sampler {
+    fn start(cluster: &Cluster, declared: HashMap<String, u64>) -> Sampler {
+        let seen = Arc::new(Mutex::new(Seen {
+            declared,
+            ..Seen::default()
+        }));
+        let phase = Arc::new(Mutex::new("installed".to_string()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (kubectl, env) = (cluster.bin().join("kubectl"), cluster.envs());
+        let thread = {
+            let (seen, phase, stop) = (seen.clone(), phase.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let out = std::process::Command::new(&kubectl)
+                        .args(["get", "targetleases.v1alpha1.targetlease.dev", "-n", APP_NS])
+                        .args(["-o", "json", "--request-timeout=5s"])
+                        .envs(env.iter().map(|(k, v)| (k, v)))
+                        .output();
+                    let list = out
+                        .ok()
+                        .filter(|o| o.status.success())
+                        .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok());
+                    let phase = phase.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                    match list {
+                        Some(list) => seen.check(&list, &phase),
+                        None => seen.failed_reads += 1,
+                    }
+                    drop(seen);
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            })
+        };
+        Sampler {
+            seen,
+            phase,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn phase(&self, name: &str) {
+        eprintln!("upgrade suite: phase {name}");
+        *self.phase.lock().unwrap_or_else(|e| e.into_inner()) = name.to_owned();
+    }
+
+    /// Samples taken so far.
+    fn samples(&self) -> usize {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).samples
+    }
+
+    fn finish(mut self) -> Seen {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("sampler thread");
+        }
+        std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+struct Suite {
+    cluster: Cluster,
+    chart: String,
+    current_image: String,
+}
+
+impl Suite {
+    fn json(&self, args: &[&str]) -> Value {
+        let mut full = args.to_vec();
+        full.extend(["-o", "json"]);
+        serde_json::from_str(&self.cluster.kubectl_ok(&full)).expect("kubectl json")
+    }
+
+    fn helm_ok(&self, args: &[&str]) -> String {
+        let out = self.cluster.helm(args);
+        assert!(
+            out.status.success(),
+            "helm {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits until the controller Deployment has rolled out and every pod runs `image`.
+    fn controller_runs(&self, image: &str) {
+        let deployment = format!("deployment/{RELEASE}-targetlease-controller");
+        self.cluster.kubectl_ok(&[
+            "rollout",
+            "status",
+            &deployment,
+            "-n",
+            SYSTEM_NS,
+            "--timeout=180s",
+        ]);
+        let started = Instant::now();
+        loop {
+            let pods = self.json(&[
+                "get",
+                "pods",
+                "-n",
+                SYSTEM_NS,
+                "-l",
+                "app.kubernetes.io/component=controller",
+            ]);
+            let images: Vec<String> = pods["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                .map(|p| {
+                    p["spec"]["containers"][0]["image"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned()
+                })
+                .collect();
+            if !images.is_empty() && images.iter().all(|i| i == image) {
+                return;
+            }
+            assert!(
+                started.elapsed() < 120 * SEC,
+                "controller pods do not all run {image}: {images:?}"
+            );
+            std::thread::sleep(SEC);
+        }
+    }
+
+    fn served_versions(&self) -> Vec<String> {
+        let crd = self.json(&["get", "crd", targetlease::api::CRD_NAME]);
+        crd["spec"]["versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| v["name"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+}
+
+/// Holds the leases for a while after a phase, so that a renewal (TTL/3) and a hand-over of the
+/// `run` workload fall inside each phase.
+fn soak(sampler: &Sampler, how_long: Duration) {
+    let before = sampler.samples();
+    std::thread::sleep(how_long);
+    assert!(
+        sampler.samples() > before + 5,
+        "the sampler stopped sampling ({} samples)",
+        sampler.samples()
+    );
+}
+
+fn upgrade_and_rollback_keep_leases_held() {
+    let started = Instant::now();
+    let previous = previous_release();
+    let cluster = Cluster::start_with_node();
+    let node_ip = cluster.node_ip();
+    let valkey = Server::start_with(
+        ServerKind::Valkey91,
+        &["--requirepass", PASSWORD, "--bind", "127.0.0.1", &node_ip],
+    );
+    let (tarball, current_image) = build_controller_image();
+    cluster.import_image(&tarball);
+    cluster.import_image(&previous.image);
+    let previous_image = std::fs::read_to_string(format!("{}.ref", previous.image.display()))
+        .ok()
+        .and_then(|r| r.split('@').next().map(str::to_owned))
+        .unwrap_or_else(|| format!("ghcr.io/targetlease/targetlease:{}", previous.version));
+    let current_image = current_image.split('@').next().expect("name").to_owned();
+    assert_ne!(
+        previous_image, current_image,
+        "the two releases' images have one name"
+    );
+    let critical = "#!/bin/sh\n# One critical section: marks its start and end with its token.\necho \"start $TARGETLEASE_TOKEN\"\nsleep 2\necho \"end $TARGETLEASE_TOKEN\"\n";
+    let app = support::oci::app_image(
+        cluster.scratch(),
+        APP_IMAGE,
+        &previous.binary,
+        &[("app/critical", critical)],
+    );
+    cluster.import_image(&app);
+    for ns in [SYSTEM_NS, APP_NS] {
+        cluster.kubectl_ok(&["create", "namespace", ns]);
+        cluster.kubectl_ok(&[
+            "label",
+            "namespace",
+            ns,
+            "pod-security.kubernetes.io/enforce=restricted",
+        ]);
+    }
+    let password_file = cluster.scratch().join("valkey-password");
+    std::fs::write(&password_file, PASSWORD).expect("password file");
+    cluster.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "valkey",
+        "-n",
+        SYSTEM_NS,
+        &format!("--from-literal=url=redis://{node_ip}:{}", valkey.port),
+        &format!("--from-file=password={}", password_file.display()),
+    ]);
+    let suite = Suite {
+        chart: repo().join("charts/targetlease").display().to_string(),
+        current_image,
+        cluster,
+    };
+    let cluster = &suite.cluster;
+
+    // The previous release, as its users installed it.
+    suite.helm_ok(&[
+        "install",
+        RELEASE,
+        &previous.chart.display().to_string(),
+        "-n",
+        SYSTEM_NS,
+        "--set",
+        "image.pullPolicy=Never",
+        "--set",
+        "valkey.existingSecret.name=valkey",
+        "--set",
+        "valkey.existingSecret.passwordKey=password",
+        "--wait",
+        "--timeout=180s",
+    ]);
+    suite.controller_runs(&previous_image);
+    assert_eq!(
+        suite.served_versions(),
+        ["v1alpha1"],
+        "the previous release's CRD"
+    );
+    cluster.kubectl_ok(&[
+        "apply",
+        "-f",
+        &repo().join("examples/rbac.yaml").display().to_string(),
+    ]);
+    // 50 declared leases, written as the previous release's users wrote them, and the one the
+    // `wait` workload waits for.
+    let mut yaml = String::new();
+    for i in 0..=LEASES {
+        let name = if i == LEASES {
+            "waited".to_string()
+        } else {
+            format!("held-{i:02}")
+        };
+        yaml.push_str(&format!(
+            "---\napiVersion: targetlease.dev/v1alpha1\nkind: TargetLease\nmetadata:\n  name: {name}\n  namespace: {APP_NS}\nspec:\n  target: upgrade/{name}\n  holder: upgrade-suite\n  ttlSeconds: 15\n"
+        ));
+    }
+    let out = cluster.kubectl_with_input(&["apply", "-f", "-"], Some(&yaml));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let declared = wait_all_held(&suite);
+    let workloads = workloads_yaml();
+    let out = cluster.kubectl_with_input(&["apply", "-f", "-"], Some(&workloads));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cluster.kubectl_ok(&[
+        "rollout",
+        "status",
+        "deployment/upgrade-run",
+        "-n",
+        APP_NS,
+        "--timeout=120s",
+    ]);
+    let sampler = Sampler::start(cluster, declared.clone());
+    soak(&sampler, 12 * SEC);
+
+    sampler.phase("helm upgrade to this release");
+    let upgrade = |extra: &[&str]| {
+        let mut args = vec![
+            "upgrade",
+            RELEASE,
+            suite.chart.as_str(),
+            "-n",
+            SYSTEM_NS,
+            "--reuse-values",
+            "--wait",
+            "--timeout=180s",
+        ];
+        args.extend(extra);
+        suite.helm_ok(&args);
+    };
+    upgrade(&[]);
+    suite.controller_runs(&suite.current_image);
+    assert_eq!(
+        suite.served_versions(),
+        ["v1alpha1", "v1beta1"],
+        "the CRD upgraded by the chart"
+    );
+    soak(&sampler, 12 * SEC);
+
+    sampler.phase("helm rollback to the previous release");
+    suite.helm_ok(&[
+        "rollback",
+        RELEASE,
+        "1",
+        "-n",
+        SYSTEM_NS,
+        "--wait",
+        "--timeout=180s",
+    ]);
+    suite.controller_runs(&previous_image);
+    assert_eq!(
+        suite.served_versions(),
+        ["v1alpha1"],
+        "the CRD rolled back by the chart"
+    );
+    soak(&sampler, 12 * SEC);
+
+    sampler.phase("helm upgrade again");
+    upgrade(&[]);
+    suite.controller_runs(&suite.current_image);
+    soak(&sampler, 8 * SEC);
+
+    sampler.phase("rolling restart");
+    cluster.kubectl_ok(&[
+        "rollout",
+        "restart",
+        &format!("deployment/{RELEASE}-targetlease-controller"),
+        "-n",
+        SYSTEM_NS,
+    ]);
+    suite.controller_runs(&suite.current_image);
+    soak(&sampler, 8 * SEC);
+
+    sampler.phase("storage version move");
+    upgrade(&["--set", "crds.storageVersion=v1beta1"]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        .arg("migrate-storage")
+        .envs(cluster.envs())
+        .output()
+        .expect("run migrate-storage");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "migrate-storage: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("as v1beta1"), "{said}");
+    let crd = suite.json(&["get", "crd", targetlease::api::CRD_NAME]);
+    assert_eq!(
+        crd["status"]["storedVersions"],
+        serde_json::json!(["v1beta1"])
+    );
+    for name in declared.keys() {
+        assert_eq!(
+            cluster.stored_api_version(APP_NS, name),
+            "targetlease.dev/v1beta1",
+            "{name} in etcd after the migration"
+        );
+    }
+    soak(&sampler, 8 * SEC);
+
+    sampler.phase("rollback refused once v1beta1 is stored");
+    let refused = cluster.helm(&["rollback", RELEASE, "1", "-n", SYSTEM_NS, "--timeout=120s"]);
+    let message = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(
+        !refused.status.success(),
+        "a rollback past the storage move succeeded"
+    );
+    assert!(message.contains("storedVersions"), "{message}");
+    // Whatever the refused rollback left, this release again, and the leases are still there.
+    upgrade(&["--set", "crds.storageVersion=v1beta1"]);
+    suite.controller_runs(&suite.current_image);
+    soak(&sampler, 8 * SEC);
+
+    let seen = sampler.finish();
+    eprintln!(
+        "upgrade suite: {} samples ({} failed reads) in {:?}",
+        seen.samples,
+        seen.failed_reads,
+        started.elapsed()
+    );
+    assert!(
+        seen.violations.is_empty(),
+        "{} violations, first ones:\n{}",
+        seen.violations.len(),
+        seen.violations
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    check_run_commands(&suite);
+    check_wait_workload(&suite, declared["waited"]);
+    let table = cluster.kubectl_ok(&["get", "tl", "-n", APP_NS]);
+    assert!(
+        table.contains("held-49") && table.contains("Held"),
+        "{table}"
+    );
+    support::suite::measured("upgrade suite", started.elapsed());
+    drop(valkey);
+}
+
+/// Waits until every declared lease is Held; name -> token.
+fn wait_all_held(suite: &Suite) -> HashMap<String, u64> {
+    let started = Instant::now();
+    loop {
+        let list = suite.json(&["get", "targetleases.v1alpha1.targetlease.dev", "-n", APP_NS]);
+        let held: HashMap<String, u64> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i["status"]["phase"] == "Held")
+            .filter_map(|i| {
+                Some((
+                    i["metadata"]["name"].as_str()?.to_owned(),
+                    i["status"]["fencingToken"].as_u64()?,
+                ))
+            })
+            .collect();
+        if held.len() == LEASES + 1 {
+            return held;
+        }
+        assert!(
+            started.elapsed() < 90 * SEC,
+            "only {} of {} declared leases Held",
+            held.len(),
+            LEASES + 1
+        );
+        std::thread::sleep(SEC);
+    }
+}
+
+/// The previous release's `run` (two replicas taking turns on one target, each command two
+/// seconds) and `wait` (asking for the declared lease's token every two seconds).
+fn workloads_yaml() -> String {
+    let pod_env = "
+            - name: POD_NAME
+              valueFrom: {fieldRef: {fieldPath: metadata.name}}
+            - name: POD_NAMESPACE
+              valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+            - name: POD_UID
+              valueFrom: {fieldRef: {fieldPath: metadata.uid}}";
+    let security = "
+          securityContext:
+            allowPrivilegeEscalation: false
+            readOnlyRootFilesystem: true
+            runAsNonRoot: true
+            capabilities: {drop: [ALL]}
+            seccompProfile: {type: RuntimeDefault}";
+    let deployment = |name: &str, replicas: u32, script: &str| {
+        format!(
+            "---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: {APP_NS}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      serviceAccountName: lease-user
+      terminationGracePeriodSeconds: 5
+      containers:
+        - name: work
+          image: {APP_IMAGE}
+          imagePullPolicy: Never
+          command: [sh, -c, '{script}']
+          env:{pod_env}{security}
+"
+        )
+    };
+    let run = format!(
+        "while true; do targetlease run --target {RUN_TARGET} --ttl 15s --wait-timeout 120s -- /app/critical; sleep 1; done"
+    );
+    let wait = "while true; do t=$(targetlease wait waited --timeout 60s) && echo \"waited $t\"; sleep 2; done";
+    deployment("upgrade-run", 2, &run) + &deployment("upgrade-wait", 1, wait)
+}
+
+/// Pods' log lines with the container runtime's timestamps.
+fn timestamped_logs(suite: &Suite, app: &str) -> Vec<(Timestamp, String)> {
+    let text = suite.cluster.kubectl_ok(&[
+        "logs",
+        "-n",
+        APP_NS,
+        "-l",
+        &format!("app={app}"),
+        "--timestamps",
+        "--tail=-1",
+        "--prefix",
+        "--max-log-requests=10",
+    ]);
+    text.lines()
+        .filter_map(|line| {
+            // "[pod/NAME/work] 2026-12-02T05:00:01.123456789Z start 17"
+            let (_, rest) = line.split_once("] ")?;
+            let (stamp, message) = rest.split_once(' ')?;
+            Some((stamp.parse().ok()?, message.to_owned()))
+        })
+        .collect()
+}
+
+/// No two `run` commands overlapped, their tokens grew, and enough of them ran.
+fn check_run_commands(suite: &Suite) {
+    let mut lines = timestamped_logs(suite, "upgrade-run");
+    lines.sort();
+    let mut sections: Vec<(Timestamp, Option<Timestamp>, u64)> = Vec::new();
+    let mut open: HashMap<u64, usize> = HashMap::new();
+    for (at, message) in &lines {
+        if let Some(token) = message
+            .strip_prefix("start ")
+            .and_then(|t| t.trim().parse().ok())
+        {
+            open.insert(token, sections.len());
+            sections.push((*at, None, token));
+        } else if let Some(token) = message
+            .strip_prefix("end ")
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            && let Some(i) = open.remove(&token)
+        {
+            sections[i].1 = Some(*at);
+        }
+    }
+    assert!(
+        sections.len() >= 10,
+        "only {} commands ran under the run workload's lease:\n{lines:?}",
+        sections.len()
+    );
+    for pair in sections.windows(2) {
+        let ((_, end, token), (start, _, next)) = (pair[0], pair[1]);
+        // Only the last command may still be running: one cut short lost its lease.
+        let end = end.unwrap_or_else(|| {
+            panic!("the command under token {token} never ended (its lease was lost)")
+        });
+        assert!(
+            end <= start,
+            "two commands on {RUN_TARGET} at once: token {token} ran until {end}, token {next} \
+             started at {start}"
+        );
+        assert!(next > token, "token {next} started after token {token}");
+    }
+    eprintln!(
+        "upgrade suite: {} run commands, none overlapping",
+        sections.len()
+    );
+}
+
+/// The `wait` workload got the declared lease's token throughout, and nothing else.
+fn check_wait_workload(suite: &Suite, token: u64) {
+    let lines = timestamped_logs(suite, "upgrade-wait");
+    let waited: Vec<&str> = lines
+        .iter()
+        .filter_map(|(_, m)| m.strip_prefix("waited "))
+        .collect();
+    assert!(waited.len() >= 10, "the wait workload printed {waited:?}");
+    assert!(
+        waited.iter().all(|t| t.trim() == token.to_string()),
+        "wait printed another token than {token}: {waited:?}"
+    );
+}

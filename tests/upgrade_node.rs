@@ -64,9 +64,9 @@ struct Previous {
     chart: PathBuf,
 }
 
-/// Builds the previous release once per commit: its sources from git, its image with its own
-/// `scripts/image.sh`, in a target folder seeded from this checkout's static build (same flags
-/// and dependencies: only what changed compiles).
+/// Builds the previous release once per commit: its sources from git, its binary in a target
+/// folder seeded from this checkout's static build (same flags and dependencies: only what
+/// changed compiles), its image by its own `scripts/image.sh`.
 fn previous_release() -> Previous {
     let pins = std::fs::read_to_string(repo().join("e2e/previous-release.env"))
         .expect("read e2e/previous-release.env");
@@ -145,9 +145,40 @@ fn previous_release() -> Previous {
             }
         }
     }
+    // The binary is built with this checkout's static flags (scripts/env.sh), which embed the
+    // checkout's path: with the previous release's own flags every dependency would compile
+    // again. Its own scripts/image.sh then packages it, with `cargo` stubbed out: the binary
+    // is already where the script's build would leave it.
+    let build = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source '{}/scripts/env.sh' && cd '{}' && static_cargo build --locked --release --bin targetlease",
+            repo().display(),
+            src.display()
+        ))
+        .env("CARGO_TARGET_DIR", &target)
+        .stdout(std::process::Stdio::inherit())
+        .stderr(std::process::Stdio::inherit())
+        .status()
+        .expect("build the previous release");
+    assert!(build.success(), "the previous release did not build");
+    let stub = cache.join("stub");
+    std::fs::create_dir_all(&stub).expect("stub dir");
+    std::fs::write(stub.join("cargo"), "#!/bin/sh\nexit 0\n").expect("stub cargo");
+    std::fs::set_permissions(
+        stub.join("cargo"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let path = format!(
+        "{}:{}",
+        stub.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let out = std::process::Command::new("bash")
         .arg(src.join("scripts/image.sh"))
         .env("CARGO_TARGET_DIR", &target)
+        .env("PATH", path)
         .stderr(std::process::Stdio::inherit())
         .output()
         .expect("run the previous release's scripts/image.sh");
@@ -163,8 +194,9 @@ fn previous_release() -> Previous {
     )
     .expect("keep the binary");
     std::fs::rename(src.join("charts/targetlease"), &previous.chart).expect("keep the chart");
-    let _ = std::fs::remove_dir_all(&target);
-    let _ = std::fs::remove_dir_all(&src);
+    for scratch in [&target, &src, &stub] {
+        let _ = std::fs::remove_dir_all(scratch);
+    }
     std::fs::write(cache.join("complete"), "").expect("mark the cache complete");
     support::suite::measured("previous release built", started.elapsed());
     previous
@@ -393,6 +425,9 @@ fn soak(sampler: &Sampler, how_long: Duration) {
 
 fn upgrade_and_rollback_keep_leases_held() {
     let started = Instant::now();
+    // This release's image first: its static build is what the previous release's build is
+    // seeded from.
+    let (tarball, current_image) = build_controller_image();
     let previous = previous_release();
     let cluster = Cluster::start_with_node();
     let node_ip = cluster.node_ip();
@@ -400,7 +435,6 @@ fn upgrade_and_rollback_keep_leases_held() {
         ServerKind::Valkey91,
         &["--requirepass", PASSWORD, "--bind", "127.0.0.1", &node_ip],
     );
-    let (tarball, current_image) = build_controller_image();
     cluster.import_image(&tarball);
     cluster.import_image(&previous.image);
     let previous_image = std::fs::read_to_string(format!("{}.ref", previous.image.display()))
@@ -553,6 +587,39 @@ fn upgrade_and_rollback_keep_leases_held() {
         ["v1alpha1"],
         "the CRD rolled back by the chart"
     );
+    // This release's binaries, against the previous release's CRD: they stop at once, saying
+    // why, instead of waiting on a version that is not served.
+    for args in [
+        &["wait", "held-00", "-n", APP_NS, "--timeout=60s"][..],
+        &[
+            "controller",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--valkey-url",
+            "redis://127.0.0.1:1",
+        ][..],
+    ] {
+        let started = Instant::now();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
+            .args(args)
+            .envs(cluster.envs())
+            .output()
+            .expect("run targetlease");
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success(),
+            "{args:?} ran against a CRD without v1beta1"
+        );
+        assert!(
+            said.contains("does not serve targetlease.dev/v1beta1") && said.contains("Upgrading"),
+            "{args:?}: {said}"
+        );
+        assert!(
+            started.elapsed() < 20 * SEC,
+            "{args:?} took {:?} to say so",
+            started.elapsed()
+        );
+    }
     soak(&sampler, 12 * SEC);
 
     sampler.phase("helm upgrade again");

@@ -175,6 +175,10 @@ impl ControllerArgs {
         let client = Client::try_default()
             .await
             .map_err(|e| format!("cannot configure the Kubernetes client: {e}"))?;
+        // A rolling upgrade onto a CRD that does not serve this version (crds.enabled=false
+        // with the previous release's CRD) stops here: the new pods never get Ready, so the
+        // rollout waits and the running controller keeps the leases.
+        super::ensure_served(&client).await?;
         let store = self.open_store().map_err(|e| e.to_string())?;
         if let Err(e) = store.health().await {
             // Not fatal: the controller starts, reports not ready, and retries per object.

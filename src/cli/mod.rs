@@ -147,11 +147,18 @@ pub async fn kube_client(namespace: Option<String>) -> Result<(kube::Client, Str
     Ok((client, namespace))
 }
 
-/// [`kube_client`] for `run` and `wait`, after checking that the API server serves the
-/// TargetLease version this binary speaks: without it every call would fail with a bare 404,
-/// and a workload image newer than the installed chart is the likely cause.
+/// [`kube_client`] for `run` and `wait`, after [`ensure_served`]: without it every call would
+/// fail with a bare 404, and a workload image newer than the installed chart is the likely
+/// cause.
 pub async fn lease_client(namespace: Option<String>) -> Result<(kube::Client, String), String> {
     let (client, namespace) = kube_client(namespace).await?;
+    ensure_served(&client).await?;
+    Ok((client, namespace))
+}
+
+/// Checks that the API server serves the TargetLease version this binary speaks; the error says
+/// to upgrade the chart (or the CRD) first.
+pub async fn ensure_served(client: &kube::Client) -> Result<(), String> {
     let group_version = format!("{}/{}", crate::api::GROUP, crate::api::VERSION);
     let served = match client.list_api_group_resources(&group_version).await {
         Ok(list) => list.resources.iter().any(|r| r.name == "targetleases"),
@@ -160,12 +167,13 @@ pub async fn lease_client(namespace: Option<String>) -> Result<(kube::Client, St
         Err(_) => true,
     };
     if served {
-        Ok((client, namespace))
+        Ok(())
     } else {
         Err(format!(
             "the API server does not serve {group_version} TargetLeases: install or upgrade the \
-             targetlease chart (it serves {group_version} from 0.2.0 on) before workloads use \
-             this targetlease; see docs/install.md, \"Upgrading\""
+             targetlease chart (it serves {group_version} from 0.2.0 on; with crds.enabled=false, \
+             apply this release's crds/ file) before this targetlease runs; see \
+             docs/install.md, \"Upgrading\""
         ))
     }
 }

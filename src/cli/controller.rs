@@ -185,6 +185,9 @@ impl ControllerArgs {
             warn!(error = %e, "lease store is not reachable yet");
         }
         let metrics = Arc::new(Metrics::new());
+        if self.backend == Backend::Valkey {
+            metrics.store_call_timeout(self.valkey.valkey_timeout.0);
+        }
         let probe = Arc::new(Probe {
             client: client.clone(),
             store: store.clone(),

@@ -1,6 +1,7 @@
 //! Prometheus metrics of the controller, served at `/metrics`.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
@@ -40,6 +41,7 @@ pub struct Metrics {
     renewal_lateness: Histogram,
     kept: Gauge,
     shed: Family<Labels, Counter>,
+    store_call_timeout: Gauge<f64, AtomicU64>,
     /// 1 while this replica may act (leads, or runs without leader election), 0 otherwise.
     pub leading: Gauge,
     cache: RwLock<Option<Store<TargetLease>>>,
@@ -67,6 +69,7 @@ impl Metrics {
             renewal_lateness: lateness_histogram(),
             kept: Gauge::default(),
             shed: Family::default(),
+            store_call_timeout: Gauge::default(),
             leading: Gauge::default(),
             cache: RwLock::new(None),
         };
@@ -125,6 +128,11 @@ impl Metrics {
             "API writes the status budget held back, by kind (refresh: an expiresAt update put off; event: an Event not published)",
             metrics.shed.clone(),
         );
+        registry.register(
+            "store_call_timeout_seconds",
+            "Deadline of one lease-store call (valkey.timeout); 0 with the in-memory store, which has none",
+            metrics.store_call_timeout.clone(),
+        );
         *metrics.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         metrics
     }
@@ -146,6 +154,11 @@ impl Metrics {
                 .get_or_create(&vec![("op", op.to_owned()), ("kind", kind.to_owned())])
                 .inc();
         }
+    }
+
+    /// Sets the deadline of one store call, which alerts compare the call latency with.
+    pub fn store_call_timeout(&self, timeout: Duration) {
+        self.store_call_timeout.set(timeout.as_secs_f64());
     }
 
     /// Records a status write and, when the phase changed, the transition.
@@ -208,5 +221,30 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_call_timeout_is_exported_in_seconds() {
+        let metrics = Metrics::new();
+        let page = metrics.render();
+        assert!(
+            page.contains("# TYPE targetlease_store_call_timeout_seconds gauge\n"),
+            "{page}"
+        );
+        assert!(
+            page.contains("\ntargetlease_store_call_timeout_seconds 0.0\n"),
+            "{page}"
+        );
+        metrics.store_call_timeout(Duration::from_millis(2500));
+        let page = metrics.render();
+        assert!(
+            page.contains("\ntargetlease_store_call_timeout_seconds 2.5\n"),
+            "{page}"
+        );
     }
 }

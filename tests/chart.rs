@@ -59,6 +59,8 @@ fn default_render_is_hardened_and_least_privilege(tools: &Tools) {
         "ClusterRoleBinding",
         "CustomResourceDefinition",
         "Deployment",
+        // The `helm test` pod (a hook: `helm install` does not create it).
+        "Pod",
         "PodDisruptionBudget",
         "Role",
         "RoleBinding",
@@ -372,7 +374,12 @@ fn ci_values_render_what_they_ask_for(tools: &Tools) {
     assert!(!args.contains(&"--leader-election".to_owned()), "{args:?}");
     assert!(of_kind(&docs, "PodDisruptionBudget").is_empty());
     assert!(of_kind(&docs, "Secret").is_empty());
-    assert!(of_kind(&docs, "Role").is_empty(), "no leader-election Role");
+    assert!(
+        of_kind(&docs, "Role")
+            .iter()
+            .all(|role| role["metadata"]["name"] == format!("{FULLNAME}-helm-test")),
+        "no leader-election Role"
+    );
 
     // Everything optional switched on.
     let docs = tools.render_ok(&["-f", &file("full-values.yaml")]);
@@ -875,6 +882,253 @@ fn examples_are_well_formed(tools: &Tools) {
     assert_eq!(kustomization["spec"]["path"], "./examples/gitops/leases");
 }
 
+/// The `helm test` hook: its own ServiceAccount, a Role with exactly the workload rules of
+/// `examples/rbac.yaml` and a binding of the one to the other, created before the pod (hook
+/// weights), all deleted once the test passes; a restricted pod running `targetlease run` in the
+/// controller image, where the controller watches; none of it with `helmTest.enabled=false`.
+fn helm_test_hook_is_least_privilege_and_restricted(tools: &Tools) {
+    let name = format!("{FULLNAME}-helm-test");
+    let docs = tools.render_ok(&[]);
+    let hooks: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"].is_string())
+        .collect();
+    let kinds: Vec<&str> = hooks.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding", "Pod"]);
+    let weight = |d: &Value| {
+        d["metadata"]["annotations"]["helm.sh/hook-weight"]
+            .as_str()
+            .unwrap_or("0")
+            .parse::<i32>()
+            .expect("a weight")
+    };
+    for hook in &hooks {
+        let annotations = &hook["metadata"]["annotations"];
+        assert_eq!(annotations["helm.sh/hook"], "test", "{hook}");
+        assert_eq!(
+            annotations["helm.sh/hook-delete-policy"], "before-hook-creation,hook-succeeded",
+            "{hook}"
+        );
+        assert_eq!(hook["metadata"]["name"], name.as_str(), "{hook}");
+        assert_eq!(hook["metadata"]["namespace"], RELEASE_NS, "{hook}");
+        // The controller's selectors (Service, PodDisruptionBudget) must not pick the pod up.
+        assert_eq!(
+            hook["metadata"]["labels"]["app.kubernetes.io/component"], "helm-test",
+            "{hook}"
+        );
+    }
+    let pod = object(&docs, "Pod", &name);
+    assert!(
+        hooks
+            .iter()
+            .filter(|h| h["kind"] != "Pod")
+            .all(|h| weight(h) < weight(pod)),
+        "the ServiceAccount and RBAC must exist before the pod"
+    );
+    assert_eq!(object(&docs, "Role", &name)["rules"], workload_rules());
+    let binding = object(&docs, "RoleBinding", &name);
+    assert_eq!(
+        binding["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name})
+    );
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": name, "namespace": RELEASE_NS}])
+    );
+    let spec = &pod["spec"];
+    assert_eq!(spec["serviceAccountName"], name.as_str());
+    assert_eq!(spec["restartPolicy"], "Never");
+    assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(spec["securityContext"]["runAsUser"], 65532);
+    assert_eq!(
+        spec["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let c = &spec["containers"][0];
+    assert_eq!(
+        c["image"],
+        format!(
+            "ghcr.io/targetlease/targetlease:{}",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+    let sc = &c["securityContext"];
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(
+        strings(&c["args"]),
+        [
+            "run",
+            &format!("--target=helm-test-{RELEASE}"),
+            "--ttl=30s",
+            "--wait-timeout=60s",
+            "--",
+            "/targetlease",
+            "wait",
+            "--timeout=10s"
+        ]
+    );
+    assert_eq!(spec["activeDeadlineSeconds"], 120);
+    let env: Vec<String> = c["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .filter_map(|e| {
+            e["valueFrom"]["fieldRef"]["fieldPath"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(env, ["metadata.name", "metadata.uid", "metadata.namespace"]);
+
+    // Where the controller watches: a TargetLease elsewhere would never be reconciled.
+    let docs = tools.render_ok(&[
+        "--set",
+        "controller.watchNamespace=shop",
+        "--set",
+        "helmTest.ttlSeconds=40",
+        "--set",
+        "helmTest.timeoutSeconds=20",
+    ]);
+    for kind in ["ServiceAccount", "Role", "RoleBinding", "Pod"] {
+        assert_eq!(object(&docs, kind, &name)["metadata"]["namespace"], "shop");
+    }
+    let pod = object(&docs, "Pod", &name);
+    let args = strings(&pod["spec"]["containers"][0]["args"]);
+    assert!(args.contains(&"--ttl=40s".to_owned()), "{args:?}");
+    assert!(args.contains(&"--wait-timeout=20s".to_owned()), "{args:?}");
+    assert_eq!(pod["spec"]["activeDeadlineSeconds"], 90);
+
+    let docs = tools.render_ok(&["--set", "helmTest.enabled=false"]);
+    assert!(
+        docs.iter()
+            .all(|d| d["metadata"]["annotations"]["helm.sh/hook"].is_null()),
+        "a hook with helmTest.enabled=false"
+    );
+}
+
+/// GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as dashes.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The PrometheusRule and the dashboard ConfigMap: off by default; on, every alert has a
+/// severity, a summary, a description and a runbook_url whose anchor is a heading of
+/// docs/operations.md; the rule's labels and selector follow the values; the dashboard is
+/// files/dashboard.json unchanged, with the sidecar's label. (Their metric names are checked
+/// against a running controller in tests/controller.rs.)
+fn alerts_and_dashboard_render_when_asked(tools: &Tools) {
+    let docs = tools.render_ok(&[]);
+    assert!(of_kind(&docs, "PrometheusRule").is_empty());
+    assert!(of_kind(&docs, "ConfigMap").is_empty());
+    let docs = tools.render_ok(&[
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "prometheusRule.labels.release=kube-prometheus-stack",
+        "--set",
+        "prometheusRule.alertLabels.team=platform",
+        "--set",
+        "grafanaDashboard.enabled=true",
+        "--set",
+        "grafanaDashboard.namespace=monitoring",
+    ]);
+    let rule = object(&docs, "PrometheusRule", FULLNAME);
+    assert_eq!(
+        rule["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
+    let operations =
+        std::fs::read_to_string(repo().join("docs/operations.md")).expect("operations.md");
+    let anchors: BTreeSet<String> = operations
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|l| anchor(l.trim_start_matches('#')))
+        .collect();
+    let rules = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rules");
+    let names: Vec<&str> = rules.iter().filter_map(|r| r["alert"].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "TargetLeaseNoLeader",
+            "TargetLeaseTwoLeaders",
+            "TargetLeaseStoreErrors",
+            "TargetLeaseLost",
+            "TargetLeaseStoreSlow"
+        ]
+    );
+    for r in rules {
+        let expr = r["expr"].as_str().expect("expr");
+        assert!(
+            expr.contains(&format!(
+                "namespace=\"{RELEASE_NS}\",job=\"{FULLNAME}-metrics\""
+            )),
+            "{expr}"
+        );
+        assert!(
+            ["critical", "warning"].contains(&r["labels"]["severity"].as_str().unwrap_or("")),
+            "{r}"
+        );
+        assert_eq!(r["labels"]["team"], "platform", "{r}");
+        for key in ["summary", "description"] {
+            assert!(
+                r["annotations"][key]
+                    .as_str()
+                    .is_some_and(|t| !t.is_empty()),
+                "{r}"
+            );
+        }
+        let url = r["annotations"]["runbook_url"]
+            .as_str()
+            .expect("runbook_url");
+        let (base, fragment) = url.split_once('#').expect("an anchor");
+        assert_eq!(
+            base,
+            "https://github.com/targetlease/targetlease/blob/main/docs/operations.md"
+        );
+        assert!(
+            anchors.contains(fragment),
+            "{url}: docs/operations.md has no heading #{fragment}"
+        );
+    }
+    let dashboard = object(&docs, "ConfigMap", &format!("{FULLNAME}-dashboard"));
+    assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let file = std::fs::read_to_string(chart_dir().join("files/dashboard.json")).expect("file");
+    assert_eq!(dashboard["data"]["targetlease.json"], file.trim_end());
+    let json: Value = serde_json::from_str(&file).expect("dashboard JSON");
+    assert!(json["panels"].as_array().is_some_and(|p| p.len() >= 8));
+
+    let docs = tools.render_ok(&[
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set-string",
+        "prometheusRule.selector=job=\"tl\"",
+    ]);
+    let rule = object(&docs, "PrometheusRule", FULLNAME);
+    for r in rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rules")
+    {
+        let expr = r["expr"].as_str().expect("expr");
+        assert!(
+            expr.contains("{job=\"tl\"}") || expr.contains("{job=\"tl\","),
+            "{expr}"
+        );
+        assert!(!expr.contains("namespace="), "{expr}");
+    }
+}
+
 /// A test that needs the tools only.
 type StaticTest = (&'static str, fn(&Tools));
 
@@ -895,6 +1149,14 @@ fn main() {
             sentinel_values_pass_the_sentinels_not_the_url,
         ),
         ("schema_refuses_bad_values", schema_refuses_bad_values),
+        (
+            "helm_test_hook_is_least_privilege_and_restricted",
+            helm_test_hook_is_least_privilege_and_restricted,
+        ),
+        (
+            "alerts_and_dashboard_render_when_asked",
+            alerts_and_dashboard_render_when_asked,
+        ),
         ("chart_crd_matches_crds_dir", chart_crd_matches_crds_dir),
         ("chart_versions_match_the_crate", |_| {
             chart_versions_match_the_crate()

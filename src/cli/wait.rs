@@ -19,7 +19,9 @@ use crate::api::{Phase, TargetLease};
 /// Flags of `targetlease wait`.
 #[derive(Debug, Args)]
 pub struct WaitArgs {
-    /// Name of the TargetLease.
+    /// Name of the TargetLease (default: TARGETLEASE_NAME, which `targetlease run` gives its
+    /// command: the TargetLease it runs under).
+    #[arg(env = "TARGETLEASE_NAME")]
     name: String,
     /// Namespace (default: the kubeconfig's or the pod's namespace).
     #[arg(long, short = 'n')]

@@ -101,6 +101,16 @@ pub fn controller_rules() -> Value {
     ])
 }
 
+/// The rules of the workload Role in `examples/rbac.yaml` (what `targetlease run` and `wait`
+/// need), which the chart's `helm test` Role must equal.
+pub fn workload_rules() -> Value {
+    let text = std::fs::read_to_string(repo().join("examples/rbac.yaml")).expect("rbac.yaml");
+    let docs = documents(&text);
+    let roles = of_kind(&docs, "Role");
+    assert_eq!(roles.len(), 1, "examples/rbac.yaml has one Role");
+    roles[0]["rules"].clone()
+}
+
 pub fn election_rules(lease: &str) -> Value {
     json!([
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},

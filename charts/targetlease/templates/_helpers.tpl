@@ -128,3 +128,28 @@ so a URL Secret would be unused. */}}
 {{- fail "controller.backend=valkey needs valkey.url or valkey.existingSecret.name (or valkey.clusterSeeds, or valkey.sentinel.addresses)" }}
 {{- end }}
 {{- end }}
+
+{{/* Labels of the `helm test` objects: the release's, with another component, so that no
+selector of the controller's pods (Service, PodDisruptionBudget, NetworkPolicy) matches them. */}}
+{{- define "targetlease.testLabels" -}}
+helm.sh/chart: {{ include "targetlease.chart" . }}
+app.kubernetes.io/name: {{ include "targetlease.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: helm-test
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: targetlease
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The PromQL label matchers that pick this release's controllers out of everything Prometheus
+scrapes: prometheusRule.selector, else the release namespace and the metrics Service's name (the
+job label the Prometheus Operator gives a ServiceMonitor's targets). */}}
+{{- define "targetlease.metricsSelector" -}}
+{{- if .Values.prometheusRule.selector }}
+{{- .Values.prometheusRule.selector }}
+{{- else }}
+{{- printf "namespace=%q,job=%q" .Release.Namespace (printf "%s-metrics" (include "targetlease.fullname" .)) }}
+{{- end }}
+{{- end }}

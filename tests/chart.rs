@@ -1129,6 +1129,45 @@ fn alerts_and_dashboard_render_when_asked(tools: &Tools) {
     }
 }
 
+/// The alerts through Prometheus's own tools: `promtool check rules` parses every expression and
+/// annotation template, and `promtool test rules` runs tests/chart/alerts-test.yaml (series
+/// that must fire each alert, with its labels, and series that must not) against the rendered
+/// rules (without their annotations, whose texts the checks above cover).
+fn alerts_pass_promtool(tools: &Tools) {
+    let docs = tools.render_ok(&["--set", "prometheusRule.enabled=true"]);
+    let spec = object(&docs, "PrometheusRule", FULLNAME)["spec"].clone();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let promtool = |args: &[&str]| {
+        let out = std::process::Command::new(promtool())
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .expect("run promtool");
+        assert!(
+            out.status.success(),
+            "promtool {args:?}:\n{}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+        stdout(&out)
+    };
+    std::fs::write(dir.path().join("rules.json"), spec.to_string()).expect("write");
+    let checked = promtool(&["check", "rules", "rules.json"]);
+    assert!(checked.contains("SUCCESS: 5 rules found"), "{checked}");
+    let mut bare = spec;
+    for rule in bare["groups"][0]["rules"].as_array_mut().expect("rules") {
+        rule.as_object_mut().expect("rule").remove("annotations");
+    }
+    std::fs::write(dir.path().join("alerts.rules.json"), bare.to_string()).expect("write");
+    std::fs::copy(
+        repo().join("tests/chart/alerts-test.yaml"),
+        dir.path().join("alerts-test.yaml"),
+    )
+    .expect("copy the alert tests");
+    let tested = promtool(&["test", "rules", "alerts-test.yaml"]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
+}
+
 /// A test that needs the tools only.
 type StaticTest = (&'static str, fn(&Tools));
 
@@ -1157,6 +1196,7 @@ fn main() {
             "alerts_and_dashboard_render_when_asked",
             alerts_and_dashboard_render_when_asked,
         ),
+        ("alerts_pass_promtool", alerts_pass_promtool),
         ("chart_crd_matches_crds_dir", chart_crd_matches_crds_dir),
         ("chart_versions_match_the_crate", |_| {
             chart_versions_match_the_crate()

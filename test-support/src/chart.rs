@@ -118,6 +118,22 @@ pub fn election_rules(lease: &str) -> Value {
     ])
 }
 
+/// promtool, unpacked from Debian's prometheus package by `scripts/install-test-deps.sh` into
+/// `$TARGETLEASE_CACHE_DIR/promtool/bin` (default `~/.cache/targetlease`).
+pub fn promtool() -> PathBuf {
+    let cache = std::env::var_os("TARGETLEASE_CACHE_DIR").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/targetlease"),
+        PathBuf::from,
+    );
+    let promtool = cache.join("promtool/bin/promtool");
+    assert!(
+        promtool.exists(),
+        "{} is missing: run scripts/install-test-deps.sh",
+        promtool.display()
+    );
+    promtool
+}
+
 // ------------------------------------------------------------------------------------ tools --
 
 /// helm, kubectl and kstatus from the e2e build, with helm's folders in a temporary directory.

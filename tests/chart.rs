@@ -1168,6 +1168,36 @@ fn alerts_pass_promtool(tools: &Tools) {
     assert!(tested.contains("SUCCESS"), "{tested}");
 }
 
+/// Every panel query of the dashboard parses as PromQL (`promtool check rules` on each as a
+/// recording rule, Grafana's `$__rate_interval` given as 5m; `$job` is inside a regex string).
+fn dashboard_queries_parse() {
+    let file = std::fs::read_to_string(chart_dir().join("files/dashboard.json")).expect("file");
+    let dashboard: Value = serde_json::from_str(&file).expect("dashboard JSON");
+    let mut rules = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            let record = format!("dashboard:query_{}", rules.len());
+            rules.push(json!({"record": record, "expr": expr.replace("$__rate_interval", "5m")}));
+        }
+    }
+    assert!(rules.len() >= 10, "{} queries", rules.len());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("dashboard.rules.json");
+    let groups = json!({"groups": [{"name": "dashboard", "rules": rules}]});
+    std::fs::write(&path, groups.to_string()).expect("write");
+    let out = std::process::Command::new(promtool())
+        .args(["check", "rules", &path.display().to_string()])
+        .output()
+        .expect("run promtool");
+    assert!(
+        out.status.success(),
+        "promtool check rules (dashboard queries):\n{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
+
 /// A test that needs the tools only.
 type StaticTest = (&'static str, fn(&Tools));
 
@@ -1197,6 +1227,7 @@ fn main() {
             alerts_and_dashboard_render_when_asked,
         ),
         ("alerts_pass_promtool", alerts_pass_promtool),
+        ("dashboard_queries_parse", |_| dashboard_queries_parse()),
         ("chart_crd_matches_crds_dir", chart_crd_matches_crds_dir),
         ("chart_versions_match_the_crate", |_| {
             chart_versions_match_the_crate()

@@ -844,6 +844,12 @@ fn helm_test_passes() {
         "helm test passed with a Role that cannot create TargetLeases: {}",
         String::from_utf8_lossy(&refused.stdout)
     );
+    // Failed for the missing right (the failed pod is kept; the next helm test replaces it).
+    let log = w.cluster.kubectl_ok(&["logs", &name, "-n", SYSTEM_NS]);
+    assert!(
+        log.contains("forbidden") || log.contains("Forbidden"),
+        "the test pod failed, not for want of create:\n{log}"
+    );
 
     upgrade(&chart);
     let started = Instant::now();

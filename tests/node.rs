@@ -810,7 +810,7 @@ fn helm_test_passes() {
     // The control: the same chart with a Role that lacks `create`.
     let chart = repo().join("charts/targetlease");
     let broken = w.cluster.scratch().join("chart-without-create");
-    sh(
+    support::oci::sh(
         "cp",
         &[
             "-r",
@@ -824,7 +824,7 @@ fn helm_test_passes() {
     assert_eq!(text.matches(all).count(), 1, "the test Role's verbs");
     let without = text.replace(all, r#"verbs: ["get", "list", "watch", "patch", "delete"]"#);
     std::fs::write(&template, without).expect("write");
-    let upgrade = |chart: &Path| {
+    let upgrade = |chart: &std::path::Path| {
         let chart = chart.display().to_string();
         helm_ok(&[
             "upgrade",

@@ -358,7 +358,7 @@ impl Suite {
 
     /// Waits until the controller Deployment has rolled out and every pod runs `image`.
     fn controller_runs(&self, image: &str) {
-        let deployment = format!("deployment/{RELEASE}-targetlease-controller");
+        let deployment = format!("deployment/{RELEASE}-targetlease");
         self.cluster.kubectl_ok(&[
             "rollout",
             "status",
@@ -519,7 +519,7 @@ fn upgrade_and_rollback_keep_leases_held() {
             format!("held-{i:02}")
         };
         yaml.push_str(&format!(
-            "---\napiVersion: targetlease.dev/v1alpha1\nkind: TargetLease\nmetadata:\n  name: {name}\n  namespace: {APP_NS}\nspec:\n  target: upgrade/{name}\n  holder: upgrade-suite\n  ttlSeconds: 15\n"
+            "---\napiVersion: targetlease.dev/v1alpha1\nkind: TargetLease\nmetadata:\n  name: {name}\n  namespace: {APP_NS}\nspec:\n  target: upgrade/{name}\n  holder: upgrade-suite\n  ttlSeconds: 30\n"
         ));
     }
     let out = cluster.kubectl_with_input(&["apply", "-f", "-"], Some(&yaml));
@@ -631,7 +631,7 @@ fn upgrade_and_rollback_keep_leases_held() {
     cluster.kubectl_ok(&[
         "rollout",
         "restart",
-        &format!("deployment/{RELEASE}-targetlease-controller"),
+        &format!("deployment/{RELEASE}-targetlease"),
         "-n",
         SYSTEM_NS,
     ]);
@@ -728,12 +728,25 @@ fn wait_all_held(suite: &Suite) -> HashMap<String, u64> {
         if held.len() == LEASES + 1 {
             return held;
         }
-        assert!(
-            started.elapsed() < 90 * SEC,
-            "only {} of {} declared leases Held",
-            held.len(),
-            LEASES + 1
-        );
+        if started.elapsed() > 90 * SEC {
+            let logs = suite.cluster.kubectl(&[
+                "logs",
+                "-n",
+                SYSTEM_NS,
+                "-l",
+                "app.kubernetes.io/component=controller",
+                "--tail=20",
+                "--prefix",
+            ]);
+            panic!(
+                "only {} of {} declared leases Held; one of them: {}\ncontroller logs:\n{}{}",
+                held.len(),
+                LEASES + 1,
+                list["items"][0],
+                String::from_utf8_lossy(&logs.stdout),
+                String::from_utf8_lossy(&logs.stderr)
+            );
+        }
         std::thread::sleep(SEC);
     }
 }
@@ -779,7 +792,7 @@ spec:
         )
     };
     let run = format!(
-        "while true; do targetlease run --target {RUN_TARGET} --ttl 15s --wait-timeout 120s -- /app/critical; sleep 1; done"
+        "while true; do targetlease run --target {RUN_TARGET} --ttl 30s --wait-timeout 120s -- /app/critical; sleep 1; done"
     );
     let wait = "while true; do t=$(targetlease wait waited --timeout 60s) && echo \"waited $t\"; sleep 2; done";
     deployment("upgrade-run", 2, &run) + &deployment("upgrade-wait", 1, wait)

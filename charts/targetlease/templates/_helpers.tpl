@@ -147,7 +147,7 @@ app.kubernetes.io/part-of: targetlease
 scrapes: prometheusRule.selector, else the release namespace and the metrics Service's name (the
 job label the Prometheus Operator gives a ServiceMonitor's targets). */}}
 {{- define "targetlease.metricsSelector" -}}
-{{- if .Values.prometheusRule.selector }}
+{{- if (.Values.prometheusRule | default dict).selector }}
 {{- .Values.prometheusRule.selector }}
 {{- else }}
 {{- printf "namespace=%q,job=%q" .Release.Namespace (printf "%s-metrics" (include "targetlease.fullname" .)) }}

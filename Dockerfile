@@ -34,7 +34,8 @@ ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 LABEL org.opencontainers.image.title="targetlease" \
       org.opencontainers.image.description="Kubernetes operator: fenced leases on Valkey" \
       org.opencontainers.image.version="0.2.0" \
-      org.opencontainers.image.source="https://github.com/targetlease/targetlease"
+      org.opencontainers.image.source="https://github.com/targetlease/targetlease" \
+      org.opencontainers.image.licenses="Apache-2.0"
 EXPOSE 8080
 ENTRYPOINT ["/targetlease"]
 CMD ["controller"]

@@ -10,7 +10,7 @@
 
 FROM docker.io/library/rust:1.95-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY lua ./lua
 COPY crds ./crds

@@ -2,6 +2,7 @@
 //! the Kubernetes API.
 
 pub mod api;
+pub mod build_info;
 pub mod cli;
 pub mod controller;
 pub mod redact;

@@ -19,7 +19,7 @@ use crate::telemetry::{self, LogFormat};
 
 /// Exclusive, fenced leases on named targets, kept in Valkey and driven through Kubernetes.
 #[derive(Debug, Parser)]
-#[command(name = "targetlease", version, about)]
+#[command(name = "targetlease", version = crate::build_info::LONG_VERSION, about)]
 pub struct Cli {
     /// Log line format (logs go to stderr).
     #[arg(

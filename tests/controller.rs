@@ -142,6 +142,13 @@ async fn handover_on_delete(s: Scenario) {
     let controller = s.controller.as_ref().expect("controller");
     let (code, metrics) = http_get(&controller.http, "/metrics").expect("metrics endpoint");
     assert_eq!(code, 200);
+    // The binary that runs names what it was built from.
+    let build_info_series = format!(
+        "targetlease_build_info{{version=\"{}\",commit=\"{}\",build_date=\"{}\"}} 1",
+        targetlease::build_info::VERSION,
+        targetlease::build_info::COMMIT,
+        targetlease::build_info::BUILD_DATE
+    );
     for needle in [
         "targetlease_handovers_total 1",
         "targetlease_transitions_total{phase=\"Held\"} 2",
@@ -149,6 +156,7 @@ async fn handover_on_delete(s: Scenario) {
         "targetlease_store_call_seconds_count{op=\"acquire\"}",
         "targetlease_leases{phase=\"Held\"} 1",
         "targetlease_reconciles_total{result=\"ok\"}",
+        &build_info_series,
     ] {
         assert!(
             metrics.contains(needle),

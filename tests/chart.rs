@@ -1201,6 +1201,89 @@ fn dashboard_queries_parse() {
 /// A test that needs the tools only.
 type StaticTest = (&'static str, fn(&Tools));
 
+/// Artifact Hub's annotations: the license is the crate's, the image is the controller's at
+/// appVersion, the CRD and its example are the committed CRD's kind at a version it serves (the
+/// example deserializes as a TargetLease), and the changes are CHANGELOG.md's section of this
+/// version.
+fn artifact_hub_annotations() {
+    let chart: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml"),
+    )
+    .expect("parse Chart.yaml");
+    let annotations = &chart["annotations"];
+    let listed = |key: &str| -> Vec<Value> {
+        let text = annotations[key]
+            .as_str()
+            .unwrap_or_else(|| panic!("Chart.yaml lacks the annotation {key}"));
+        serde_yaml::from_str(text).unwrap_or_else(|e| panic!("{key} is no YAML list: {e}"))
+    };
+    assert_eq!(
+        annotations["artifacthub.io/license"],
+        env!("CARGO_PKG_LICENSE")
+    );
+    let app_version = chart["appVersion"].as_str().expect("appVersion");
+    let images = listed("artifacthub.io/images");
+    assert_eq!(images.len(), 1, "{images:?}");
+    assert_eq!(
+        images[0]["image"],
+        format!("ghcr.io/targetlease/targetlease:{app_version}")
+    );
+
+    let crd: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo().join("crds/targetlease.dev_targetleases.yaml"))
+            .expect("the CRD"),
+    )
+    .expect("parse the CRD");
+    let kind = crd["spec"]["names"]["kind"].as_str().expect("kind");
+    let group = crd["spec"]["group"].as_str().expect("group");
+    let served: Vec<&str> = crd["spec"]["versions"]
+        .as_array()
+        .expect("versions")
+        .iter()
+        .filter(|v| v["served"] == json!(true))
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    let crds = listed("artifacthub.io/crds");
+    assert_eq!(crds.len(), 1, "{crds:?}");
+    assert_eq!(crds[0]["kind"], kind);
+    assert_eq!(crds[0]["name"], crd["metadata"]["name"]);
+    let version = crds[0]["version"].as_str().expect("version");
+    assert!(
+        served.contains(&version),
+        "{version} is not served: {served:?}"
+    );
+    for key in ["displayName", "description"] {
+        assert!(crds[0][key].is_string(), "artifacthub.io/crds lacks {key}");
+    }
+    let examples = listed("artifacthub.io/crdsExamples");
+    assert!(!examples.is_empty());
+    for example in examples {
+        assert_eq!(example["kind"], kind);
+        let api_version = example["apiVersion"].as_str().expect("apiVersion");
+        assert_eq!(api_version, format!("{group}/{version}"));
+        serde_json::from_value::<targetlease::api::TargetLease>(example.clone())
+            .unwrap_or_else(|e| panic!("the example is no TargetLease: {e}\n{example}"));
+    }
+
+    let section = support::release::changelog_section(env!("CARGO_PKG_VERSION"));
+    let expected: Vec<Value> = support::release::changelog_changes(&section)
+        .into_iter()
+        .map(|(kind, description)| json!({"kind": kind, "description": description}))
+        .collect();
+    assert!(!expected.is_empty(), "the CHANGELOG section lists nothing");
+    assert_eq!(
+        listed("artifacthub.io/changes"),
+        expected,
+        "artifacthub.io/changes is not CHANGELOG.md's section of this version"
+    );
+    let links = listed("artifacthub.io/links");
+    assert!(
+        links.iter().all(|l| l["name"].is_string()
+            && l["url"].as_str().is_some_and(|u| u.starts_with("https://"))),
+        "{links:?}"
+    );
+}
+
 fn main() {
     let tools = Arc::new(Tools::load());
     let tests: Vec<StaticTest> = vec![
@@ -1232,6 +1315,7 @@ fn main() {
         ("chart_versions_match_the_crate", |_| {
             chart_versions_match_the_crate()
         }),
+        ("artifact_hub_annotations", |_| artifact_hub_annotations()),
         ("argocd_health_of_sample_statuses", |_| {
             argocd_health_of_sample_statuses()
         }),

@@ -10,6 +10,7 @@ pub mod contract_cases;
 pub mod kube;
 pub mod oci;
 pub mod proxy;
+pub mod release;
 pub mod scenario;
 pub mod sentinel;
 pub mod server;

@@ -88,16 +88,16 @@ impl Checkout {
     fn watch_head(&self) {
         let mut watched = Vec::new();
         watched.extend(self.git_path("HEAD"));
-        if let Some(branch) = self.git(&["symbolic-ref", "-q", "HEAD"]) {
-            if let Some(loose) = self.git_path(&branch) {
-                // A packed branch has no file of its own until its next commit writes one: the
-                // folder it will appear in is watched instead (a missing file would rerun
-                // every build).
-                if loose.exists() {
-                    watched.push(loose);
-                } else if let Some(folder) = loose.parent() {
-                    watched.push(folder.to_owned());
-                }
+        if let Some(branch) = self.git(&["symbolic-ref", "-q", "HEAD"])
+            && let Some(loose) = self.git_path(&branch)
+        {
+            // A packed branch has no file of its own until its next commit writes one: the
+            // folder it will appear in is watched instead (a missing file would rerun every
+            // build).
+            if loose.exists() {
+                watched.push(loose);
+            } else if let Some(folder) = loose.parent() {
+                watched.push(folder.to_owned());
             }
         }
         watched.extend(self.git_path("packed-refs").filter(|p| p.exists()));

@@ -189,6 +189,16 @@ fn dockerfile_build_context_is_complete() {
         }
     }
     assert!(copied >= 5, "the build stage copies {copied} sources");
+    // `cargo fetch` accepts a manifest whose build script is missing; the build then fails.
+    let manifest = std::fs::read_to_string(repo().join("Cargo.toml")).expect("Cargo.toml");
+    let script = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("build = \"")?.strip_suffix('"'))
+        .expect("Cargo.toml names its build script");
+    assert!(
+        context.path().join(script).is_file(),
+        "the build context lacks {script}, Cargo.toml's build script"
+    );
     // `cargo fetch` loads the manifest as a build does (every declared target must exist;
     // `cargo metadata` does not check that) and resolves the locked dependencies offline.
     let out = Command::new("cargo")

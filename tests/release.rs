@@ -42,10 +42,13 @@ impl Kit {
     }
 }
 
-/// Runs `scripts/release.sh ARGS` in `checkout`.
-fn release_sh(checkout: &Path, args: &[&str]) -> Output {
-    let mut command = Command::new("bash");
+/// Runs `scripts/release.sh ARGS` in `checkout`, stopped (with everything it started) after
+/// `limit` seconds.
+fn release_sh(checkout: &Path, args: &[&str], limit: u32) -> Output {
+    let mut command = Command::new("timeout");
     command
+        .arg(format!("{limit}s"))
+        .arg("bash")
         .arg(checkout.join("scripts/release.sh"))
         .args(args)
         .current_dir(checkout);
@@ -80,7 +83,8 @@ fn kit() -> &'static Kit {
             args.push("--allow-dirty");
         }
         let started = Instant::now();
-        let output = release_sh(&repo(), &args);
+        // A cold cache builds the release binary: minutes on 2 cores.
+        let output = release_sh(&repo(), &args, 3600);
         assert!(
             output.status.success(),
             "scripts/release.sh failed ({}):\n{}",
@@ -484,17 +488,12 @@ fn refused(checkout: &Path, args: &[&str], because: &str) {
     let mut args = args.to_vec();
     let out = out_dir.display().to_string();
     args.extend(["--out", out.as_str()]);
-    let started = Instant::now();
-    let output = release_sh(checkout, &args);
+    // A refusal comes before any build: a script still running after 30 s is stopped.
+    let output = release_sh(checkout, &args, 30);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "release.sh {args:?} succeeded");
     assert!(stderr.contains(because), "no '{because}' in:\n{stderr}");
     assert!(!out_dir.exists(), "a refused release wrote {out}");
-    assert!(
-        started.elapsed().as_secs() < 20,
-        "the refusal came after {:?}: it built first",
-        started.elapsed()
-    );
 }
 
 fn refuses_dirty_trees_other_versions_and_no_notes() {

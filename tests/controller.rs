@@ -101,6 +101,31 @@ async fn handover_on_delete(s: Scenario) {
     .boxed();
     // Drain the initial state so the clock starts at the delete.
     let _ = tokio::time::timeout(SEC, stream.next()).await;
+    // Every write to both, in the API server's order: the deleted holder must leave Held before
+    // the waiter shows Held (it is released in the store before its finalizer goes, and a
+    // status still saying Held then would stand beside the new holder's).
+    let both = tokio::spawn({
+        let mut writes = watcher(s.api(), watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        async move {
+            let mut latest: BTreeMap<String, Option<Phase>> = BTreeMap::new();
+            while let Ok(Some(Ok(lease))) = tokio::time::timeout(10 * SEC, writes.next()).await {
+                latest.insert(lease.name_any(), phase_of(&lease));
+                let held = |name: &str| latest.get(name) == Some(&Some(Phase::Held));
+                if held("waiter") {
+                    return if held("holder") {
+                        Err("the waiter showed Held while the deleted holder still did".to_string())
+                    } else {
+                        Ok(())
+                    };
+                }
+            }
+            Err("the waiter never showed Held".to_string())
+        }
+    });
+    // Let the second watch start before the delete.
+    tokio::time::sleep(SEC / 2).await;
     let start = Instant::now();
     s.delete("holder").await;
     let taken = loop {
@@ -117,6 +142,9 @@ async fn handover_on_delete(s: Scenario) {
     eprintln!("hand-over took {took:?}");
     assert!(took < SEC, "hand-over took {took:?}");
     assert!(token_of(&taken) > token_of(&held));
+    both.await
+        .expect("watch task")
+        .unwrap_or_else(|e| panic!("{e}"));
     s.wait_gone("holder", 10 * SEC).await;
     // Events at transitions.
     let events = s.cluster.kubectl_ok(&[

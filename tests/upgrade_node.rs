@@ -29,6 +29,8 @@ use serde_json::Value;
 use support::kube::{Cluster, repo};
 use support::oci::{build_controller_image, sh};
 use support::server::{Server, ServerKind};
+use targetlease::store::TargetRef;
+use targetlease::store::valkey::keys::TargetKeys;
 
 const SYSTEM_NS: &str = "targetlease-system";
 const APP_NS: &str = "shop";
@@ -202,6 +204,14 @@ fn previous_release() -> Previous {
     previous
 }
 
+/// The longest the sampler may go without a successful read: a read that fails through a whole
+/// upgrade would otherwise check nothing.
+const MAX_READ_GAP: Duration = Duration::from_secs(10);
+/// How long a TargetLease being deleted may still show Held: a stuck finalizer fails the suite.
+/// Longer than a leader hand-over (the previous release keeps a deleted claim's Held status
+/// until its finalizer goes, and a deletion during a rollout waits for the next leader).
+const HELD_WHILE_DELETING: Duration = Duration::from_secs(60);
+
 /// What the sampler saw that breaks a guarantee, and what it saw at all.
 #[derive(Default)]
 struct Seen {
@@ -211,19 +221,29 @@ struct Seen {
     /// Target -> the largest token seen on it.
     max_token: HashMap<String, u64>,
     samples: usize,
-    /// Failed reads (the API server restarting a watch cache, ...): not violations.
+    /// Failed reads (the API server restarting a watch cache, ...): bounded by MAX_READ_GAP.
     failed_reads: usize,
+    last_read: Option<Instant>,
+    /// TargetLease being deleted -> when it was first seen still Held.
+    held_while_deleting: HashMap<String, Instant>,
+    /// Phase -> when it began (for the workloads' progress per phase).
+    phases: Vec<(String, Timestamp)>,
 }
 
 impl Seen {
     fn check(&mut self, list: &Value, phase: &str) {
+        let now = Instant::now();
+        self.read_gap(now, phase);
+        self.last_read = Some(now);
         self.samples += 1;
         let mut held_by_target: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut missing: Vec<&String> = self.declared.keys().collect();
         for item in list["items"].as_array().into_iter().flatten() {
             let name = item["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()
                 .to_owned();
+            missing.retain(|m| **m != name);
             let target = item["spec"]["target"]
                 .as_str()
                 .unwrap_or_default()
@@ -238,6 +258,17 @@ impl Seen {
                     "{phase}: declared lease {name} was Held with token {want}, now {} {:?}",
                     status["phase"], token
                 ));
+            }
+            if held && !item["metadata"]["deletionTimestamp"].is_null() {
+                // Released in the store already; checked for how long it still says Held.
+                let since = *self.held_while_deleting.entry(name.clone()).or_insert(now);
+                if now.duration_since(since) > HELD_WHILE_DELETING {
+                    self.violations.push(format!(
+                        "{phase}: {name} is being deleted and still Held after {:?}",
+                        now.duration_since(since)
+                    ));
+                }
+                continue;
             }
             if held {
                 held_by_target
@@ -256,11 +287,28 @@ impl Seen {
                 }
             }
         }
+        let missing: Vec<String> = missing.into_iter().cloned().collect();
+        if !missing.is_empty() {
+            self.violations
+                .push(format!("{phase}: declared leases gone: {missing:?}"));
+        }
         for (target, names) in held_by_target {
             if names.len() > 1 {
                 self.violations
                     .push(format!("{phase}: two Held on {target}: {names:?}"));
             }
+        }
+    }
+
+    /// A violation when the last successful read is longer ago than [`MAX_READ_GAP`].
+    fn read_gap(&mut self, now: Instant, phase: &str) {
+        if let Some(last) = self.last_read
+            && now.duration_since(last) > MAX_READ_GAP
+        {
+            self.violations.push(format!(
+                "{phase}: no successful read of the TargetLeases for {:?}",
+                now.duration_since(last)
+            ));
         }
     }
 }
@@ -317,6 +365,11 @@ impl Sampler {
     fn phase(&self, name: &str) {
         eprintln!("upgrade suite: phase {name}");
         *self.phase.lock().unwrap_or_else(|e| e.into_inner()) = name.to_owned();
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .phases
+            .push((name.to_owned(), Timestamp::now()));
     }
 
     /// Samples taken so far.
@@ -329,7 +382,9 @@ impl Sampler {
         if let Some(thread) = self.thread.take() {
             thread.join().expect("sampler thread");
         }
-        std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()))
+        let mut seen = std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()));
+        seen.read_gap(Instant::now(), "the end");
+        seen
     }
 }
 
@@ -569,6 +624,18 @@ fn upgrade_and_rollback_keep_leases_held() {
         ["v1alpha1", "v1beta1"],
         "the CRD upgraded by the chart"
     );
+    // A claim written through v1beta1 (by a user and by this release's controller): after the
+    // rollback, the previous release must still be able to write its status.
+    let late = format!(
+        "apiVersion: targetlease.dev/v1beta1\nkind: TargetLease\nmetadata:\n  name: late\n  namespace: {APP_NS}\nspec:\n  target: upgrade/late\n  holder: upgrade-suite\n  ttlSeconds: 30\n"
+    );
+    let out = cluster.kubectl_with_input(&["apply", "--server-side", "-f", "-"], Some(&late));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    phase_within(&suite, "late", "Held", 60 * SEC);
     soak(&sampler, 12 * SEC);
 
     sampler.phase("helm rollback to the previous release");
@@ -587,6 +654,28 @@ fn upgrade_and_rollback_keep_leases_held() {
         ["v1alpha1"],
         "the CRD rolled back by the chart"
     );
+    // The API server refuses server-side apply (the previous release's status writes) on
+    // objects with field-manager entries of a version it no longer serves, until this
+    // release's migrate-storage moves them (docs/install.md "Upgrading").
+    let repaired = migrate_storage(cluster);
+    assert!(
+        repaired.contains("moved the field managers of"),
+        "{repaired}"
+    );
+    let out = cluster.kubectl_with_input(
+        &["apply", "--server-side", "-f", "-"],
+        Some(
+            &late
+                .replace("targetlease.dev/v1beta1", "targetlease.dev/v1alpha1")
+                .replace("ttlSeconds: 30\n", "ttlSeconds: 30\n  release: true\n"),
+        ),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    phase_within(&suite, "late", "Released", 60 * SEC);
     // This release's binaries, against the previous release's CRD: they stop at once, saying
     // why, instead of waiting on a version that is not served.
     for args in [
@@ -640,17 +729,7 @@ fn upgrade_and_rollback_keep_leases_held() {
 
     sampler.phase("storage version move");
     upgrade(&["--set", "crds.storageVersion=v1beta1"]);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
-        .arg("migrate-storage")
-        .envs(cluster.envs())
-        .output()
-        .expect("run migrate-storage");
-    let said = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "migrate-storage: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let said = migrate_storage(cluster);
     assert!(said.contains("as v1beta1"), "{said}");
     let crd = suite.json(&["get", "crd", targetlease::api::CRD_NAME]);
     assert_eq!(
@@ -674,12 +753,45 @@ fn upgrade_and_rollback_keep_leases_held() {
         "a rollback past the storage move succeeded"
     );
     assert!(message.contains("storedVersions"), "{message}");
+    // Helm updates the release's other objects even when the CRD is refused: say what runs.
+    let after = suite.json(&[
+        "get",
+        "deployment",
+        &format!("{RELEASE}-targetlease"),
+        "-n",
+        SYSTEM_NS,
+    ]);
+    eprintln!(
+        "upgrade suite: after the refused rollback the Deployment asks for {}",
+        after["spec"]["template"]["spec"]["containers"][0]["image"]
+    );
     // Whatever the refused rollback left, this release again, and the leases are still there.
     upgrade(&["--set", "crds.storageVersion=v1beta1"]);
     suite.controller_runs(&suite.current_image);
-    soak(&sampler, 8 * SEC);
+    // Longer than a TTL: a controller that stopped renewing would let leases expire in the
+    // store while their statuses still say Held.
+    sampler.phase("held past a TTL");
+    soak(&sampler, 40 * SEC);
 
     let seen = sampler.finish();
+    // Every declared lease is still held in the store, by the token its status shows.
+    for (name, token) in &declared {
+        let keys = TargetKeys::new(
+            "tl",
+            &TargetRef::new(APP_NS, &format!("upgrade/{name}")).expect("target"),
+        );
+        let ttl = valkey.raw(&["PTTL", &keys.lease()]);
+        let ms: i64 = ttl.trim().trim_start_matches(':').parse().unwrap_or(-3);
+        assert!(
+            ms > 0,
+            "{name}: its lease has no time left in Valkey ({ttl:?})"
+        );
+        let fence = valkey.raw(&["GET", &keys.fence()]);
+        assert!(
+            fence.contains(&token.to_string()),
+            "{name}: Valkey's fence {fence:?} is not its token {token}"
+        );
+    }
     eprintln!(
         "upgrade suite: {} samples ({} failed reads) in {:?}",
         seen.samples,
@@ -697,7 +809,7 @@ fn upgrade_and_rollback_keep_leases_held() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    check_run_commands(&suite);
+    check_run_commands(&suite, &seen.phases);
     check_wait_workload(&suite, declared["waited"]);
     let table = cluster.kubectl_ok(&["get", "tl", "-n", APP_NS]);
     assert!(
@@ -706,6 +818,46 @@ fn upgrade_and_rollback_keep_leases_held() {
     );
     support::suite::measured("upgrade suite", started.elapsed());
     drop(valkey);
+}
+
+/// `targetlease migrate-storage` of this release; what it printed.
+fn migrate_storage(cluster: &Cluster) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        .arg("migrate-storage")
+        .envs(cluster.envs())
+        .output()
+        .expect("run migrate-storage");
+    assert!(
+        out.status.success(),
+        "migrate-storage: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("upgrade suite: migrate-storage: {}", said.trim());
+    said
+}
+
+/// Waits until TargetLease `name` shows `phase`.
+fn phase_within(suite: &Suite, name: &str, phase: &str, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        let lease = suite.json(&[
+            "get",
+            "targetleases.v1alpha1.targetlease.dev",
+            name,
+            "-n",
+            APP_NS,
+        ]);
+        if lease["status"]["phase"] == phase {
+            return;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{name} is not {phase} within {limit:?}: {}",
+            lease["status"]
+        );
+        std::thread::sleep(SEC);
+    }
 }
 
 /// Waits until every declared lease is Held; name -> token.
@@ -822,7 +974,7 @@ fn timestamped_logs(suite: &Suite, app: &str) -> Vec<(Timestamp, String)> {
 }
 
 /// No two `run` commands overlapped, their tokens grew, and enough of them ran.
-fn check_run_commands(suite: &Suite) {
+fn check_run_commands(suite: &Suite, phases: &[(String, Timestamp)]) {
     let mut lines = timestamped_logs(suite, "upgrade-run");
     lines.sort();
     let mut sections: Vec<(Timestamp, Option<Timestamp>, u64)> = Vec::new();
@@ -859,6 +1011,15 @@ fn check_run_commands(suite: &Suite) {
              started at {start}"
         );
         assert!(next > token, "token {next} started after token {token}");
+    }
+    // Work went on in every phase: a command started in each.
+    for (i, (phase, began)) in phases.iter().enumerate() {
+        let ended = phases.get(i + 1).map(|(_, t)| *t);
+        let started = sections
+            .iter()
+            .filter(|(at, _, _)| at >= began && ended.is_none_or(|end| *at < end))
+            .count();
+        assert!(started > 0, "no run command started during {phase}");
     }
     eprintln!(
         "upgrade suite: {} run commands, none overlapping",

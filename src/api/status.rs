@@ -26,6 +26,18 @@ pub enum Phase {
     Failed,
 }
 
+impl Phase {
+    /// Every phase, in the order a TargetLease usually passes through them.
+    pub const ALL: [Phase; 6] = [
+        Phase::Pending,
+        Phase::Waiting,
+        Phase::Held,
+        Phase::Released,
+        Phase::Lost,
+        Phase::Failed,
+    ];
+}
+
 /// Why a condition is what it is: the `reason` of every condition and Event the controller
 /// writes, one CamelCase word a program can match on (docs/troubleshooting.md lists them all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -34,6 +34,9 @@ pub struct Migration {
     pub stored_before: Vec<String>,
     /// TargetLeases rewritten (0 when nothing needed it).
     pub rewritten: usize,
+    /// TargetLeases whose field-manager entries named a version the CRD no longer serves,
+    /// moved to the storage version.
+    pub repaired: usize,
 }
 
 /// Why a migration stopped. Nothing it did is undone by stopping: objects rewritten stay valid
@@ -95,7 +98,9 @@ pub fn storage_version_hash(group: &str, version: &str, kind: &str) -> String {
 }
 
 /// Rewrites every TargetLease in the CRD's storage version and records it as the only stored
-/// version. Safe to run again, and at any time: with one stored version it returns at once.
+/// version; then moves field-manager entries of versions the CRD no longer serves to the storage
+/// version. Safe to run again, and at any time: with one stored version and no such entry it
+/// writes nothing.
 pub async fn migrate(client: &Client) -> Result<Migration, MigrationError> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = crds
@@ -109,31 +114,53 @@ pub async fn migrate(client: &Client) -> Result<Migration, MigrationError> {
         .find(|v| v.storage)
         .map(|v| v.name.clone())
         .ok_or_else(|| MigrationError::Crd("no version is marked for storage".into()))?;
+    let served: Vec<String> = crd
+        .spec
+        .versions
+        .iter()
+        .filter(|v| v.served)
+        .map(|v| format!("{GROUP}/{}", v.name))
+        .collect();
     let stored_before = crd
         .status
         .as_ref()
         .and_then(|s| s.stored_versions.clone())
         .unwrap_or_default();
-    if stored_before == [storage.clone()] {
-        return Ok(Migration {
-            storage,
-            stored_before,
-            rewritten: 0,
-        });
+    // Read and written in the storage version: always served, also after a rollback to a
+    // release that does not serve the version this code speaks.
+    let resource = ApiResource {
+        api_version: format!("{GROUP}/{storage}"),
+        version: storage.clone(),
+        ..ApiResource::erase::<TargetLease>(&())
+    };
+    let mut rewritten = 0;
+    if stored_before != [storage.clone()] {
+        wait_for_storage_switch(client, &storage).await?;
+        for object in list_all(client, &resource).await? {
+            if rewrite(client, &resource, object).await? {
+                rewritten += 1;
+            }
+        }
+        let record = serde_json::json!({ "status": { "storedVersions": [storage] } });
+        crds.patch_status(CRD_NAME, &PatchParams::default(), &Patch::Merge(&record))
+            .await
+            .map_err(MigrationError::api(format!(
+                "cannot record {storage} as the only stored version in the CRD's status \
+                 (every TargetLease was rewritten; run again)"
+            )))?;
     }
-    wait_for_storage_switch(client, &storage).await?;
-    let rewritten = rewrite_all(client).await?;
-    let record = serde_json::json!({ "status": { "storedVersions": [storage] } });
-    crds.patch_status(CRD_NAME, &PatchParams::default(), &Patch::Merge(&record))
-        .await
-        .map_err(MigrationError::api(format!(
-            "cannot record {storage} as the only stored version in the CRD's status \
-             (every TargetLease was rewritten; run again)"
-        )))?;
+    let mut repaired = 0;
+    let to = format!("{GROUP}/{storage}");
+    for object in list_all(client, &resource).await? {
+        if repair_managers(client, &resource, object, &served, &to).await? {
+            repaired += 1;
+        }
+    }
     Ok(Migration {
         storage,
         stored_before,
         rewritten,
+        repaired,
     })
 }
 
@@ -174,28 +201,102 @@ async fn wait_for_storage_switch(client: &Client, storage: &str) -> Result<(), M
     }
 }
 
-/// Rewrites every TargetLease in every namespace, unchanged; returns how many.
-async fn rewrite_all(client: &Client) -> Result<usize, MigrationError> {
+/// Every TargetLease in every namespace. Read whole before anything is written, so that the
+/// listing is short; one that outlives etcd's compaction anyway (410) is started again.
+async fn list_all(
+    client: &Client,
+    resource: &ApiResource,
+) -> Result<Vec<DynamicObject>, MigrationError> {
     // Dynamic objects, so that a field this release does not know is written back as it was.
-    let resource = ApiResource::erase::<TargetLease>(&());
-    let all: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    let mut rewritten = 0;
+    let all: Api<DynamicObject> = Api::all_with(client.clone(), resource);
+    let mut objects = Vec::new();
     let mut params = ListParams::default().limit(PAGE);
     loop {
-        let page = all
-            .list(&params)
-            .await
-            .map_err(MigrationError::api("cannot list TargetLeases"))?;
-        for object in page.items {
-            if rewrite(client, &resource, object).await? {
-                rewritten += 1;
+        let page = match all.list(&params).await {
+            Ok(page) => page,
+            Err(kube::Error::Api(status))
+                if status.code == 410 && params.continue_token.is_some() =>
+            {
+                objects.clear();
+                params = ListParams::default().limit(PAGE);
+                continue;
             }
-        }
+            Err(e) => return Err(MigrationError::api("cannot list TargetLeases")(e)),
+        };
+        objects.extend(page.items);
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(rewritten),
+            _ => return Ok(objects),
         }
     }
+}
+
+/// Moves `object`'s field-manager entries (`metadata.managedFields`) that name a version not in
+/// `served` to version `to` (every version has the same schema, so their field sets stay
+/// valid). The API server cannot convert such an entry, and refuses every server-side apply to
+/// the object until it is gone: after a rollback to a release that does not serve a version,
+/// every object written through it. False when nothing needed it.
+async fn repair_managers(
+    client: &Client,
+    resource: &ApiResource,
+    mut object: DynamicObject,
+    served: &[String],
+    to: &str,
+) -> Result<bool, MigrationError> {
+    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+    let name = object.metadata.name.clone().unwrap_or_default();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, resource);
+    for _ in 0..CONFLICT_ATTEMPTS {
+        let mut entries = object.metadata.managed_fields.clone().unwrap_or_default();
+        let mut changed = false;
+        for entry in &mut entries {
+            if entry
+                .api_version
+                .as_ref()
+                .is_some_and(|v| !served.contains(v))
+            {
+                entry.api_version = Some(to.to_string());
+                changed = true;
+            }
+        }
+        if !changed {
+            return Ok(false);
+        }
+        // The resourceVersion makes the patch conditional: an entry added meanwhile is kept.
+        let patch = serde_json::json!({
+            "metadata": {
+                "resourceVersion": object.metadata.resource_version,
+                "managedFields": entries,
+            }
+        });
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                match api
+                    .get_opt(&name)
+                    .await
+                    .map_err(MigrationError::api(format!(
+                        "cannot read TargetLease {namespace}/{name} again"
+                    )))? {
+                    Some(fresh) => object = fresh,
+                    None => return Ok(false),
+                }
+            }
+            Err(source) => {
+                return Err(MigrationError::Api {
+                    action: format!(
+                        "cannot move the field managers of TargetLease {namespace}/{name} to {to}"
+                    ),
+                    source,
+                });
+            }
+        }
+    }
+    Err(MigrationError::KeptChanging { namespace, name })
 }
 
 /// Writes `object` back unchanged (the API server re-encodes it in the storage version); on a

@@ -113,21 +113,30 @@ async fn migrate_storage() -> ExitCode {
         }
     };
     match crate::api::storage::migrate(&client).await {
-        Ok(done) if done.rewritten == 0 && done.stored_before == [done.storage.clone()] => {
-            println!(
-                "every TargetLease is stored as {}: nothing to do",
-                done.storage
-            );
-            ExitCode::SUCCESS
-        }
         Ok(done) => {
-            println!(
-                "rewrote {} TargetLeases as {}; stored versions were [{}], now [{}]",
-                done.rewritten,
-                done.storage,
-                done.stored_before.join(", "),
-                done.storage
-            );
+            let migrated = done.stored_before != [done.storage.clone()];
+            if migrated {
+                println!(
+                    "rewrote {} TargetLeases as {}; stored versions were [{}], now [{}]",
+                    done.rewritten,
+                    done.storage,
+                    done.stored_before.join(", "),
+                    done.storage
+                );
+            }
+            if done.repaired > 0 {
+                println!(
+                    "moved the field managers of {} TargetLeases from a version no longer served \
+                     to {}",
+                    done.repaired, done.storage
+                );
+            }
+            if !migrated && done.repaired == 0 {
+                println!(
+                    "every TargetLease is stored as {}: nothing to do",
+                    done.storage
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -159,24 +168,36 @@ pub async fn lease_client(namespace: Option<String>) -> Result<(kube::Client, St
 /// Checks that the API server serves the TargetLease version this binary speaks; the error says
 /// to upgrade the chart (or the CRD) first.
 pub async fn ensure_served(client: &kube::Client) -> Result<(), String> {
+    use kube::Resource as _;
     let group_version = format!("{}/{}", crate::api::GROUP, crate::api::VERSION);
-    let served = match client.list_api_group_resources(&group_version).await {
-        Ok(list) => list.resources.iter().any(|r| r.name == "targetleases"),
-        Err(kube::Error::Api(status)) if status.code == 404 => false,
-        // Anything else (unreachable, forbidden) surfaces at the first real call.
-        Err(_) => true,
-    };
-    if served {
-        Ok(())
-    } else {
-        Err(format!(
-            "the API server does not serve {group_version} TargetLeases: install or upgrade the \
+    let plural = crate::api::TargetLease::plural(&());
+    // A CRD that was just updated is served a moment later: asked again for a few seconds.
+    let deadline = tokio::time::Instant::now() + ENSURE_SERVED_PATIENCE;
+    loop {
+        let served = match client.list_api_group_resources(&group_version).await {
+            Ok(list) => list.resources.iter().any(|r| r.name == plural),
+            Err(kube::Error::Api(status)) if status.code == 404 => false,
+            // Anything else (unreachable, forbidden) surfaces at the first real call.
+            Err(_) => true,
+        };
+        if served {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(format!(
+        "the API server does not serve {group_version} TargetLeases: install or upgrade the \
              targetlease chart (it serves {group_version} from 0.2.0 on; with crds.enabled=false, \
              apply this release's crds/ file) before this targetlease runs; see \
              docs/install.md, \"Upgrading\""
-        ))
-    }
+    ))
 }
+
+/// How long [`ensure_served`] waits for the API version to be served.
+const ENSURE_SERVED_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A duration as flags write it (`30s`, `500ms`, `2m`), parsed by [`parse_duration`] and shown
 /// the same way, so a flag's default is written once, as the `Duration` constant the rest of the

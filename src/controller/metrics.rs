@@ -134,6 +134,16 @@ impl Metrics {
             "Deadline of one lease-store call (valkey.timeout); 0 with the in-memory store, which has none",
             metrics.store_call_timeout.clone(),
         );
+        // Every phase's transition series exists from the start at 0: an alert on
+        // `increase(...{phase="Lost"})` sees the first loss after a restart only if the series
+        // was there before it.
+        for phase in crate::api::Phase::ALL {
+            drop(
+                metrics
+                    .transitions
+                    .get_or_create(&vec![("phase", format!("{phase:?}"))]),
+            );
+        }
         let build_info: Family<Labels, Gauge> = Family::default();
         build_info
             .get_or_create(&vec![
@@ -260,6 +270,15 @@ mod tests {
             page.contains("\ntargetlease_store_call_timeout_seconds 2.5\n"),
             "{page}"
         );
+    }
+
+    #[test]
+    fn every_transition_series_starts_at_zero() {
+        let page = Metrics::new().render();
+        for phase in crate::api::Phase::ALL {
+            let series = format!("targetlease_transitions_total{{phase=\"{phase:?}\"}} 0\n");
+            assert!(page.contains(&series), "no {series} in\n{page}");
+        }
     }
 
     #[test]

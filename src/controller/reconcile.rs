@@ -771,10 +771,23 @@ fn renew_others_now(claim: &Claim<'_>, ctx: &Context) {
 
 async fn cleanup(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
     let claim = Claim::new(lease, ctx)?;
-    ctx.renewals.stop(&ObjectRef::from_obj(lease));
-    // A store outage returns an error here: the finalizer stays and the error policy retries
-    // with backoff, so no lease is forgotten.
-    release_in_store(&claim, ctx, claim.held_handle()).await?;
+    // As for any other release, a Held status is left before the store lets the lease go: the
+    // finalizer is removed only after the release, and a status still saying Held meanwhile
+    // would stand beside the next holder's. A store outage returns an error here: the finalizer
+    // stays and the error policy retries with backoff, so no lease is forgotten.
+    // A claim that never showed Held has no status to correct: only the store is asked.
+    if claim.held_handle().is_some() {
+        give_up(
+            &claim,
+            ctx,
+            Reason::ReleaseRequested,
+            "resource deleted".to_string(),
+        )
+        .await?;
+    } else {
+        ctx.renewals.stop(&ObjectRef::from_obj(lease));
+        release_in_store(&claim, ctx, None).await?;
+    }
     ctx.holders.unregister(&ObjectRef::from_obj(lease));
     ctx.heartbeats.forget(&ObjectRef::from_obj(lease));
     ctx.measurements.forget(&ObjectRef::from_obj(lease));
@@ -783,15 +796,6 @@ async fn cleanup(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
             .leases_on(&ctx.leases, claim.target.namespace(), claim.target.target());
     if others.iter().all(|other| other.uid() == lease.uid()) {
         ctx.measurements.forget_target(&claim.target);
-    }
-    if claim.held_handle().is_some() {
-        claim
-            .publish(
-                ctx,
-                Reason::Released,
-                format!("released {}: resource deleted", claim.target),
-            )
-            .await;
     }
     Ok(Action::await_change())
 }

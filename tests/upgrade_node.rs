@@ -211,9 +211,8 @@ const MAX_READ_GAP: Duration = Duration::from_secs(10);
 /// Longer than a leader hand-over (the previous release keeps a deleted claim's Held status
 /// until its finalizer goes, and a deletion during a rollout waits for the next leader). A
 /// deleted `run` claim was once seen still Held 65 s after its deletion, across the rollback
-/// and the upgrade after it; its lease was not held by anyone else meanwhile (the two-holder
-/// check above covers every claim not being deleted), but why its finalizer took that long is
-/// not known yet: the bound catches a finalizer that never goes.
+/// and the upgrade after it. Why its finalizer took that long is not known yet (the two-holder
+/// check covers only claims not being deleted); the bound catches a finalizer that never goes.
 const HELD_WHILE_DELETING: Duration = Duration::from_secs(150);
 
 /// What the sampler saw that breaks a guarantee, and what it saw at all.

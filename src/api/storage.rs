@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 
 use super::{CRD_NAME, GROUP, SERVED_VERSIONS, TargetLease};
 
@@ -239,14 +239,12 @@ async fn list_all(
 async fn repair_managers(
     client: &Client,
     resource: &ApiResource,
-    mut object: DynamicObject,
+    object: DynamicObject,
     served: &[String],
     to: &str,
 ) -> Result<bool, MigrationError> {
-    let namespace = object.metadata.namespace.clone().unwrap_or_default();
-    let name = object.metadata.name.clone().unwrap_or_default();
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, resource);
-    for _ in 0..CONFLICT_ATTEMPTS {
+    let what = format!("move the field managers of TargetLease {{}} to {to}");
+    write_back(client, resource, object, &what, |api, object| {
         let mut entries = object.metadata.managed_fields.clone().unwrap_or_default();
         let mut changed = false;
         for entry in &mut entries {
@@ -259,9 +257,6 @@ async fn repair_managers(
                 changed = true;
             }
         }
-        if !changed {
-            return Ok(false);
-        }
         // The resourceVersion makes the patch conditional: an entry added meanwhile is kept.
         let patch = serde_json::json!({
             "metadata": {
@@ -269,11 +264,65 @@ async fn repair_managers(
                 "managedFields": entries,
             }
         });
-        match api
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => return Ok(true),
+        let name = object.name_any();
+        changed.then(|| {
+            Box::pin(async move {
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(drop)
+            }) as Write
+        })
+    })
+    .await
+}
+
+/// Writes `object` back unchanged (the API server re-encodes it in the storage version). False
+/// when it was deleted meanwhile.
+async fn rewrite(
+    client: &Client,
+    resource: &ApiResource,
+    object: DynamicObject,
+) -> Result<bool, MigrationError> {
+    write_back(
+        client,
+        resource,
+        object,
+        "rewrite TargetLease {}",
+        |api, object| {
+            let (name, object) = (object.name_any(), object.clone());
+            Some(Box::pin(async move {
+                api.replace(&name, &PostParams::default(), &object)
+                    .await
+                    .map(drop)
+            }) as Write)
+        },
+    )
+    .await
+}
+
+/// One write of [`write_back`].
+type Write = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), kube::Error>> + Send>>;
+
+/// Makes the write `write` builds from `object` (None: nothing to write); on a conflict, reads
+/// the object again and builds the write anew, up to [`CONFLICT_ATTEMPTS`] times. True when
+/// written, false when there was nothing to write or the object was deleted meanwhile. `what`
+/// names the write in errors, `{}` standing for namespace/name.
+async fn write_back(
+    client: &Client,
+    resource: &ApiResource,
+    mut object: DynamicObject,
+    what: &str,
+    write: impl Fn(Api<DynamicObject>, &DynamicObject) -> Option<Write>,
+) -> Result<bool, MigrationError> {
+    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+    let name = object.name_any();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, resource);
+    for _ in 0..CONFLICT_ATTEMPTS {
+        let Some(attempt) = write(api.clone(), &object) else {
+            return Ok(false);
+        };
+        match attempt.await {
+            Ok(()) => return Ok(true),
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 match api
@@ -289,44 +338,9 @@ async fn repair_managers(
             Err(source) => {
                 return Err(MigrationError::Api {
                     action: format!(
-                        "cannot move the field managers of TargetLease {namespace}/{name} to {to}"
+                        "cannot {}",
+                        what.replace("{}", &format!("{namespace}/{name}"))
                     ),
-                    source,
-                });
-            }
-        }
-    }
-    Err(MigrationError::KeptChanging { namespace, name })
-}
-
-/// Writes `object` back unchanged (the API server re-encodes it in the storage version); on a
-/// conflict, reads it again and retries. False when it was deleted meanwhile.
-async fn rewrite(
-    client: &Client,
-    resource: &ApiResource,
-    mut object: DynamicObject,
-) -> Result<bool, MigrationError> {
-    let namespace = object.metadata.namespace.clone().unwrap_or_default();
-    let name = object.metadata.name.clone().unwrap_or_default();
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, resource);
-    for _ in 0..CONFLICT_ATTEMPTS {
-        match api.replace(&name, &PostParams::default(), &object).await {
-            Ok(_) => return Ok(true),
-            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                match api
-                    .get_opt(&name)
-                    .await
-                    .map_err(MigrationError::api(format!(
-                        "cannot read TargetLease {namespace}/{name} again"
-                    )))? {
-                    Some(fresh) => object = fresh,
-                    None => return Ok(false),
-                }
-            }
-            Err(source) => {
-                return Err(MigrationError::Api {
-                    action: format!("cannot rewrite TargetLease {namespace}/{name}"),
                     source,
                 });
             }

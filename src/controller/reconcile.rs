@@ -66,14 +66,23 @@ async fn reconcile_once(lease: Arc<TargetLease>, ctx: &Context) -> Result<Action
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, lease, |event| async {
+    let result = finalizer(&api, FINALIZER, lease, |event| async {
         match event {
             Finalizer::Apply(lease) => apply(&lease, ctx).await,
             Finalizer::Cleanup(lease) => cleanup(&lease, ctx).await,
         }
     })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
+    .await;
+    match result {
+        // The API server at times answers the patch that removes the last finalizer of a
+        // deleted object with 404: the object is gone, so the cleanup is done, not failed.
+        Err(kube::runtime::finalizer::Error::RemoveFinalizer(kube::Error::Api(status)))
+            if status.code == 404 =>
+        {
+            Ok(Action::await_change())
+        }
+        result => result.map_err(|e| Error::Finalizer(Box::new(e))),
+    }
 }
 
 /// A claim being reconciled: the decisions' view of it ([`decide::Claim`]) and the API to write

@@ -209,11 +209,10 @@ fn previous_release() -> Previous {
 const MAX_READ_GAP: Duration = Duration::from_secs(10);
 /// How long a TargetLease being deleted may still show Held: a stuck finalizer fails the suite.
 /// Longer than a leader hand-over (the previous release keeps a deleted claim's Held status
-/// until its finalizer goes, and a deletion during a rollout waits for the next leader). A
-/// deleted `run` claim was once seen still Held 65 s after its deletion, across the rollback
-/// and the upgrade after it. Why its finalizer took that long is not known yet (the two-holder
-/// check covers only claims not being deleted); the bound catches a finalizer that never goes.
-const HELD_WHILE_DELETING: Duration = Duration::from_secs(150);
+/// until its finalizer goes, and a deletion during a rollout waits for the next leader).
+const HELD_WHILE_DELETING: Duration = Duration::from_secs(60);
+/// A TargetLease held longer than this while being deleted gets its controller log lines printed.
+const EXPLAIN_HELD_WHILE_DELETING: Duration = Duration::from_secs(20);
 
 /// What the sampler saw that breaks a guarantee, and what it saw at all.
 #[derive(Default)]
@@ -227,8 +226,14 @@ struct Seen {
     /// Failed reads (the API server restarting a watch cache, ...): bounded by MAX_READ_GAP.
     failed_reads: usize,
     last_read: Option<Instant>,
-    /// TargetLease being deleted -> when it was first seen still Held.
+    /// TargetLease being deleted (by uid: a `run` claim's name comes back with each command)
+    /// -> when it was first seen still Held.
     held_while_deleting: HashMap<String, Instant>,
+    /// The longest a TargetLease being deleted was seen Held: how long, which, in which phase.
+    longest_held_while_deleting: Option<(Duration, String, String)>,
+    /// TargetLeases whose controller log lines the suite prints: those of a violation, and those
+    /// held longer than [`EXPLAIN_HELD_WHILE_DELETING`] while being deleted.
+    suspects: std::collections::BTreeSet<String>,
     /// Phase -> when it began (for the workloads' progress per phase).
     phases: Vec<(String, Timestamp)>,
 }
@@ -264,11 +269,26 @@ impl Seen {
             }
             if held && !item["metadata"]["deletionTimestamp"].is_null() {
                 // Released in the store already; checked for how long it still says Held.
-                let since = *self.held_while_deleting.entry(name.clone()).or_insert(now);
-                if now.duration_since(since) > HELD_WHILE_DELETING {
+                let uid = item["metadata"]["uid"].as_str().unwrap_or_default();
+                let since = *self
+                    .held_while_deleting
+                    .entry(uid.to_owned())
+                    .or_insert(now);
+                let held_for = now.duration_since(since);
+                if self
+                    .longest_held_while_deleting
+                    .as_ref()
+                    .is_none_or(|(longest, _, _)| held_for > *longest)
+                {
+                    self.longest_held_while_deleting =
+                        Some((held_for, name.clone(), phase.to_owned()));
+                }
+                if held_for > EXPLAIN_HELD_WHILE_DELETING {
+                    self.suspects.insert(name.clone());
+                }
+                if held_for > HELD_WHILE_DELETING {
                     self.violations.push(format!(
-                        "{phase}: {name} is being deleted and still Held after {:?}",
-                        now.duration_since(since)
+                        "{phase}: {name} is being deleted and still Held after {held_for:?}"
                     ));
                 }
                 continue;
@@ -281,6 +301,7 @@ impl Seen {
                 if let Some(token) = token {
                     let max = self.max_token.entry(target.clone()).or_insert(token);
                     if token < *max {
+                        self.suspects.insert(name.clone());
                         self.violations.push(format!(
                             "{phase}: {name} Held on {target} with token {token}, below {max} seen \
                              before on it"
@@ -297,6 +318,7 @@ impl Seen {
         }
         for (target, names) in held_by_target {
             if names.len() > 1 {
+                self.suspects.extend(names.iter().cloned());
                 self.violations
                     .push(format!("{phase}: two Held on {target}: {names:?}"));
             }
@@ -388,6 +410,109 @@ impl Sampler {
         let mut seen = std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()));
         seen.read_gap(Instant::now(), "the end");
         seen
+    }
+}
+
+/// Follows the logs of every controller pod of every phase into files (a pod's logs go with it
+/// when a rollout deletes it), so that a violation can be explained by what the controllers said.
+struct ControllerLogs {
+    dir: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ControllerLogs {
+    fn start(cluster: &Cluster) -> ControllerLogs {
+        let dir = cluster.scratch().join("controller-logs");
+        std::fs::create_dir_all(&dir).expect("controller log dir");
+        let stop = Arc::new(AtomicBool::new(false));
+        let (kubectl, env) = (cluster.bin().join("kubectl"), cluster.envs());
+        let thread = {
+            let (dir, stop) = (dir.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let kubectl_cmd = |args: &[&str]| {
+                    let mut command = std::process::Command::new(&kubectl);
+                    command
+                        .args(args)
+                        .args(["-n", SYSTEM_NS])
+                        .envs(env.iter().map(|(k, v)| (k, v)));
+                    command
+                };
+                // Pod -> its follower; a follower that ended before its pod started is restarted.
+                let mut followers: HashMap<String, std::process::Child> = HashMap::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let pods = kubectl_cmd(&[
+                        "get",
+                        "pods",
+                        "-l",
+                        "app.kubernetes.io/component=controller",
+                        "-o",
+                        "name",
+                    ])
+                    .output();
+                    let names = pods.map_or_else(
+                        |_| String::new(),
+                        |o| String::from_utf8_lossy(&o.stdout).into_owned(),
+                    );
+                    for pod in names.lines().filter_map(|l| l.strip_prefix("pod/")) {
+                        let file = dir.join(format!("{pod}.log"));
+                        let ended_early = followers.get_mut(pod).is_some_and(|child| {
+                            matches!(child.try_wait(), Ok(Some(_)))
+                                && std::fs::metadata(&file).map_or(0, |m| m.len()) == 0
+                        });
+                        if followers.contains_key(pod) && !ended_early {
+                            continue;
+                        }
+                        let Ok(out) = std::fs::File::create(&file) else {
+                            continue;
+                        };
+                        let follow = kubectl_cmd(&["logs", "-f", "--timestamps", pod])
+                            .stdout(out)
+                            .stderr(std::process::Stdio::null())
+                            .spawn();
+                        if let Ok(child) = follow {
+                            followers.insert(pod.to_owned(), child);
+                        }
+                    }
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+                for child in followers.values_mut() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            })
+        };
+        ControllerLogs {
+            dir,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops following; every controller line that names one of `names`, oldest first.
+    fn finish(mut self, names: &[String]) -> Vec<String> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let mut lines: Vec<String> = std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|entry| {
+                let pod = entry.file_name().to_string_lossy().into_owned();
+                let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                text.lines()
+                    .filter(|l| names.iter().any(|n| l.contains(n.as_str())))
+                    .map(|l| match l.split_once(' ') {
+                        Some((stamp, rest)) => format!("{stamp} [{pod}] {rest}"),
+                        None => l.to_owned(),
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        lines.sort();
+        lines
     }
 }
 
@@ -602,6 +727,7 @@ fn upgrade_and_rollback_keep_leases_held() {
         APP_NS,
         "--timeout=120s",
     ]);
+    let controller_logs = ControllerLogs::start(cluster);
     let sampler = Sampler::start(cluster, declared.clone());
     soak(&sampler, 12 * SEC);
 
@@ -801,6 +927,23 @@ fn upgrade_and_rollback_keep_leases_held() {
         seen.failed_reads,
         started.elapsed()
     );
+    if let Some((held_for, name, phase)) = &seen.longest_held_while_deleting {
+        eprintln!(
+            "upgrade suite: the longest a deleted TargetLease still showed Held: {held_for:?} \
+             ({name}, phase {phase})"
+        );
+    }
+    let suspects: Vec<String> = seen.suspects.iter().cloned().collect();
+    let explained = controller_logs.finish(&suspects);
+    if !suspects.is_empty() {
+        eprintln!(
+            "upgrade suite: what the controllers logged about {suspects:?} ({} lines):",
+            explained.len()
+        );
+        for line in explained.iter().take(300) {
+            eprintln!("  {line}");
+        }
+    }
     assert!(
         seen.violations.is_empty(),
         "{} violations, first ones:\n{}",

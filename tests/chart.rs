@@ -1133,6 +1133,41 @@ fn alerts_and_dashboard_render_when_asked(tools: &Tools) {
 /// annotation template, and `promtool test rules` runs tests/chart/alerts-test.yaml (series
 /// that must fire each alert, with its labels, and series that must not) against the rendered
 /// rules (without their annotations, whose texts the checks above cover).
+/// `helm upgrade --reuse-values` from a release without the optional blocks (the test, the
+/// alerts, the dashboard) gives only what the command line sets, e.g. `helmTest.enabled=true`:
+/// every other key of the block is unset. The chart refuses that, naming the key and the flag to
+/// use, rather than render a test with no TTL or alerts with an empty `for`. `--set KEY=null`
+/// removes a key as that upgrade leaves it out; every key values.yaml gives the block is tried.
+fn optional_blocks_refuse_missing_defaults(tools: &Tools) {
+    let values: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart_dir().join("values.yaml")).expect("values.yaml"),
+    )
+    .expect("parse values.yaml");
+    for block in ["helmTest", "prometheusRule", "grafanaDashboard"] {
+        let keys: Vec<&String> = values[block]
+            .as_object()
+            .unwrap_or_else(|| panic!("values.yaml has no {block} block"))
+            .keys()
+            .filter(|k| k.as_str() != "enabled")
+            .collect();
+        assert!(!keys.is_empty(), "{block} has no keys besides enabled");
+        for key in keys {
+            let (enable, unset) = (
+                format!("{block}.enabled=true"),
+                format!("{block}.{key}=null"),
+            );
+            match tools.render(&["--set", &enable, "--set", &unset]) {
+                Ok(_) => panic!("rendered with {block}.{key} unset"),
+                Err(message) => assert!(
+                    message.contains(&format!("{block}.{key} is unset"))
+                        && message.contains("--reset-then-reuse-values"),
+                    "{block}.{key} unset: {message}"
+                ),
+            }
+        }
+    }
+}
+
 fn alerts_pass_promtool(tools: &Tools) {
     let docs = tools.render_ok(&["--set", "prometheusRule.enabled=true"]);
     let spec = object(&docs, "PrometheusRule", FULLNAME)["spec"].clone();
@@ -1310,6 +1345,10 @@ fn main() {
             alerts_and_dashboard_render_when_asked,
         ),
         ("alerts_pass_promtool", alerts_pass_promtool),
+        (
+            "optional_blocks_refuse_missing_defaults",
+            optional_blocks_refuse_missing_defaults,
+        ),
         ("dashboard_queries_parse", |_| dashboard_queries_parse()),
         ("chart_crd_matches_crds_dir", chart_crd_matches_crds_dir),
         ("chart_versions_match_the_crate", |_| {

@@ -143,6 +143,21 @@ app.kubernetes.io/part-of: targetlease
 {{- end }}
 {{- end }}
 
+{{/* Fails, saying what to do, when a block of values lacks a key this chart's values.yaml sets:
+what `helm upgrade --reuse-values` from a release without that block gives (Helm then applies the
+older chart's defaults, not this one's), which would render a test, an alert or a dashboard
+with empty settings. Call: include "targetlease.requireKeys" (list .Values.helmTest "helmTest"
+(list "ttlSeconds" ...)); tests/chart.rs checks that every key of the block is listed. */}}
+{{- define "targetlease.requireKeys" -}}
+{{- $values := index . 0 }}
+{{- $block := index . 1 }}
+{{- range (index . 2) }}
+{{- if not (hasKey $values .) }}
+{{- fail (printf "%s.%s is unset: this chart's defaults were not applied (helm upgrade --reuse-values from an older release keeps that release's defaults); upgrade with --reset-then-reuse-values, or set %s.%s" $block . $block .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The PromQL label matchers that pick this release's controllers out of everything Prometheus
 scrapes: prometheusRule.selector, else the release namespace and the metrics Service's name (the
 job label the Prometheus Operator gives a ServiceMonitor's targets). */}}

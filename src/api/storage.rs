@@ -49,13 +49,15 @@ pub enum MigrationError {
     /// The API server did not report the new storage version in time.
     #[error(
         "the API server still does not store TargetLeases as {storage} after {waited:?} \
-         (its discovery reports another storage version); try again later"
+         ({last}); try again later"
     )]
     StorageNotSwitched {
         /// The CRD's storage version.
         storage: String,
         /// How long the migration waited.
         waited: Duration,
+        /// What discovery last answered: the storage version it reported, or why it failed.
+        last: String,
     },
     /// Others changed one TargetLease every time it was about to be rewritten.
     #[error(
@@ -164,6 +166,24 @@ pub async fn migrate(client: &Client) -> Result<Migration, MigrationError> {
     })
 }
 
+/// What a storageVersionHash from discovery says: the served version it names, if any.
+fn describe_storage_hash(hash: Option<&str>, kind: &str) -> String {
+    match hash {
+        None => "discovery reports no storage version hash".to_string(),
+        Some(hash) => SERVED_VERSIONS
+            .iter()
+            .find(|v| storage_version_hash(GROUP, v, kind) == hash)
+            .map_or_else(
+                || {
+                    format!(
+                        "discovery reports the storage version hash {hash}, of no served version"
+                    )
+                },
+                |v| format!("discovery reports them stored as {v}"),
+            ),
+    }
+}
+
 /// Waits until the API server's discovery reports TargetLeases stored as `storage`: a CRD update
 /// takes effect in each API server a moment after it is accepted, and an object rewritten
 /// before that would be encoded in the old version again.
@@ -172,15 +192,20 @@ async fn wait_for_storage_switch(client: &Client, storage: &str) -> Result<(), M
     let want = storage_version_hash(GROUP, storage, &kind);
     let plural = TargetLease::plural(&());
     let started = tokio::time::Instant::now();
+    let mut last = "discovery was not asked".to_string();
     loop {
         // Any served version's resource list reports the same hash; ask each, as one may be
         // the version just added and not served yet.
         for version in SERVED_VERSIONS {
-            let Ok(list) = client
+            let list = match client
                 .list_api_group_resources(&format!("{GROUP}/{version}"))
                 .await
-            else {
-                continue;
+            {
+                Ok(list) => list,
+                Err(e) => {
+                    last = format!("discovery of {GROUP}/{version} failed: {e}");
+                    continue;
+                }
             };
             let hash = list
                 .resources
@@ -190,11 +215,13 @@ async fn wait_for_storage_switch(client: &Client, storage: &str) -> Result<(), M
             if hash == Some(want.as_str()) {
                 return Ok(());
             }
+            last = describe_storage_hash(hash, &kind);
         }
         if started.elapsed() >= STORAGE_SWITCH_TIMEOUT {
             return Err(MigrationError::StorageNotSwitched {
                 storage: storage.to_string(),
                 waited: started.elapsed(),
+                last,
             });
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -352,6 +379,18 @@ async fn write_back(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_storage_hash_names_its_version() {
+        let kind = TargetLease::kind(&());
+        let alpha = storage_version_hash(GROUP, "v1alpha1", &kind);
+        assert_eq!(
+            describe_storage_hash(Some(&alpha), &kind),
+            "discovery reports them stored as v1alpha1"
+        );
+        assert!(describe_storage_hash(Some("xyz"), &kind).contains("of no served version"));
+        assert!(describe_storage_hash(None, &kind).contains("no storage version hash"));
+    }
 
     #[test]
     fn storage_version_hash_is_the_api_servers() {

@@ -1208,10 +1208,31 @@ fn alerts_pass_promtool(tools: &Tools) {
 fn dashboard_queries_parse() {
     let file = std::fs::read_to_string(chart_dir().join("files/dashboard.json")).expect("file");
     let dashboard: Value = serde_json::from_str(&file).expect("dashboard JSON");
+    // Every panel reads only the chosen controllers: one release name in two namespaces gives
+    // two installations one `job`.
+    let variables: Vec<&str> = dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating")
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert!(
+        variables.contains(&"job") && variables.contains(&"namespace"),
+        "{variables:?}"
+    );
+    let chosen = r#"{job=~"$job",namespace=~"$namespace""#;
     let mut rules = Vec::new();
     for panel in dashboard["panels"].as_array().expect("panels") {
         for target in panel["targets"].as_array().expect("targets") {
             let expr = target["expr"].as_str().expect("expr");
+            for (at, _) in expr.match_indices("targetlease_") {
+                let selector =
+                    expr[at..].trim_start_matches(|c: char| c.is_ascii_lowercase() || c == '_');
+                assert!(
+                    selector.starts_with(chosen),
+                    "a series of {expr:?} is not selected by {chosen}"
+                );
+            }
             let record = format!("dashboard:query_{}", rules.len());
             rules.push(json!({"record": record, "expr": expr.replace("$__rate_interval", "5m")}));
         }

@@ -86,35 +86,12 @@ impl World {
             "-f",
             &repo().join("examples/rbac.yaml").display().to_string(),
         ]);
-        let port = valkey.port.to_string();
-        // The password from a file, not the command line (argv is readable by every process,
-        // and kubectl_ok would print it in a failure).
-        let password_file = cluster.scratch().join("valkey-password");
-        std::fs::write(&password_file, PASSWORD).expect("password file");
-        cluster.kubectl_ok(&[
-            "create",
-            "secret",
-            "generic",
-            "valkey",
-            "-n",
-            SYSTEM_NS,
-            &format!("--from-literal=url=redis://{node_ip}:{port}"),
-            &format!("--from-file=password={}", password_file.display()),
-        ]);
+        let url = format!("redis://{node_ip}:{}", valkey.port);
+        cluster.valkey_secret(SYSTEM_NS, "valkey", &url, PASSWORD);
         let chart = repo().join("charts/targetlease").display().to_string();
-        let install = cluster.helm(&[
-            "install",
-            RELEASE,
-            &chart,
-            "-n",
-            SYSTEM_NS,
-            "--set",
-            "image.pullPolicy=Never",
-            "--set",
-            "valkey.existingSecret.name=valkey",
-            "--set",
-            "valkey.existingSecret.passwordKey=password",
-        ]);
+        let mut args = vec!["install", RELEASE, &chart, "-n", SYSTEM_NS];
+        args.extend(Cluster::NODE_CHART_SETTINGS);
+        let install = cluster.helm(&args);
         assert!(
             install.status.success(),
             "helm install failed: {}",

@@ -646,18 +646,8 @@ fn upgrade_and_rollback_keep_leases_held() {
             "pod-security.kubernetes.io/enforce=restricted",
         ]);
     }
-    let password_file = cluster.scratch().join("valkey-password");
-    std::fs::write(&password_file, PASSWORD).expect("password file");
-    cluster.kubectl_ok(&[
-        "create",
-        "secret",
-        "generic",
-        "valkey",
-        "-n",
-        SYSTEM_NS,
-        &format!("--from-literal=url=redis://{node_ip}:{}", valkey.port),
-        &format!("--from-file=password={}", password_file.display()),
-    ]);
+    let url = format!("redis://{node_ip}:{}", valkey.port);
+    cluster.valkey_secret(SYSTEM_NS, "valkey", &url, PASSWORD);
     let suite = Suite {
         chart: repo().join("charts/targetlease").display().to_string(),
         current_image,
@@ -666,21 +656,11 @@ fn upgrade_and_rollback_keep_leases_held() {
     let cluster = &suite.cluster;
 
     // The previous release, as its users installed it.
-    suite.helm_ok(&[
-        "install",
-        RELEASE,
-        &previous.chart.display().to_string(),
-        "-n",
-        SYSTEM_NS,
-        "--set",
-        "image.pullPolicy=Never",
-        "--set",
-        "valkey.existingSecret.name=valkey",
-        "--set",
-        "valkey.existingSecret.passwordKey=password",
-        "--wait",
-        "--timeout=180s",
-    ]);
+    let previous_chart = previous.chart.display().to_string();
+    let mut install = vec!["install", RELEASE, &previous_chart, "-n", SYSTEM_NS];
+    install.extend(Cluster::NODE_CHART_SETTINGS);
+    install.extend(["--wait", "--timeout=180s"]);
+    suite.helm_ok(&install);
     suite.controller_runs(&previous_image);
     assert_eq!(
         suite.served_versions(),

@@ -351,6 +351,36 @@ impl Cluster {
         ip.trim().to_owned()
     }
 
+    /// The chart settings of the node suites: images imported into the node (never pulled),
+    /// Valkey's URL and password from the Secret `valkey` that [`Cluster::valkey_secret`] made.
+    pub const NODE_CHART_SETTINGS: [&'static str; 6] = [
+        "--set",
+        "image.pullPolicy=Never",
+        "--set",
+        "valkey.existingSecret.name=valkey",
+        "--set",
+        "valkey.existingSecret.passwordKey=password",
+    ];
+
+    /// Creates the Secret `name` in `namespace` with the keys `url` and `password`, as the
+    /// chart's `valkey.existingSecret` reads them. The password goes through a file, not the
+    /// command line (argv is readable by every process, and kubectl_ok would print it in a
+    /// failure).
+    pub fn valkey_secret(&self, namespace: &str, name: &str, url: &str, password: &str) {
+        let password_file = self.scratch().join(format!("{namespace}-{name}-password"));
+        std::fs::write(&password_file, password).expect("password file");
+        self.kubectl_ok(&[
+            "create",
+            "secret",
+            "generic",
+            name,
+            "-n",
+            namespace,
+            &format!("--from-literal=url={url}"),
+            &format!("--from-file=password={}", password_file.display()),
+        ]);
+    }
+
     /// A folder for files of this test run.
     pub fn scratch(&self) -> &Path {
         self.base.path()

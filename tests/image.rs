@@ -328,6 +328,49 @@ fn same_binary_same_image() {
     );
 }
 
+/// Another cargo-auditable found on PATH before the pinned one would build another binary, and
+/// so another image digest: scripts/image.sh refuses before building anything.
+fn unpinned_cargo_auditable_is_refused() {
+    let pinned = std::env::var("TARGETLEASE_CARGO_AUDITABLE_ROOT")
+        .expect("scripts/env.sh sets TARGETLEASE_CARGO_AUDITABLE_ROOT");
+    let fake = tempfile::tempdir().expect("temp dir");
+    let script = fake.path().join("cargo-auditable");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\necho 'the other cargo-auditable ran' >&2\nexit 1\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let path = format!(
+        "{}:{pinned}/bin:{}",
+        fake.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let started = Instant::now();
+    let out = Command::new("bash")
+        .arg(repo().join("scripts/image.sh"))
+        .env("PATH", path)
+        .output()
+        .expect("run scripts/image.sh");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "image.sh built with another cargo-auditable"
+    );
+    assert!(
+        said.contains("not the pinned")
+            && said.contains(&pinned)
+            && !said.contains("other cargo-auditable ran"),
+        "image.sh said: {said}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "image.sh took {:?} to refuse",
+        started.elapsed()
+    );
+}
+
 /// Runs the image's root file system with runc as the chart runs the pod: read-only root, user
 /// and group 65532, no capabilities, no new privileges, its own PID, IPC, UTS and mount
 /// namespaces (the host's network, so it reaches the test's API server and Valkey on
@@ -579,6 +622,10 @@ fn main() {
         ),
         test("binary_is_static_and_alone", binary_is_static_and_alone),
         test("same_binary_same_image", same_binary_same_image),
+        test(
+            "unpinned_cargo_auditable_is_refused",
+            unpinned_cargo_auditable_is_refused,
+        ),
         test(
             "runc_runs_the_controller_as_the_chart_would",
             runc_runs_the_controller_as_the_chart_would,

@@ -5,6 +5,7 @@ pub mod budget;
 pub mod decide;
 pub mod election;
 mod error;
+pub mod finalizer;
 pub mod heartbeat;
 pub mod holders;
 pub mod http;

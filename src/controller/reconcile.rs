@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
@@ -19,6 +19,7 @@ use tracing::{debug, info, warn};
 
 use super::budget::{Priority, is_overload};
 use super::decide::{self, Facts, Measured, Plan, Reading};
+use super::finalizer::finalizer;
 use super::heartbeat::stale_after;
 use super::holders::{Fate, fate_of};
 use super::queue;
@@ -66,23 +67,14 @@ async fn reconcile_once(lease: Arc<TargetLease>, ctx: &Context) -> Result<Action
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
     let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
-    let result = finalizer(&api, FINALIZER, lease, |event| async {
+    finalizer(&api, FINALIZER, lease, |event| async {
         match event {
             Finalizer::Apply(lease) => apply(&lease, ctx).await,
             Finalizer::Cleanup(lease) => cleanup(&lease, ctx).await,
         }
     })
-    .await;
-    match result {
-        // The API server at times answers the patch that removes the last finalizer of a
-        // deleted object with 404: the object is gone, so the cleanup is done, not failed.
-        Err(kube::runtime::finalizer::Error::RemoveFinalizer(kube::Error::Api(status)))
-            if status.code == 404 =>
-        {
-            Ok(Action::await_change())
-        }
-        result => result.map_err(|e| Error::Finalizer(Box::new(e))),
-    }
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
 /// A claim being reconciled: the decisions' view of it ([`decide::Claim`]) and the API to write

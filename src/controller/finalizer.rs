@@ -1,0 +1,175 @@
+//! The controller's finalizer: kube-runtime's `finalizer()` with the object's uid as a
+//! precondition of both of its patches, and a removal that finds its object gone counted as done.
+//!
+//! Why not kube-runtime's own: its patches name the object and nothing else. The status write of
+//! a cleanup queues another reconcile of the same object, which can run on the cached, deleting
+//! copy after the finalizer went and the object with it. Its removal patch then meets either
+//! nothing (404: the cleanup was a failure that is retried, though nothing is left to do) or a
+//! new object that took the name meanwhile (a `run` command creates its claim's name again right
+//! after deleting it), whose finalizer it stripped: a deletion of that object in the moment
+//! before the finalizer came back would have skipped its cleanup, its lease left in the store
+//! until its TTL ran out.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, PatchOperation, RemoveOperation, TestOperation};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Error, Event};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::Value;
+
+use crate::api::TargetLease;
+
+/// Runs `reconcile` as [`kube::runtime::finalizer::finalizer`] does: `Apply` once the object
+/// carries `finalizer_name`, which is first added; `Cleanup` once it is being deleted, after which
+/// the finalizer is removed. Both patches hold only while the object under the name is the one
+/// `lease` is a copy of.
+pub async fn finalizer<Fut, E>(
+    api: &Api<TargetLease>,
+    finalizer_name: &str,
+    lease: Arc<TargetLease>,
+    reconcile: impl FnOnce(Event<TargetLease>) -> Fut,
+) -> Result<Action, Error<E>>
+where
+    Fut: Future<Output = Result<Action, E>>,
+    E: std::error::Error + 'static,
+{
+    let name = lease.meta().name.clone().ok_or(Error::UnnamedObject)?;
+    let uid = lease.meta().uid.clone().ok_or(Error::UnnamedObject)?;
+    let index = lease.finalizers().iter().position(|f| f == finalizer_name);
+    let deleting = lease.meta().deletion_timestamp.is_some();
+    match (index, deleting) {
+        (Some(_), false) => reconcile(Event::Apply(lease))
+            .await
+            .map_err(Error::ApplyFailed),
+        (Some(index), true) => {
+            // The finalizer stays if the cleanup fails.
+            let action = reconcile(Event::Cleanup(lease))
+                .await
+                .map_err(Error::CleanupFailed)?;
+            let at = pointer(&format!("/metadata/finalizers/{index}"))?;
+            let patch = vec![
+                test("/metadata/uid", uid.as_str().into())?,
+                // Another controller's finalizer may have moved ours: the test fails, and the
+                // change brings a new reconcile.
+                PatchOperation::Test(TestOperation {
+                    path: at.clone(),
+                    value: finalizer_name.into(),
+                }),
+                PatchOperation::Remove(RemoveOperation { path: at }),
+            ];
+            match json_patch(api, &name, patch).await {
+                Ok(()) => Ok(action),
+                Err(e) if is_gone(api, &name, &uid, &e).await => Ok(action),
+                Err(e) => Err(Error::RemoveFinalizer(e)),
+            }
+        }
+        (None, false) => {
+            let mut patch = vec![test("/metadata/uid", uid.as_str().into())?];
+            // Kubernetes does not deduplicate finalizers: the list is tested as read, so that
+            // a finalizer added meanwhile fails the patch (and the change brings a new reconcile).
+            if lease.finalizers().is_empty() {
+                patch.push(test("/metadata/finalizers", Value::Null)?);
+                patch.push(PatchOperation::Add(AddOperation {
+                    path: pointer("/metadata/finalizers")?,
+                    value: vec![finalizer_name].into(),
+                }));
+            } else {
+                patch.push(test("/metadata/finalizers", lease.finalizers().into())?);
+                patch.push(PatchOperation::Add(AddOperation {
+                    path: pointer("/metadata/finalizers/-")?,
+                    value: finalizer_name.into(),
+                }));
+            }
+            json_patch(api, &name, patch)
+                .await
+                .map_err(Error::AddFinalizer)?;
+            // The patch brings a new reconcile, which applies.
+            Ok(Action::await_change())
+        }
+        (None, true) => Ok(Action::await_change()),
+    }
+}
+
+/// Whether a refused finalizer removal means the object that was cleaned up is gone: a 404 that
+/// names it (a 404 of the route, a version the API server no longer serves, does not), or a
+/// failed test after which the name holds no object or one with another uid.
+async fn is_gone(api: &Api<TargetLease>, name: &str, uid: &str, error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) if status.code == 404 => names_object(status, name),
+        kube::Error::Api(status) if matches!(status.code, 409 | 422) => match api.get(name).await {
+            Ok(now) => now.uid().as_deref() != Some(uid),
+            Err(kube::Error::Api(status)) if status.code == 404 => names_object(&status, name),
+            Err(_) => false,
+        },
+        _ => false,
+    }
+}
+
+/// Whether a 404 is about the object `name` (its details name it), not about the route.
+fn names_object(status: &kube::core::Status, name: &str) -> bool {
+    status.details.as_ref().is_some_and(|d| d.name == name)
+}
+
+async fn json_patch(
+    api: &Api<TargetLease>,
+    name: &str,
+    operations: Vec<PatchOperation>,
+) -> Result<(), kube::Error> {
+    api.patch::<TargetLease>(
+        name,
+        &PatchParams::default(),
+        &Patch::Json(json_patch::Patch(operations)),
+    )
+    .await
+    .map(|_| ())
+}
+
+fn pointer<E>(path: &str) -> Result<PointerBuf, Error<E>>
+where
+    E: std::error::Error + 'static,
+{
+    PointerBuf::parse(path).map_err(|_| Error::InvalidFinalizer)
+}
+
+fn test<E>(path: &str, value: Value) -> Result<PatchOperation, Error<E>>
+where
+    E: std::error::Error + 'static,
+{
+    Ok(PatchOperation::Test(TestOperation {
+        path: pointer(path)?,
+        value,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::{Status, response::StatusDetails};
+
+    fn not_found(details_name: Option<&str>) -> Status {
+        let mut status = Status::failure("not found", "NotFound").with_code(404);
+        status.details = details_name.map(|name| StatusDetails {
+            name: name.to_owned(),
+            group: "targetlease.dev".to_owned(),
+            kind: "targetleases".to_owned(),
+            uid: String::new(),
+            causes: Vec::new(),
+            retry_after_seconds: 0,
+        });
+        status
+    }
+
+    #[test]
+    fn only_a_404_naming_the_object_says_it_is_gone() {
+        assert!(names_object(&not_found(Some("claim")), "claim"));
+        assert!(!names_object(&not_found(Some("other")), "claim"));
+        // The API server's answer for a route it does not serve (a version removed by a
+        // rollback): the object may well be there.
+        assert!(!names_object(&not_found(Some("")), "claim"));
+        assert!(!names_object(&not_found(None), "claim"));
+    }
+}

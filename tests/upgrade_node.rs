@@ -207,12 +207,12 @@ fn previous_release() -> Previous {
 /// The longest the sampler may go without a successful read: a read that fails through a whole
 /// upgrade would otherwise check nothing.
 const MAX_READ_GAP: Duration = Duration::from_secs(10);
-/// How long a TargetLease being deleted may still show Held: a stuck finalizer fails the suite.
-/// Longer than a leader hand-over (the previous release keeps a deleted claim's Held status
-/// until its finalizer goes, and a deletion during a rollout waits for the next leader).
-const HELD_WHILE_DELETING: Duration = Duration::from_secs(60);
-/// A TargetLease held longer than this while being deleted gets its controller log lines printed.
-const EXPLAIN_HELD_WHILE_DELETING: Duration = Duration::from_secs(20);
+/// How long a TargetLease may stay in deletion, Held or not: a finalizer that stays fails the
+/// suite. Longer than a leader hand-over (the previous release keeps a deleted claim's Held
+/// status until its finalizer goes, and a deletion during a rollout waits for the next leader).
+const DELETING_AT_MOST: Duration = Duration::from_secs(60);
+/// A TargetLease in deletion longer than this gets its controller log lines printed.
+const EXPLAIN_DELETING: Duration = Duration::from_secs(20);
 
 /// What the sampler saw that breaks a guarantee, and what it saw at all.
 #[derive(Default)]
@@ -227,12 +227,12 @@ struct Seen {
     failed_reads: usize,
     last_read: Option<Instant>,
     /// TargetLease being deleted (by uid: a `run` claim's name comes back with each command)
-    /// -> when it was first seen still Held.
-    held_while_deleting: HashMap<String, Instant>,
+    /// -> when it was first seen so.
+    deleting_since: HashMap<String, Instant>,
     /// The longest a TargetLease being deleted was seen Held: how long, which, in which phase.
     longest_held_while_deleting: Option<(Duration, String, String)>,
     /// TargetLeases whose controller log lines the suite prints: those of a violation, and those
-    /// held longer than [`EXPLAIN_HELD_WHILE_DELETING`] while being deleted.
+    /// in deletion longer than [`EXPLAIN_DELETING`].
     suspects: std::collections::BTreeSet<String>,
     /// Phase -> when it began (for the workloads' progress per phase).
     phases: Vec<(String, Timestamp)>,
@@ -262,36 +262,39 @@ impl Seen {
             if let Some(want) = self.declared.get(&name)
                 && (!held || token != Some(*want))
             {
+                self.suspects.insert(name.clone());
                 self.violations.push(format!(
                     "{phase}: declared lease {name} was Held with token {want}, now {} {:?}",
                     status["phase"], token
                 ));
             }
-            if held && !item["metadata"]["deletionTimestamp"].is_null() {
-                // Released in the store already; checked for how long it still says Held.
+            if !item["metadata"]["deletionTimestamp"].is_null() {
                 let uid = item["metadata"]["uid"].as_str().unwrap_or_default();
-                let since = *self
-                    .held_while_deleting
-                    .entry(uid.to_owned())
-                    .or_insert(now);
-                let held_for = now.duration_since(since);
-                if self
-                    .longest_held_while_deleting
-                    .as_ref()
-                    .is_none_or(|(longest, _, _)| held_for > *longest)
+                let since = *self.deleting_since.entry(uid.to_owned()).or_insert(now);
+                let deleting_for = now.duration_since(since);
+                if held
+                    && self
+                        .longest_held_while_deleting
+                        .as_ref()
+                        .is_none_or(|(longest, _, _)| deleting_for > *longest)
                 {
                     self.longest_held_while_deleting =
-                        Some((held_for, name.clone(), phase.to_owned()));
+                        Some((deleting_for, name.clone(), phase.to_owned()));
                 }
-                if held_for > EXPLAIN_HELD_WHILE_DELETING {
+                if deleting_for > EXPLAIN_DELETING {
                     self.suspects.insert(name.clone());
                 }
-                if held_for > HELD_WHILE_DELETING {
+                if deleting_for > DELETING_AT_MOST {
                     self.violations.push(format!(
-                        "{phase}: {name} is being deleted and still Held after {held_for:?}"
+                        "{phase}: {name} is still being deleted after {deleting_for:?} ({})",
+                        status["phase"]
                     ));
                 }
-                continue;
+                if held {
+                    // Released in the store already (or about to be): bounded above, and left
+                    // out of the two-holder check.
+                    continue;
+                }
             }
             if held {
                 held_by_target
@@ -312,6 +315,7 @@ impl Seen {
             }
         }
         let missing: Vec<String> = missing.into_iter().cloned().collect();
+        self.suspects.extend(missing.iter().cloned());
         if !missing.is_empty() {
             self.violations
                 .push(format!("{phase}: declared leases gone: {missing:?}"));
@@ -438,7 +442,9 @@ impl ControllerLogs {
                         .envs(env.iter().map(|(k, v)| (k, v)));
                     command
                 };
-                // Pod -> its follower; a follower that ended before its pod started is restarted.
+                // Pod -> its follower. One that ended while its pod is still listed (it started
+                // before the container did, or the container restarted) is started again from
+                // the last line it wrote (the repeated line goes at the end: lines are deduped).
                 let mut followers: HashMap<String, std::process::Child> = HashMap::new();
                 while !stop.load(Ordering::Relaxed) {
                     let pods = kubectl_cmd(&[
@@ -448,6 +454,7 @@ impl ControllerLogs {
                         "app.kubernetes.io/component=controller",
                         "-o",
                         "name",
+                        "--request-timeout=10s",
                     ])
                     .output();
                     let names = pods.map_or_else(
@@ -456,17 +463,31 @@ impl ControllerLogs {
                     );
                     for pod in names.lines().filter_map(|l| l.strip_prefix("pod/")) {
                         let file = dir.join(format!("{pod}.log"));
-                        let ended_early = followers.get_mut(pod).is_some_and(|child| {
-                            matches!(child.try_wait(), Ok(Some(_)))
-                                && std::fs::metadata(&file).map_or(0, |m| m.len()) == 0
-                        });
-                        if followers.contains_key(pod) && !ended_early {
+                        let running = followers
+                            .get_mut(pod)
+                            .is_some_and(|child| matches!(child.try_wait(), Ok(None)));
+                        if running {
                             continue;
                         }
-                        let Ok(out) = std::fs::File::create(&file) else {
+                        let Ok(out) = std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(&file)
+                        else {
                             continue;
                         };
-                        let follow = kubectl_cmd(&["logs", "-f", "--timestamps", pod])
+                        let since = std::fs::read_to_string(&file)
+                            .ok()
+                            .and_then(|t| {
+                                t.lines()
+                                    .last()
+                                    .and_then(|l| l.split_once(' '))
+                                    .map(|(stamp, _)| stamp.to_owned())
+                            })
+                            .map(|stamp| format!("--since-time={stamp}"));
+                        let mut args = vec!["logs", "-f", "--timestamps", pod];
+                        args.extend(since.as_deref());
+                        let follow = kubectl_cmd(&args)
                             .stdout(out)
                             .stderr(std::process::Stdio::null())
                             .spawn();
@@ -489,12 +510,17 @@ impl ControllerLogs {
         }
     }
 
-    /// Stops following; every controller line that names one of `names`, oldest first.
-    fn finish(mut self, names: &[String]) -> Vec<String> {
+    /// Stops following (the thread kills its followers); a second call does nothing.
+    fn stop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+
+    /// Stops following; every controller line that names one of `names`, oldest first.
+    fn finish(mut self, names: &[String]) -> Vec<String> {
+        self.stop();
         let mut lines: Vec<String> = std::fs::read_dir(&self.dir)
             .into_iter()
             .flatten()
@@ -512,7 +538,15 @@ impl ControllerLogs {
             })
             .collect();
         lines.sort();
+        lines.dedup();
         lines
+    }
+}
+
+/// A suite that panics before `finish` leaves no follower running.
+impl Drop for ControllerLogs {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -882,7 +916,7 @@ fn upgrade_and_rollback_keep_leases_held() {
     sampler.phase("held past a TTL");
     soak(&sampler, 40 * SEC);
 
-    let seen = sampler.finish();
+    let mut seen = sampler.finish();
     // Every declared lease is still held in the store, by the token its status shows.
     for (name, token) in &declared {
         let keys = TargetKeys::new(
@@ -891,15 +925,18 @@ fn upgrade_and_rollback_keep_leases_held() {
         );
         let ttl = valkey.raw(&["PTTL", &keys.lease()]);
         let ms: i64 = ttl.trim().trim_start_matches(':').parse().unwrap_or(-3);
-        assert!(
-            ms > 0,
-            "{name}: its lease has no time left in Valkey ({ttl:?})"
-        );
         let fence = valkey.raw(&["GET", &keys.fence()]);
-        assert!(
-            fence.contains(&token.to_string()),
-            "{name}: Valkey's fence {fence:?} is not its token {token}"
-        );
+        let problem = if ms <= 0 {
+            Some(format!("its lease has no time left in Valkey ({ttl:?})"))
+        } else if !fence.contains(&token.to_string()) {
+            Some(format!("Valkey's fence {fence:?} is not its token {token}"))
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            seen.suspects.insert(name.clone());
+            seen.violations.push(format!("the end: {name}: {problem}"));
+        }
     }
     eprintln!(
         "upgrade suite: {} samples ({} failed reads) in {:?}",

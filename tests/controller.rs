@@ -269,7 +269,8 @@ async fn stale_cleanup_touches_only_its_own_object(mut s: Scenario) {
     s.cluster.apply(&yaml);
     let new = s.get("reused").await;
     assert_ne!(new.uid(), stale.uid());
-    let _ = cleanup_of_stale(stale.clone()).await;
+    // Its removal is refused (the uid differs) and the cleanup counts as done.
+    let finished = cleanup_of_stale(stale.clone()).await;
     let after = s.get("reused").await;
     let kept = after.finalizers().iter().any(|f| f == FINALIZER);
     // Let the namespace go at the end.
@@ -285,6 +286,9 @@ async fn stale_cleanup_touches_only_its_own_object(mut s: Scenario) {
         kept,
         "the stale copy's cleanup removed the finalizer of the new object under its name"
     );
+    if let Err(e) = finished {
+        panic!("the stale copy's cleanup, its name taken by another object, failed: {e}");
+    }
 }
 
 // 3. Invalid resources are refused by the API server with a message naming the field.

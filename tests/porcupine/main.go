@@ -6,7 +6,8 @@
 //	linearize HISTORY.json [VISUALIZATION.html]
 //
 // Exit status 0: linearizable; 1: not linearizable (the visualization, when asked for, shows
-// where); 2: bad input or the check timed out.
+// where); 2: bad input or the check timed out (after LINEARIZE_TIMEOUT, a Go duration; 2m unless
+// set).
 //
 // The model (docs/store.md, "The lease protocol"), per target with permits N (1: the exclusive
 // lease), each permit a slot 0 to N-1 with its own lease and fence:
@@ -610,7 +611,15 @@ func main() {
 		},
 	}
 	model := spec.ToModel()
-	result, info := porcupine.CheckOperationsVerbose(model, ops, 120*time.Second)
+	// LINEARIZE_TIMEOUT (a Go duration) bounds the search; two minutes unless told.
+	limit := 120 * time.Second
+	if v := os.Getenv("LINEARIZE_TIMEOUT"); v != "" {
+		if limit, err = time.ParseDuration(v); err != nil || limit <= 0 {
+			fmt.Fprintln(os.Stderr, "LINEARIZE_TIMEOUT:", v, "is not a positive duration")
+			os.Exit(2)
+		}
+	}
+	result, info := porcupine.CheckOperationsVerbose(model, ops, limit)
 	fmt.Printf("linearize: %d calls (%d with an unknown outcome), %s\n", len(ops), unknown, result)
 	if result != porcupine.Ok && len(os.Args) > 2 {
 		if err := porcupine.VisualizePath(model, info, os.Args[2]); err == nil {

@@ -181,8 +181,9 @@ impl ControllerArgs {
         super::ensure_served(&client).await?;
         let store = self.open_store().map_err(|e| e.to_string())?;
         if let Err(e) = store.health().await {
-            // Not fatal: the controller starts, reports not ready, and retries per object.
-            warn!(error = %e, "lease store is not reachable yet");
+            // Not fatal: the controller starts, reports not ready, and retries per object. Not
+            // only "unreachable": a durability the server cannot give fails here too.
+            warn!(error = %e, kind = e.kind().as_str(), "the lease store failed its start-up check; not ready until it passes");
         }
         let metrics = Arc::new(Metrics::new());
         if self.backend == Backend::Valkey {

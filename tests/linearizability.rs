@@ -382,7 +382,7 @@ fn build_checker(dir: &Path) -> PathBuf {
 
 /// Runs the checker on `history`; its exit status and output.
 fn check(checker: &Path, history: &[Value], dir: &Path, name: &str) -> (i32, String) {
-    check_within(checker, history, dir, name, Duration::from_secs(120))
+    check_within(checker, history, dir, name, FULL_SEARCH)
 }
 
 /// [`check`] with the checker's search bounded by `limit` (then exit status 2, "Unknown").
@@ -1196,7 +1196,10 @@ fn refuse_a_flip(
 /// hours.
 const FLIP_BUDGET: Duration = Duration::from_secs(120);
 
-/// How long the checker may search one flipped history before the next flip is tried.
+/// How long the checker may search the whole recorded history (or a copy changed in one call).
+const FULL_SEARCH: Duration = Duration::from_secs(120);
+
+/// How long the checker may search one cut, flipped or not, before the next cut is tried.
 const FLIP_SEARCH: Duration = Duration::from_secs(20);
 
 fn main() {

@@ -183,7 +183,11 @@ impl ControllerArgs {
         if let Err(e) = store.health().await {
             // Not fatal: the controller starts, reports not ready, and retries per object. Not
             // only "unreachable": a durability the server cannot give fails here too.
-            warn!(error = %e, kind = e.kind().as_str(), "the lease store failed its start-up check; not ready until it passes");
+            warn!(
+                error = %e,
+                kind = e.kind().as_str(),
+                "the lease store failed its start-up check; not ready until it passes"
+            );
         }
         let metrics = Arc::new(Metrics::new());
         if self.backend == Backend::Valkey {

@@ -89,7 +89,8 @@ pub fn store_message(error: &StoreError) -> String {
             "the lease store cannot be reached; the controller retries with backoff ({see_log})"
         ),
         StoreError::Timeout { .. } => format!(
-            "a lease store call timed out and may have run; it is retried, and the retry acts once (an acquire by the same claim answers the token it already holds) ({see_log})"
+            "a lease store call timed out and may have run; it is retried, and the retry acts once \
+             (an acquire by the same claim answers the token it already holds) ({see_log})"
         ),
         StoreError::Tls { .. } => format!(
             "the TLS handshake with the lease store failed: check the CA, the client certificate \

@@ -561,168 +561,164 @@ fn history_of_killed_clients_is_linearizable() {
     assert_eq!(code, 0, "the recorded history is not linearizable:\n{text}");
     eprint!("{text}");
 
-    // The checker must refuse what it exists to refuse. A grant that repeats an earlier token
-    // on the same target (tokens must grow):
+    // The checker must refuse what it exists to refuse. Each mutation below changes one call
+    // into what a broken store would have answered.
     let grants: Vec<usize> = (0..history.len())
         .filter(|&i| outcome(&history[i]) == "acquired")
         .collect();
-    let (first, second) = grants
-        .iter()
-        .find_map(|&i| {
-            grants
-                .iter()
-                .find(|&&j| j > i && history[j]["target"] == history[i]["target"])
-                .map(|&j| (i, j))
-        })
-        .expect("two grants on one target");
     let newest_token = history
         .iter()
         .filter_map(|c| c["out"]["token"].as_u64())
         .max()
         .unwrap_or(0);
-    let mut repeated = history.clone();
-    repeated[second]["out"]["token"] = history[first]["out"]["token"].clone();
-    let (code, text) = check(&checker, &repeated, dir.path(), "repeated-token");
-    assert_eq!(code, 1, "a repeated token passed the checker:\n{text}");
-
-    // A grant of the promoted server that repeats a token the old primary issued after the
-    // replica was detached (what a token rule that adds the lead only to a target's first
-    // token does): the checker must refuse it.
-    let lost: Vec<&Value> = history
-        .iter()
-        .filter(|c| outcome(c) == "acquired" && c["call"].as_i64() >= Some(failover.detached))
-        .filter(|c| c["return"].as_i64() <= Some(failover.done))
-        .collect();
-    let reissued = lost.iter().find_map(|l| {
-        (0..history.len())
-            .find(|&j| {
-                outcome(&history[j]) == "acquired"
-                    && history[j]["target"] == l["target"]
-                    && history[j]["call"].as_i64() > Some(failover.done)
-            })
-            .map(|j| (j, l["out"]["token"].clone()))
-    });
-    let (j, token) = reissued.expect("a grant after the failover on a target that lost one");
-    let mut again = history.clone();
-    again[j]["out"]["token"] = token;
-    let (code, text) = check(&checker, &again, dir.path(), "reissued-after-failover");
-    assert_eq!(
-        code, 1,
-        "a token issued again after the failover passed the checker:\n{text}"
-    );
-
-    // A refusal turned into a grant while its holder certainly held the target (the refusal
-    // ran within the TTL of that holder's grant, and the refusal itself says it had not been
-    // released), with a made-up token above every token seen: only exclusion can refuse it.
-    let candidates: Vec<usize> = (0..history.len())
-        .filter(|&i| {
-            let c = &history[i];
-            outcome(c) == "held"
-                && known(c)
-                && grants
-                    .iter()
-                    .rev()
-                    .find(|&&g| {
-                        g < i
-                            && history[g]["target"] == c["target"]
-                            && history[g]["owner"] == c["out"]["owner"]
-                    })
-                    .is_some_and(|&g| {
-                        let at = |v: &Value, k: &str| v[k].as_i64().unwrap_or(0);
-                        if !known(&history[g]) {
-                            return false;
-                        }
-                        // No release by the holder from its grant to the refusal's end: the
-                        // flipped call could otherwise come after it.
-                        let released = history.iter().any(|r| {
-                            r["op"] == "release"
-                                && r["target"] == c["target"]
-                                && r["owner"] == c["out"]["owner"]
-                                && at(r, "call") >= at(&history[g], "call")
-                                && at(r, "call") <= at(c, "return")
-                        });
-                        !released
-                            && at(&history[g], "return") < at(c, "call")
-                            && at(c, "return") < at(&history[g], "call") + ttl_ns
-                    })
-        })
-        .collect();
-    let flip = |i: usize| {
-        let mut c = history[i].clone();
-        c["out"] = json!({"outcome": "acquired", "token": newest_token + 1});
-        c
+    let token = |i: usize| history[i]["out"]["token"].clone();
+    // The grant on call `j`'s target just before it, when its token differs from `j`'s.
+    let previous_grant = |j: usize| {
+        grants
+            .iter()
+            .rev()
+            .find(|&&g| g < j && history[g]["target"] == history[j]["target"])
+            .copied()
+            .filter(|&g| token(g) != token(j))
     };
-    refuse_a_flip(
-        &checker,
-        dir.path(),
-        &history,
-        &candidates,
-        ("two-holders", "a second holder", &flip),
-        Cuts::KilledFirst,
-    );
-
-    // A stale token answered current.
-    // (One whose newer token was granted before the check began: placing the check before
-    // that grant, where "current" would be right, is then out of order.)
-    let stale: Vec<usize> = (0..history.len())
-        .filter(|&i| {
-            let c = &history[i];
-            // Before the failover: after it the promoted server's fence may be lower.
-            outcome(c) == "stale"
-                && c["return"].as_i64() < Some(failover.detached)
-                && history.iter().any(|g| {
-                    outcome(g) == "acquired"
-                        && g["target"] == c["target"]
-                        && g["out"]["token"] == c["out"]["newest"]
-                        && g["return"].as_i64() < c["call"].as_i64()
-                })
-        })
-        .collect();
-    let as_current = |i: usize| {
-        let mut c = history[i].clone();
-        c["out"] = json!({"outcome": "current", "newest": history[i]["token"]});
-        c
-    };
-    refuse_a_flip(
-        &checker,
-        dir.path(),
-        &history,
-        &stale,
-        (
-            "stale-as-current",
-            "a stale token answered current",
-            &as_current,
-        ),
-        Cuts::KilledFirst,
-    );
-
-    // A forged handle obeyed: a renew or release with a token never issued answered renewed or
-    // released (both kinds: a short history may hold few forgeries of either).
-    let forged: Vec<usize> = (0..history.len())
-        .filter(|&i| {
-            history[i]["forged"] == true
-                && known(&history[i])
-                && matches!(outcome(&history[i]), "not_holder" | "lost")
-        })
-        .collect();
-    let obey = |i: usize| {
-        let mut c = history[i].clone();
-        let done = if c["op"] == "renew" {
-            "renewed"
-        } else {
-            "released"
+    // A grant of the promoted server on a target that lost a grant in the failover (one the
+    // old primary issued after the replica was detached): that lost grant.
+    let lost_before = |j: usize| {
+        let lost = |c: &Value| {
+            outcome(c) == "acquired"
+                && c["call"].as_i64() >= Some(failover.detached)
+                && c["return"].as_i64() <= Some(failover.done)
         };
-        c["out"] = json!({ "outcome": done });
+        (history[j]["call"].as_i64() > Some(failover.done))
+            .then(|| {
+                grants
+                    .iter()
+                    .copied()
+                    .find(|&g| lost(&history[g]) && history[g]["target"] == history[j]["target"])
+            })
+            .flatten()
+    };
+    // A refusal while its holder certainly held the target: the refusal ran within the TTL of
+    // that holder's grant, and the refusal itself says it had not been released.
+    let certainly_held = |i: usize| {
+        let c = &history[i];
+        let at = |v: &Value, k: &str| v[k].as_i64().unwrap_or(0);
+        outcome(c) == "held"
+            && known(c)
+            && grants
+                .iter()
+                .rev()
+                .find(|&&g| {
+                    g < i
+                        && history[g]["target"] == c["target"]
+                        && history[g]["owner"] == c["out"]["owner"]
+                })
+                .is_some_and(|&g| {
+                    if !known(&history[g]) {
+                        return false;
+                    }
+                    // No release by the holder from its grant to the refusal's end: the flipped
+                    // call could otherwise come after it.
+                    let released = history.iter().any(|r| {
+                        r["op"] == "release"
+                            && r["target"] == c["target"]
+                            && r["owner"] == c["out"]["owner"]
+                            && at(r, "call") >= at(&history[g], "call")
+                            && at(r, "call") <= at(c, "return")
+                    });
+                    !released
+                        && at(&history[g], "return") < at(c, "call")
+                        && at(c, "return") < at(&history[g], "call") + ttl_ns
+                })
+    };
+    // A stale check whose newer token was granted before the check began (placing the check
+    // before that grant, where "current" would be right, is then out of order), before the
+    // failover (after it the promoted server's fence may be lower).
+    let stale_before_failover = |i: usize| {
+        let c = &history[i];
+        outcome(c) == "stale"
+            && c["return"].as_i64() < Some(failover.detached)
+            && history.iter().any(|g| {
+                outcome(g) == "acquired"
+                    && g["target"] == c["target"]
+                    && g["out"]["token"] == c["out"]["newest"]
+                    && g["return"].as_i64() < c["call"].as_i64()
+            })
+    };
+    let changed = |i: usize, edit: &dyn Fn(&mut Value)| {
+        let mut c = history[i].clone();
+        edit(&mut c);
         c
     };
-    refuse_a_flip(
-        &checker,
-        dir.path(),
-        &history,
-        &forged,
-        ("forged-handle", "a forged handle obeyed", &obey),
-        Cuts::KilledFirst,
-    );
+    let flips = [
+        // A grant that repeats the token of the grant before it on its target (tokens must
+        // grow).
+        Flip {
+            name: "repeated-token",
+            what: "a repeated token",
+            candidate: &|j| outcome(&history[j]) == "acquired" && previous_grant(j).is_some(),
+            change: &|j| {
+                changed(j, &|c| {
+                    c["out"]["token"] = previous_grant(j).map(token).into()
+                })
+            },
+        },
+        // A grant of the promoted server that repeats a token the old primary issued after
+        // the replica was detached (what a token rule that adds the lead only to a target's
+        // first token does).
+        Flip {
+            name: "reissued-after-failover",
+            what: "a token issued again after the failover",
+            candidate: &|j| outcome(&history[j]) == "acquired" && lost_before(j).is_some(),
+            change: &|j| changed(j, &|c| c["out"]["token"] = lost_before(j).map(token).into()),
+        },
+        // A refusal turned into a grant, with a made-up token above every token seen: only
+        // exclusion can refuse it.
+        Flip {
+            name: "two-holders",
+            what: "a second holder",
+            candidate: &certainly_held,
+            change: &|i| {
+                changed(i, &|c| {
+                    c["out"] = json!({"outcome": "acquired", "token": newest_token + 1})
+                })
+            },
+        },
+        Flip {
+            name: "stale-as-current",
+            what: "a stale token answered current",
+            candidate: &stale_before_failover,
+            change: &|i| {
+                changed(i, &|c| {
+                    c["out"] = json!({"outcome": "current", "newest": history[i]["token"]})
+                })
+            },
+        },
+        // A forged handle obeyed: a renew or release with a token never issued answered renewed
+        // or released (both kinds: a short history may hold few forgeries of either).
+        Flip {
+            name: "forged-handle",
+            what: "a forged handle obeyed",
+            candidate: &|i| {
+                history[i]["forged"] == true
+                    && known(&history[i])
+                    && matches!(outcome(&history[i]), "not_holder" | "lost")
+            },
+            change: &|i| {
+                changed(i, &|c| {
+                    let done = if c["op"] == "renew" {
+                        "renewed"
+                    } else {
+                        "released"
+                    };
+                    c["out"] = json!({ "outcome": done })
+                })
+            },
+        },
+    ];
+    for flip in &flips {
+        refuse_a_flip(&checker, dir.path(), &history, flip, Cuts::KilledFirst);
+    }
 }
 
 /// The permits of the targets of the permits history, and how many targets and workers share
@@ -890,14 +886,17 @@ fn certainly_held(history: &[Value], i: usize, slot: u64, permits: u64) -> bool 
         && at(c, "return") < at(g, "call") + ttl_ns
 }
 
-/// A mutation of a recorded history the checker must refuse: its file name, what it makes up,
-/// which calls it may change, and what it makes of such a call.
-type Flip<'a> = (
-    &'a str,
-    &'a str,
-    &'a dyn Fn(usize) -> bool,
-    &'a dyn Fn(usize) -> Value,
-);
+/// A mutation of a recorded history the checker must refuse.
+struct Flip<'a> {
+    /// The file name of the mutated history.
+    name: &'a str,
+    /// What it makes up, for the messages.
+    what: &'a str,
+    /// Which calls it may change (by index in the history).
+    candidate: &'a dyn Fn(usize) -> bool,
+    /// What it makes of such a call.
+    change: &'a dyn Fn(usize) -> Value,
+}
 
 fn permits_history_of_killed_clients_is_linearizable() {
     let dir = Evidence::new("permits");
@@ -1043,35 +1042,32 @@ fn permits_history_of_killed_clients_is_linearizable() {
             .copied()
             .filter(|&i| own.is_none_or(|t| token(i) > t))
     };
-    let flips: [Flip; 4] = [
-        (
-            "token-of-another-slot",
-            "a token of another slot",
-            &|j| outcome(&history[j]) == "acquired" && other_slot(j).is_some(),
-            &|j| {
-                let mut c = history[j].clone();
-                c["out"]["token"] = json!(other_slot(j).map(token));
-                c
-            },
-        ),
-        (
-            "fourth-holder",
-            "a holder above the permits",
-            &|i| {
+    let changed = |i: usize, edit: &dyn Fn(&mut Value)| {
+        let mut c = history[i].clone();
+        edit(&mut c);
+        c
+    };
+    let flips = [
+        Flip {
+            name: "token-of-another-slot",
+            what: "a token of another slot",
+            candidate: &|j| outcome(&history[j]) == "acquired" && other_slot(j).is_some(),
+            change: &|j| changed(j, &|c| c["out"]["token"] = json!(other_slot(j).map(token))),
+        },
+        Flip {
+            name: "fourth-holder",
+            what: "a holder above the permits",
+            candidate: &|i| {
                 outcome(&history[i]) == "held"
                     && history[i]["permits"] == json!(PERMITS)
                     && (0..p).all(|s| certainly_held(&history, i, s, p))
             },
-            &|i| {
-                let mut c = history[i].clone();
-                c["out"] = fourth.clone();
-                c
-            },
-        ),
-        (
-            "two-permits-values",
-            "a grant under another permits value",
-            &|i| {
+            change: &|i| changed(i, &|c| c["out"] = fourth.clone()),
+        },
+        Flip {
+            name: "two-permits-values",
+            what: "a grant under another permits value",
+            candidate: &|i| {
                 outcome(&history[i]) == "acquired"
                     && history[i]["permits"] == json!(PERMITS)
                     && history[i]["out"]["slot"].as_u64() < Some(p - 1)
@@ -1080,34 +1076,22 @@ fn permits_history_of_killed_clients_is_linearizable() {
                     })
             },
             // The same grant, of a claim that asked one permit fewer.
-            &|i| {
-                let mut c = history[i].clone();
-                c["permits"] = json!(PERMITS - 1);
-                c
-            },
-        ),
+            change: &|i| changed(i, &|c| c["permits"] = json!(PERMITS - 1)),
+        },
         // A token checked against another slot's fence answered current.
-        (
-            "current-in-another-slot",
-            "a token current in another slot's fence",
-            &|i| history[i]["wrong_slot"] == true && history[i]["killed"] != true,
-            &|i| {
-                let mut c = history[i].clone();
-                c["out"] = json!({"outcome": "current", "newest": history[i]["token"]});
-                c
+        Flip {
+            name: "current-in-another-slot",
+            what: "a token current in another slot's fence",
+            candidate: &|i| history[i]["wrong_slot"] == true && history[i]["killed"] != true,
+            change: &|i| {
+                changed(i, &|c| {
+                    c["out"] = json!({"outcome": "current", "newest": history[i]["token"]})
+                })
             },
-        ),
+        },
     ];
-    for (name, what, candidate, flip) in flips {
-        let candidates: Vec<usize> = (0..history.len()).filter(|&i| candidate(i)).collect();
-        refuse_a_flip(
-            &checker,
-            dir.path(),
-            &history,
-            &candidates,
-            (name, what, flip),
-            Cuts::KnownFirst,
-        );
+    for flip in &flips {
+        refuse_a_flip(&checker, dir.path(), &history, flip, Cuts::KnownFirst);
     }
 }
 
@@ -1116,15 +1100,15 @@ fn permits_history_of_killed_clients_is_linearizable() {
 enum Cuts {
     /// With the killed calls first: the checker must then refuse the flip while the model is
     /// unsure of fences and tokens (a killed grant's token is unknown), which the known calls
-    /// alone never make it. For mutations early in a history, whose cuts hold few killed calls.
+    /// alone never make it. For the exclusive history, whose cuts hold fewer killed calls.
     KilledFirst,
     /// Without the killed calls first: for histories whose many killed calls (the permits
     /// history's) put every cut's search out of reach.
     KnownFirst,
 }
 
-/// Turns one of `candidates` (a call of `history`) into what the checker must refuse, and
-/// requires the checker to refuse it. The history is cut after that call, so what the flip makes
+/// Turns one of the calls of `history` that `flip` may change into what the checker must refuse,
+/// and requires the checker to refuse it. The history is cut after that call, so what the flip makes
 /// up contradicts nothing later, and the earliest candidates are tried first: refusing a history
 /// means searching every order of it, and every killed call, which may have run at any moment of
 /// its long window or never, multiplies the orders (a 714-call cut with 82 killed calls ran past
@@ -1132,15 +1116,13 @@ enum Cuts {
 /// (searched in moments), in the order `cuts` says. The cut history without the flip must pass
 /// first: a killed call left out, or a call that began after the cut, may have explained one in
 /// it, and such a cut is skipped. A search that runs past [`FLIP_SEARCH`] is counted and the next
-/// cut tried, for at most [`FLIP_BUDGET`] in all; a flip the checker accepts fails at once.
-fn refuse_a_flip(
-    checker: &Path,
-    dir: &Path,
-    history: &[Value],
-    candidates: &[usize],
-    (name, what, flip): (&str, &str, &dyn Fn(usize) -> Value),
-    cuts: Cuts,
-) {
+/// cut tried, for at most [`FLIP_BUDGET`] in all (half of it for the first kind of cut); a flip
+/// the checker accepts fails at once.
+fn refuse_a_flip(checker: &Path, dir: &Path, history: &[Value], flip: &Flip, cuts: Cuts) {
+    let Flip { name, what, .. } = flip;
+    let candidates: Vec<usize> = (0..history.len())
+        .filter(|&i| (flip.candidate)(i))
+        .collect();
     let started = Instant::now();
     let (with, without) = ((true, 5), (false, 30));
     let order = match cuts {
@@ -1149,9 +1131,11 @@ fn refuse_a_flip(
     };
     let mut undecided = 0;
     let ran_out = |text: &str| text.contains("Unknown");
-    for (with_killed, tries) in order {
+    // The first kind of cut may use half the budget: searches that time out there must leave
+    // time for the other kind.
+    for ((with_killed, tries), budget) in order.into_iter().zip([FLIP_BUDGET / 2, FLIP_BUDGET]) {
         for &i in candidates.iter().take(tries) {
-            if started.elapsed() > FLIP_BUDGET {
+            if started.elapsed() > budget {
                 break;
             }
             let cut = history[i]["return"].as_i64().unwrap_or(0);
@@ -1176,9 +1160,17 @@ fn refuse_a_flip(
                 })
                 .expect("the call is in the cut history");
             let mut flipped = truncated;
-            flipped[at] = flip(i);
+            flipped[at] = (flip.change)(i);
             match check_within(checker, &flipped, dir, name, FLIP_SEARCH) {
-                (1, _) => return,
+                (1, _) => {
+                    let killed = flipped.iter().filter(|c| c["killed"] == true).count();
+                    eprintln!(
+                        "linearizability: {name} refused: a cut of {} calls ({killed} killed), {undecided} searches past {FLIP_SEARCH:?} before it, {:.1?}",
+                        flipped.len(),
+                        started.elapsed()
+                    );
+                    return;
+                }
                 (2, text) if ran_out(&text) => undecided += 1,
                 (0, text) => panic!("{what} passed the checker:\n{text}"),
                 (code, text) => panic!("the checker failed (exit {code}) on {what}:\n{text}"),

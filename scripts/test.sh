@@ -12,7 +12,8 @@ cd "$root"
 source scripts/env.sh
 
 log_dir="$(mktemp -d "${TMPDIR:-/tmp}/targetlease-test.XXXXXX")"
-step() { printf '\n=== %s\n' "$*"; }
+# Each step names when it began (seconds since the start): the budget is read from these.
+step() { printf '\n=== %s (at %d s)\n' "$*" "$SECONDS"; }
 
 step "dependencies"
 bash scripts/install-test-deps.sh
@@ -46,6 +47,9 @@ bash e2e/selftest.sh 2>&1 | tee "$log_dir/suite-e2e.log"
 
 step "docs: every command block of README.md and docs/ run as a user would"
 bash scripts/docs-test.sh 2>&1 | tee "$log_dir/suite-docs.log"
+
+step "the slowest tests (where the suite's time goes)"
+grep -ho 'took: [^ ]*: [0-9.]* s' "$log_dir/cargo.log" | sort -t: -k3 -g -r | head -15 || true
 
 # One closing line over every suite: cargo's `test result:` lines, and the closing
 # `[name: ]N passed, N failed` line of each script suite.

@@ -122,7 +122,7 @@ impl World {
     }
 
     fn json(&self, args: &[&str]) -> Value {
-        kubectl_json(&self.cluster, args)
+        self.cluster.kubectl_json(args)
     }
 
     /// A fresh namespace for one test.
@@ -234,17 +234,10 @@ fn poll<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) ->
 fn release_pods(cluster: &Cluster, ns: &str, release: &str) -> Vec<Value> {
     let selector =
         format!("app.kubernetes.io/instance={release},app.kubernetes.io/component=controller");
-    kubectl_json(cluster, &["get", "pods", "-n", ns, "-l", &selector])["items"]
+    cluster.kubectl_json(&["get", "pods", "-n", ns, "-l", &selector])["items"]
         .as_array()
         .cloned()
         .unwrap_or_default()
-}
-
-/// `kubectl get ... -o json`, parsed.
-fn kubectl_json(cluster: &Cluster, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.extend(["-o", "json"]);
-    serde_json::from_str(&cluster.kubectl_ok(&all)).expect("kubectl JSON")
 }
 
 /// The FailedCreate events in a namespace (both event APIs show them), as "reason: message".

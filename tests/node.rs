@@ -107,9 +107,7 @@ impl World {
     }
 
     fn kubectl_json(&self, args: &[&str]) -> Value {
-        let mut full = args.to_vec();
-        full.extend(["-o", "json"]);
-        serde_json::from_str(&self.cluster.kubectl_ok(&full)).expect("kubectl json")
+        self.cluster.kubectl_json(args)
     }
 
     /// Polls `probe` every 200 ms until it returns Some, or panics after `limit` with `what`

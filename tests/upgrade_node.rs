@@ -23,7 +23,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
-use libtest_mimic::Trial;
 use serde_json::Value;
 
 use support::kube::{Cluster, repo};
@@ -47,10 +46,10 @@ const SEC: Duration = Duration::from_secs(1);
 fn main() {
     support::suite::run(
         "upgrade-node",
-        vec![Trial::test("upgrade_and_rollback_keep_leases_held", || {
-            upgrade_and_rollback_keep_leases_held();
-            Ok(())
-        })],
+        vec![support::suite::blocking_trial(
+            "upgrade_and_rollback_keep_leases_held",
+            upgrade_and_rollback_keep_leases_held,
+        )],
     )
 }
 
@@ -558,9 +557,7 @@ struct Suite {
 
 impl Suite {
     fn json(&self, args: &[&str]) -> Value {
-        let mut full = args.to_vec();
-        full.extend(["-o", "json"]);
-        serde_json::from_str(&self.cluster.kubectl_ok(&full)).expect("kubectl json")
+        self.cluster.kubectl_json(args)
     }
 
     fn helm_ok(&self, args: &[&str]) -> String {

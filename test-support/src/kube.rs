@@ -269,6 +269,13 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `kubectl <args> -o json`, parsed; panics unless kubectl succeeds.
+    pub fn kubectl_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        serde_json::from_str(&self.kubectl_ok(&all)).expect("kubectl printed JSON")
+    }
+
     /// Applies YAML and panics unless it succeeds.
     pub fn apply(&self, yaml: &str) {
         let out = self.kubectl_with_input(&["apply", "-f", "-"], Some(yaml));

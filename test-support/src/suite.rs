@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use libtest_mimic::{Arguments, Conclusion, Failed, Trial};
 
@@ -26,8 +26,17 @@ where
 /// rather than async clients: a panic is its failure, with the panic's message.
 pub fn blocking_trial(name: &'static str, body: fn()) -> Trial {
     Trial::test(name, move || {
-        std::panic::catch_unwind(body).map_err(|panic| Failed::from(panic_message(&*panic)))
+        let started = Instant::now();
+        let outcome = std::panic::catch_unwind(body);
+        took(name, started.elapsed());
+        outcome.map_err(|panic| Failed::from(panic_message(&*panic)))
     })
+}
+
+/// Prints how long a test took, as `took: <name>: <seconds> s`: scripts/test.sh lists the
+/// slowest at the end, which is where the suite's time budget is won or lost.
+fn took(name: &str, elapsed: Duration) {
+    eprintln!("took: {name}: {:.1} s", elapsed.as_secs_f64());
 }
 
 /// [`trial`] with its own time limit, for long runs.
@@ -36,7 +45,10 @@ where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let name = name.into();
+    let label = name.clone();
     Trial::test(name, move || {
+        let started = Instant::now();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -49,6 +61,7 @@ where
                     .unwrap_or_else(|_| panic!("test timed out after {limit:?}"));
             });
         }));
+        took(&label, started.elapsed());
         outcome.map_err(|panic| Failed::from(panic_message(&*panic)))
     })
 }

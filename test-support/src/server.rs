@@ -5,10 +5,12 @@
 //! environment variables named in [`ServerKind::env_var`]. A missing or wrong-version binary is a
 //! test failure, never a skip.
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The servers the contract suite runs against.
@@ -298,11 +300,29 @@ impl Drop for Server {
     }
 }
 
-/// A port that was free a moment ago.
+/// A port that was free a moment ago, and that this process never handed out before, neither as
+/// a port nor as a cluster bus port (the port + 10000). A Valkey Cluster whose primary a test
+/// killed keeps calling that primary's address; a node of another test's cluster started there
+/// would be drawn into the first cluster, lose its slots to it and turn into a replica (seen as
+/// "CLUSTER REPLICATE: I can only replicate a master" while a cluster formed).
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    listener.local_addr().expect("local addr").port()
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let port = listener.local_addr().expect("local addr").port();
+        let bus = port.checked_add(CLUSTER_BUS_OFFSET);
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if handed_out.contains(&port) || bus.is_some_and(|b| handed_out.contains(&b)) {
+            continue;
+        }
+        handed_out.insert(port);
+        handed_out.extend(bus);
+        return port;
+    }
 }
+
+/// How far a Valkey Cluster node's bus port is above its port.
+const CLUSTER_BUS_OFFSET: u16 = 10_000;
 
 fn spawn(
     kind: ServerKind,

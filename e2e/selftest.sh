@@ -289,6 +289,11 @@ t_valkey() {
   fi
 }
 
+# process_dead PID: no such process, or only a zombie left of it.
+process_dead() {
+  [[ ! -e "/proc/$1" ]] || [[ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" == Z ]]
+}
+
 t_restart() {
   need_cluster
   k create configmap survives-restart -n default --from-literal=a=b
@@ -297,7 +302,9 @@ t_restart() {
   "$CLUSTER" restart kube-apiserver --kill
   new="$(sed -n 's/^\([0-9]*\) .*/\1/p' "$TARGETLEASE_E2E_DIR/pids/kube-apiserver.pid")"
   [[ -n "$new" && "$new" != "$old" ]] || { echo "kube-apiserver pid did not change ($old -> $new)"; return 1; }
-  ! kill -0 "$old" 2>/dev/null || { echo "old kube-apiserver $old still alive"; return 1; }
+  # SIGKILL is not instant, and a killed process stays a zombie until it is reaped: gone or a
+  # zombie within a few seconds counts as dead.
+  poll 5 process_dead "$old" || { echo "old kube-apiserver $old still alive"; return 1; }
   # etcd kept the data; the API answers again.
   [[ "$(k get configmap survives-restart -n default -o jsonpath='{.data.a}')" == b ]]
 }
@@ -372,7 +379,7 @@ t_owner_watchdog() {
   TARGETLEASE_E2E_STATE="$state" "$CLUSTER" down
   [[ ! -e "$state" ]]
 }
-export -f t_cluster_up t_apply_and_version t_rbac t_garbage_collection t_pod_security t_helm t_kstatus t_valkey t_restart t_down t_owner_watchdog
+export -f process_dead t_cluster_up t_apply_and_version t_rbac t_garbage_collection t_pod_security t_helm t_kstatus t_valkey t_restart t_down t_owner_watchdog
 # ------------------------------------------------------------- node tests --
 # A second cluster with a real node (`up --node`: kube-scheduler, containerd, kubelet,
 # kube-proxy on this machine; root only), in its own state file.

@@ -322,7 +322,7 @@ t_down() {
   "$CLUSTER" down
   local bad=0
   for pid in "${pids[@]}"; do
-    if [[ -e "/proc/$pid" ]] && [[ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]]; then
+    if ! process_dead "$pid"; then
       echo "process $pid still alive: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)"; bad=1
     fi
   done
@@ -361,8 +361,7 @@ t_owner_watchdog() {
   wait "$owner" 2>/dev/null || true
   dir_gone() { [[ ! -e "$d" ]]; }
   poll 20 dir_gone
-  proc_gone() { [[ ! -e "/proc/$pid" ]] || [[ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" == Z ]]; }
-  poll 10 proc_gone
+  poll 10 process_dead "$pid"
   [[ ! -e "$state" ]]
   echo "watchdog removed $d and stopped valkey pid $pid"
   # `up` also cleans a stale cluster left in the state file (owner gone,

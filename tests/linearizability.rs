@@ -645,11 +645,6 @@ fn history_of_killed_clients_is_linearizable() {
                     && g["return"].as_i64() < c["call"].as_i64()
             })
     };
-    let changed = |i: usize, edit: &dyn Fn(&mut Value)| {
-        let mut c = history[i].clone();
-        edit(&mut c);
-        c
-    };
     let flips = [
         // A grant that repeats the token of the grant before it on its target (tokens must
         // grow).
@@ -658,7 +653,7 @@ fn history_of_killed_clients_is_linearizable() {
             what: "a repeated token",
             candidate: &|j| outcome(&history[j]) == "acquired" && previous_grant(j).is_some(),
             change: &|j| {
-                changed(j, &|c| {
+                changed(&history[j], |c| {
                     c["out"]["token"] = previous_grant(j).map(token).into()
                 })
             },
@@ -670,7 +665,11 @@ fn history_of_killed_clients_is_linearizable() {
             name: "reissued-after-failover",
             what: "a token issued again after the failover",
             candidate: &|j| outcome(&history[j]) == "acquired" && lost_before(j).is_some(),
-            change: &|j| changed(j, &|c| c["out"]["token"] = lost_before(j).map(token).into()),
+            change: &|j| {
+                changed(&history[j], |c| {
+                    c["out"]["token"] = lost_before(j).map(token).into()
+                })
+            },
         },
         // A refusal turned into a grant, with a made-up token above every token seen: only
         // exclusion can refuse it.
@@ -679,7 +678,7 @@ fn history_of_killed_clients_is_linearizable() {
             what: "a second holder",
             candidate: &certainly_held,
             change: &|i| {
-                changed(i, &|c| {
+                changed(&history[i], |c| {
                     c["out"] = json!({"outcome": "acquired", "token": newest_token + 1})
                 })
             },
@@ -689,7 +688,7 @@ fn history_of_killed_clients_is_linearizable() {
             what: "a stale token answered current",
             candidate: &stale_before_failover,
             change: &|i| {
-                changed(i, &|c| {
+                changed(&history[i], |c| {
                     c["out"] = json!({"outcome": "current", "newest": history[i]["token"]})
                 })
             },
@@ -705,7 +704,7 @@ fn history_of_killed_clients_is_linearizable() {
                     && matches!(outcome(&history[i]), "not_holder" | "lost")
             },
             change: &|i| {
-                changed(i, &|c| {
+                changed(&history[i], |c| {
                     let done = if c["op"] == "renew" {
                         "renewed"
                     } else {
@@ -886,6 +885,13 @@ fn certainly_held(history: &[Value], i: usize, slot: u64, permits: u64) -> bool 
         && at(c, "return") < at(g, "call") + ttl_ns
 }
 
+/// A copy of `call` with `edit` applied: what a mutation makes of a recorded call.
+fn changed(call: &Value, edit: impl FnOnce(&mut Value)) -> Value {
+    let mut c = call.clone();
+    edit(&mut c);
+    c
+}
+
 /// A mutation of a recorded history the checker must refuse.
 struct Flip<'a> {
     /// The file name of the mutated history.
@@ -1042,17 +1048,16 @@ fn permits_history_of_killed_clients_is_linearizable() {
             .copied()
             .filter(|&i| own.is_none_or(|t| token(i) > t))
     };
-    let changed = |i: usize, edit: &dyn Fn(&mut Value)| {
-        let mut c = history[i].clone();
-        edit(&mut c);
-        c
-    };
     let flips = [
         Flip {
             name: "token-of-another-slot",
             what: "a token of another slot",
             candidate: &|j| outcome(&history[j]) == "acquired" && other_slot(j).is_some(),
-            change: &|j| changed(j, &|c| c["out"]["token"] = json!(other_slot(j).map(token))),
+            change: &|j| {
+                changed(&history[j], |c| {
+                    c["out"]["token"] = json!(other_slot(j).map(token))
+                })
+            },
         },
         Flip {
             name: "fourth-holder",
@@ -1062,7 +1067,7 @@ fn permits_history_of_killed_clients_is_linearizable() {
                     && history[i]["permits"] == json!(PERMITS)
                     && (0..p).all(|s| certainly_held(&history, i, s, p))
             },
-            change: &|i| changed(i, &|c| c["out"] = fourth.clone()),
+            change: &|i| changed(&history[i], |c| c["out"] = fourth.clone()),
         },
         Flip {
             name: "two-permits-values",
@@ -1076,7 +1081,7 @@ fn permits_history_of_killed_clients_is_linearizable() {
                     })
             },
             // The same grant, of a claim that asked one permit fewer.
-            change: &|i| changed(i, &|c| c["permits"] = json!(PERMITS - 1)),
+            change: &|i| changed(&history[i], |c| c["permits"] = json!(PERMITS - 1)),
         },
         // A token checked against another slot's fence answered current.
         Flip {
@@ -1084,7 +1089,7 @@ fn permits_history_of_killed_clients_is_linearizable() {
             what: "a token current in another slot's fence",
             candidate: &|i| history[i]["wrong_slot"] == true && history[i]["killed"] != true,
             change: &|i| {
-                changed(i, &|c| {
+                changed(&history[i], |c| {
                     c["out"] = json!({"outcome": "current", "newest": history[i]["token"]})
                 })
             },

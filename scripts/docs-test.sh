@@ -7,7 +7,7 @@
 # Blocks that are not run, and why (printed as SKIP):
 #   - `bash scripts/test.sh`: it is this suite's own caller (CI runs it);
 #   - `cargo install` / `cargo build --release`: the suite builds and tests the same binary
-#     (the release build is exercised by the benchmark smoke run);
+#     (the release build is exercised by the image and release suites);
 #   - `TARGETLEASE_CASES=` / `TARGETLEASE_CHAOS_SECONDS=`: the long version of a suite that
 #     scripts/test.sh runs at its default length;
 #   - `cargo bench`: the benchmarks take minutes; scripts/test.sh runs their smoke mode.

@@ -1,6 +1,9 @@
 # The controller image: one static binary, CA certificates and a non-root user; no shell.
 #
-#   docker build -t ghcr.io/targetlease/targetlease:0.2.0 .
+#   docker build -t ghcr.io/targetlease/targetlease:0.2.0 --build-arg TARGETLEASE_BUILD_COMMIT="$(git rev-parse HEAD)" --build-arg SOURCE_DATE_EPOCH="$(git log -1 --format=%ct)" .
+#
+# The build context has no .git: the two build arguments give `targetlease --version` and the
+# targetlease_build_info metric their commit and date (both `unknown` without them).
 #
 # Without Docker, `scripts/image.sh` builds the same image (same binary build, user, paths,
 # entrypoint, command, port and labels: it reads them from this file's last stage) as an OCI
@@ -9,6 +12,9 @@
 # base is enough: CA certificates for rediss:// and the API server, /etc/passwd, /tmp.
 
 FROM docker.io/library/rust:1.95-bookworm AS build
+# Read by build.rs (see the top of this file); empty when not given.
+ARG TARGETLEASE_BUILD_COMMIT=
+ARG SOURCE_DATE_EPOCH
 WORKDIR /src
 # cargo-auditable embeds the dependency list (the version pinned in scripts/env.sh).
 RUN cargo install --locked --version 0.7.7 cargo-auditable

@@ -1,9 +1,11 @@
 //! Build facts for `targetlease --version` and the `targetlease_build_info` metric
 //! (src/build_info.rs): the commit the crate is built from and the build date.
 //!
-//! The date is SOURCE_DATE_EPOCH when set, else the commit's own date, never the clock: the same
-//! commit must give the same binary (scripts/image.sh rebuilds to the same image digest). Outside
-//! a git checkout (a source tarball, the Docker build context) both are `unknown`.
+//! The commit is the checkout's HEAD. Outside a git checkout (a source tarball, the Docker build
+//! context) it is TARGETLEASE_BUILD_COMMIT when set (the Dockerfile's build argument), else
+//! `unknown`. The date is SOURCE_DATE_EPOCH when set, else the checkout's commit date, never the
+//! clock: the same commit must give the same binary (scripts/image.sh rebuilds to the same image
+//! digest); `unknown` when neither is known.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,20 +17,23 @@ fn main() {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=SOURCE_DATE_EPOCH");
+    println!("cargo:rerun-if-env-changed=TARGETLEASE_BUILD_COMMIT");
 
     let checkout = Checkout::find(&manifest_dir);
-    let commit = checkout
-        .as_ref()
-        .and_then(|c| c.git(&["rev-parse", "--verify", "HEAD^{commit}"]))
-        .map_or_else(
-            || "unknown".to_owned(),
-            |id| id[..COMMIT_DIGITS.min(id.len())].to_owned(),
-        );
-    let epoch = match std::env::var("SOURCE_DATE_EPOCH") {
-        Ok(value) => Some(value.trim().parse::<i64>().unwrap_or_else(|_| {
+    let commit = match &checkout {
+        Some(checkout) => checkout.git(&["rev-parse", "--verify", "HEAD^{commit}"]),
+        None => given_commit(),
+    }
+    .map_or_else(
+        || "unknown".to_owned(),
+        |id| id[..COMMIT_DIGITS.min(id.len())].to_owned(),
+    );
+    // An empty value counts as unset (a build argument declared but not given).
+    let epoch = match std::env::var("SOURCE_DATE_EPOCH").map(|v| v.trim().to_owned()) {
+        Ok(value) if !value.is_empty() => Some(value.parse::<i64>().unwrap_or_else(|_| {
             panic!("SOURCE_DATE_EPOCH={value:?} is not a number of seconds since 1970")
         })),
-        Err(_) => checkout
+        _ => checkout
             .as_ref()
             .and_then(|c| c.git(&["log", "-1", "--format=%ct", "HEAD"]))
             .and_then(|s| s.parse().ok()),
@@ -39,6 +44,24 @@ fn main() {
     }
     println!("cargo:rustc-env=TARGETLEASE_COMMIT={commit}");
     println!("cargo:rustc-env=TARGETLEASE_BUILD_DATE={date}");
+}
+
+/// TARGETLEASE_BUILD_COMMIT, for a build without the checkout (`docker build --build-arg
+/// TARGETLEASE_BUILD_COMMIT=$(git rev-parse HEAD)`): a commit id of at least as many hex digits
+/// as the version shows, and at most a SHA-256 id's. Unset or empty is None; anything else fails
+/// the build, naming the value, rather than printing it as a commit.
+fn given_commit() -> Option<String> {
+    let value = std::env::var("TARGETLEASE_BUILD_COMMIT").ok()?;
+    let id = value.trim().to_ascii_lowercase();
+    if id.is_empty() {
+        return None;
+    }
+    let hex = id.bytes().all(|b| b.is_ascii_hexdigit());
+    assert!(
+        hex && (COMMIT_DIGITS..=64).contains(&id.len()),
+        "TARGETLEASE_BUILD_COMMIT={value:?} is not a commit id ({COMMIT_DIGITS} to 64 hex digits)"
+    );
+    Some(id)
 }
 
 /// The git checkout whose top folder is the crate's folder.

@@ -156,6 +156,16 @@ fn dockerfile_build_context_is_complete() {
     let text = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
     // [header comments, the build stage, the final stage]
     let build_stage = text.split("\nFROM ").nth(1).expect("a build stage");
+    // The context has no .git: build.rs reads the commit and the date from these build
+    // arguments (tests/release.rs runs it without a checkout).
+    for arg in ["TARGETLEASE_BUILD_COMMIT", "SOURCE_DATE_EPOCH"] {
+        assert!(
+            build_stage
+                .lines()
+                .any(|l| l.strip_prefix("ARG ").is_some_and(|a| a.starts_with(arg))),
+            "the build stage declares no ARG {arg} for build.rs"
+        );
+    }
     let ignore = std::fs::read_to_string(repo().join(".dockerignore")).expect(".dockerignore");
     let allowed: Vec<&str> = ignore
         .lines()

@@ -3,8 +3,9 @@
 //! dependency list embedded in the binary (cargo-auditable's `.dep-v0` section, read here from
 //! the ELF file) names exactly the crates of Cargo.lock linked into it, and so does the SBOM,
 //! with no dev-dependency and no build-only crate; the packaged chart installs on a real control
-//! plane with the image of its appVersion; RELEASE_NOTES.md is CHANGELOG.md's section; and the
-//! script refuses a dirty tree, a chart of another version and a version without release notes.
+//! plane with the image of its appVersion; RELEASE_NOTES.md is CHANGELOG.md's section; the
+//! script refuses a dirty tree, a chart of another version and a version without release notes;
+//! and build.rs names the commit and date with and without a checkout.
 
 use targetlease_test_support as support;
 
@@ -525,6 +526,127 @@ fn refuses_dirty_trees_other_versions_and_no_notes() {
     );
 }
 
+/// `build.rs`, compiled on its own and run as cargo runs it: in this checkout it names HEAD and
+/// HEAD's date (a TARGETLEASE_BUILD_COMMIT left in the environment does not change that); in a
+/// source tree without `.git` (a tarball, Docker's build context) the commit and date given by
+/// TARGETLEASE_BUILD_COMMIT and SOURCE_DATE_EPOCH (the Dockerfile's build arguments), `unknown`
+/// without them or when they are empty; a value that is no commit id or no number fails the
+/// build, naming it.
+fn build_script_names_the_commit_with_and_without_a_checkout() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("build-script");
+    let out = Command::new("rustc")
+        .args(["--edition", "2024", "--crate-name", "build_script"])
+        .arg(repo().join("build.rs"))
+        .arg("-o")
+        .arg(&script)
+        .output()
+        .expect("rustc");
+    assert!(
+        out.status.success(),
+        "rustc build.rs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = dir.path().join("source-tree");
+    std::fs::create_dir(&tree).expect("source tree");
+    let run = |manifest_dir: &Path, env: &[(&str, &str)]| {
+        let out = Command::new(&script)
+            .env_remove("TARGETLEASE_BUILD_COMMIT")
+            .env_remove("SOURCE_DATE_EPOCH")
+            .env("CARGO_MANIFEST_DIR", manifest_dir)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run the build script");
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        let value = |key: &str| {
+            said.lines()
+                .find_map(|l| l.strip_prefix(&format!("cargo:rustc-env={key}=")))
+                .map(str::to_owned)
+        };
+        if out.status.success() {
+            for watched in ["SOURCE_DATE_EPOCH", "TARGETLEASE_BUILD_COMMIT"] {
+                assert!(
+                    said.contains(&format!("cargo:rerun-if-env-changed={watched}\n")),
+                    "{said}"
+                );
+            }
+        }
+        (
+            out.status.success(),
+            value("TARGETLEASE_COMMIT"),
+            value("TARGETLEASE_BUILD_DATE"),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let known = |commit: &str, date: &str| (true, Some(commit.to_owned()), Some(date.to_owned()));
+    let given = "0123456789ABCDEF0123456789abcdef01234567";
+
+    let head = git(&repo(), &["rev-parse", "HEAD"]);
+    // HEAD's date in UTC as git itself computes it, apart from build.rs's own calendar.
+    let head_date = Command::new("git")
+        .arg("-C")
+        .arg(repo())
+        .args([
+            "log",
+            "-1",
+            "--format=%cd",
+            "--date=format-local:%Y-%m-%d",
+            "HEAD",
+        ])
+        .env("TZ", "UTC")
+        .output()
+        .expect("git log");
+    let head_date = String::from_utf8_lossy(&head_date.stdout).trim().to_owned();
+    let (ok, commit, date, stderr) = run(&repo(), &[("TARGETLEASE_BUILD_COMMIT", given)]);
+    assert_eq!(
+        (ok, commit, date),
+        known(&head[..12], &head_date),
+        "in the checkout: {stderr}"
+    );
+    let cases: [(&[(&str, &str)], _); 4] = [
+        (&[], known("unknown", "unknown")),
+        (
+            &[
+                ("TARGETLEASE_BUILD_COMMIT", given),
+                ("SOURCE_DATE_EPOCH", "1764633600"),
+            ],
+            known("0123456789ab", "2025-12-02"),
+        ),
+        (
+            &[
+                ("TARGETLEASE_BUILD_COMMIT", " 0123456789ab\n"),
+                ("SOURCE_DATE_EPOCH", "951782400"),
+            ],
+            known("0123456789ab", "2000-02-29"),
+        ),
+        (
+            &[("TARGETLEASE_BUILD_COMMIT", ""), ("SOURCE_DATE_EPOCH", "")],
+            known("unknown", "unknown"),
+        ),
+    ];
+    for (env, want) in cases {
+        let (ok, commit, date, stderr) = run(&tree, env);
+        assert_eq!(
+            (ok, commit, date),
+            want,
+            "without a checkout, {env:?}: {stderr}"
+        );
+    }
+    for (key, value) in [
+        ("TARGETLEASE_BUILD_COMMIT", "v0.2.0"),
+        ("TARGETLEASE_BUILD_COMMIT", "0123456789a"),
+        ("TARGETLEASE_BUILD_COMMIT", &"a".repeat(65)),
+        ("SOURCE_DATE_EPOCH", "yesterday"),
+    ] {
+        let (ok, _, _, stderr) = run(&tree, &[(key, value)]);
+        assert!(!ok, "{key}={value:?} was taken");
+        assert!(
+            stderr.contains(&format!("{key}={value:?}")),
+            "{key}={value:?}: {stderr}"
+        );
+    }
+}
+
 fn main() {
     let args = Arguments::from_args();
     let test = support::suite::blocking_trial;
@@ -552,6 +674,10 @@ fn main() {
         test(
             "refuses_dirty_trees_other_versions_and_no_notes",
             refuses_dirty_trees_other_versions_and_no_notes,
+        ),
+        test(
+            "build_script_names_the_commit_with_and_without_a_checkout",
+            build_script_names_the_commit_with_and_without_a_checkout,
         ),
     ];
     support::suite::finish("release", libtest_mimic::run(&args, trials));

@@ -1031,6 +1031,8 @@ fn alerts_and_dashboard_render_when_asked(tools: &Tools) {
     assert!(of_kind(&docs, "ConfigMap").is_empty());
     let docs = tools.render_ok(&[
         "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
         "prometheusRule.enabled=true",
         "--set",
         "prometheusRule.labels.release=kube-prometheus-stack",
@@ -1109,6 +1111,18 @@ fn alerts_and_dashboard_render_when_asked(tools: &Tools) {
     let json: Value = serde_json::from_str(&file).expect("dashboard JSON");
     assert!(json["panels"].as_array().is_some_and(|p| p.len() >= 8));
 
+    // Without the chart's ServiceMonitor and without a selector of another scrape job, no
+    // series would ever match and TargetLeaseNoLeader would page for good: refused, saying so.
+    let refused = tools
+        .render(&["--set", "prometheusRule.enabled=true"])
+        .expect_err("alerts rendered with nothing scraping the metrics");
+    assert!(
+        refused.contains("metrics.serviceMonitor.enabled=true")
+            && refused.contains("prometheusRule.selector")
+            && refused.contains("TargetLeaseNoLeader"),
+        "{refused}"
+    );
+    // Another scrape job, named by the selector, without the chart's ServiceMonitor.
     let docs = tools.render_ok(&[
         "--set",
         "prometheusRule.enabled=true",
@@ -1168,9 +1182,11 @@ fn optional_blocks_without_their_defaults(tools: &Tools) {
             );
         }
         let enable = format!("{block}.enabled=true");
+        // The alerts also need the metrics scraped (alerts_need_their_metrics_scraped).
+        let scraped = "metrics.serviceMonitor.enabled=true";
         for key in &keys {
             let unset = format!("{block}.{key}=null");
-            let rendered = tools.render(&["--set", &enable, "--set", &unset]);
+            let rendered = tools.render(&["--set", scraped, "--set", &enable, "--set", &unset]);
             match (needed.contains(&key.as_str()), rendered) {
                 (true, Ok(_)) => panic!("rendered with {block}.{key} unset"),
                 (true, Err(message)) => assert!(
@@ -1186,7 +1202,12 @@ fn optional_blocks_without_their_defaults(tools: &Tools) {
         }
         // A block left with `enabled` alone, as `--reuse-values --set BLOCK.enabled=true` from
         // a release without it leaves it: one message names every key it needs.
-        let mut args = vec!["--set".to_string(), enable.clone()];
+        let mut args = vec![
+            "--set".to_string(),
+            scraped.to_string(),
+            "--set".to_string(),
+            enable.clone(),
+        ];
         for key in &keys {
             args.extend(["--set".to_string(), format!("{block}.{key}=null")]);
         }
@@ -1209,7 +1230,12 @@ fn optional_blocks_without_their_defaults(tools: &Tools) {
 }
 
 fn alerts_pass_promtool(tools: &Tools) {
-    let docs = tools.render_ok(&["--set", "prometheusRule.enabled=true"]);
+    let docs = tools.render_ok(&[
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "prometheusRule.enabled=true",
+    ]);
     let spec = object(&docs, "PrometheusRule", FULLNAME)["spec"].clone();
     let dir = tempfile::tempdir().expect("temp dir");
     let promtool = |args: &[&str]| {

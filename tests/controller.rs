@@ -2432,6 +2432,8 @@ async fn alerts_and_dashboard_name_real_metrics(mut s: Scenario) {
     let tools = support::chart::Tools::load();
     let docs = tools.render_ok(&[
         "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
         "prometheusRule.enabled=true",
         "--set",
         "grafanaDashboard.enabled=true",

@@ -618,6 +618,23 @@ impl Suite {
         }
     }
 
+    /// The CRD stores v1beta1, and every stored object is recorded as v1beta1.
+    fn assert_stage_two(&self) {
+        let crd = self.json(&["get", "crd", targetlease::api::CRD_NAME]);
+        let storage: Vec<&Value> = crd["spec"]["versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|v| v["storage"] == true)
+            .map(|v| &v["name"])
+            .collect();
+        assert_eq!(storage, ["v1beta1"], "the CRD's storage version");
+        assert_eq!(
+            crd["status"]["storedVersions"],
+            serde_json::json!(["v1beta1"])
+        );
+    }
+
     fn served_versions(&self) -> Vec<String> {
         let crd = self.json(&["get", "crd", targetlease::api::CRD_NAME]);
         crd["spec"]["versions"]
@@ -806,6 +823,32 @@ fn upgrade_and_rollback_keep_leases_held() {
         repaired.contains("moved the field managers of"),
         "{repaired}"
     );
+    // Every entry moved, not only some: one left behind would refuse that object's status
+    // writes by the previous release (renewals write no status, so the sampler would not see).
+    let unserved = format!("{}/v1beta1", targetlease::api::GROUP);
+    let left: Vec<String> =
+        suite.json(&["get", "targetleases.v1alpha1.targetlease.dev", "-A"])["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|o| {
+                o["metadata"]["managedFields"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|m| m["apiVersion"] == unserved.as_str())
+            })
+            .map(|o| {
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect();
+    assert!(
+        left.is_empty(),
+        "field managers of {unserved}, which is no longer served, left on {left:?}"
+    );
     let out = cluster.kubectl_with_input(
         &["apply", "--server-side", "-f", "-"],
         Some(
@@ -873,14 +916,28 @@ fn upgrade_and_rollback_keep_leases_held() {
 
     sampler.phase("storage version move");
     upgrade(&["--set", "crds.storageVersion=v1beta1"]);
+    // The revision to go back to when a rollback past this point is refused.
+    let stage_two: Value = serde_json::from_str(&suite.helm_ok(&[
+        "status",
+        RELEASE,
+        "-n",
+        SYSTEM_NS,
+        "--output=json",
+    ]))
+    .expect("helm status JSON");
+    let stage_two = stage_two["version"].as_u64().expect("revision").to_string();
     let said = migrate_storage(cluster);
-    assert!(said.contains("as v1beta1"), "{said}");
-    let crd = suite.json(&["get", "crd", targetlease::api::CRD_NAME]);
-    assert_eq!(
-        crd["status"]["storedVersions"],
-        serde_json::json!(["v1beta1"])
+    let rewritten: usize = said
+        .strip_prefix("rewrote ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("migrate-storage rewrote nothing: {said}"));
+    assert!(
+        rewritten > declared.len() && said.contains("now [v1beta1]"),
+        "{said}"
     );
-    for name in declared.keys() {
+    suite.assert_stage_two();
+    for name in declared.keys().chain(["late".to_string()].iter()) {
         assert_eq!(
             cluster.stored_api_version(APP_NS, name),
             "targetlease.dev/v1beta1",
@@ -909,9 +966,25 @@ fn upgrade_and_rollback_keep_leases_held() {
         "upgrade suite: after the refused rollback the Deployment asks for {}",
         after["spec"]["template"]["spec"]["containers"][0]["image"]
     );
-    // Whatever the refused rollback left, this release again, and the leases are still there.
-    upgrade(&["--set", "crds.storageVersion=v1beta1"]);
+    // Helm leaves no revision deployed: the refused one is failed, and `helm upgrade
+    // --reuse-values` would reuse its values, those of the revision rolled back to. The way back
+    // (docs/install.md "Upgrading") is a rollback to the last good revision, which restores its
+    // chart, values and image, and keeps the storage version.
+    eprintln!(
+        "upgrade suite: helm history after the refused rollback:\n{}",
+        suite.helm_ok(&["history", RELEASE, "-n", SYSTEM_NS])
+    );
+    suite.helm_ok(&[
+        "rollback",
+        RELEASE,
+        &stage_two,
+        "-n",
+        SYSTEM_NS,
+        "--wait",
+        "--timeout=180s",
+    ]);
     suite.controller_runs(&suite.current_image);
+    suite.assert_stage_two();
     // Like every phase, one that ends with work under the restored controller: the two
     // rollouts above (to the previous image and back) can take the whole phase so far.
     soak(&sampler, 8 * SEC);

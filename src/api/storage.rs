@@ -7,8 +7,11 @@
 //! dropped from `storedVersions` (the API server refuses the CRD update otherwise). This module
 //! does that, as `kube-storage-version-migrator` does: it waits until the API server stores in
 //! the new version, rewrites every TargetLease unchanged (an update re-encodes it), and only then
-//! records the single stored version. An object written meanwhile by anyone is already encoded
-//! in the new version, so nothing can be left behind between the listing and the record.
+//! records the single stored version. An object written meanwhile through an API server that
+//! took the change is already encoded in the new version. One that has not taken it yet (with
+//! several API servers, each reads the CRD change on its own) may still store a write in the old
+//! version after the rewrite, which the recorded stored versions then no longer show: a second
+//! run with `rewrite_all` once every API server has the change rewrites it too.
 
 use std::time::Duration;
 
@@ -32,8 +35,9 @@ pub struct Migration {
     pub storage: String,
     /// `status.storedVersions` before the migration.
     pub stored_before: Vec<String>,
-    /// TargetLeases rewritten (0 when nothing needed it).
-    pub rewritten: usize,
+    /// TargetLeases rewritten; None when no rewrite ran (one version was stored, and not every
+    /// TargetLease was asked for).
+    pub rewritten: Option<usize>,
     /// TargetLeases whose field-manager entries named a version the CRD no longer serves,
     /// moved to the storage version.
     pub repaired: usize,
@@ -102,8 +106,8 @@ pub fn storage_version_hash(group: &str, version: &str, kind: &str) -> String {
 /// Rewrites every TargetLease in the CRD's storage version and records it as the only stored
 /// version; then moves field-manager entries of versions the CRD no longer serves to the storage
 /// version. Safe to run again, and at any time: with one stored version and no such entry it
-/// writes nothing.
-pub async fn migrate(client: &Client) -> Result<Migration, MigrationError> {
+/// writes nothing, unless `rewrite_all` asks for every TargetLease to be rewritten anyway.
+pub async fn migrate(client: &Client, rewrite_all: bool) -> Result<Migration, MigrationError> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = crds
         .get(CRD_NAME)
@@ -135,14 +139,19 @@ pub async fn migrate(client: &Client) -> Result<Migration, MigrationError> {
         version: storage.clone(),
         ..ApiResource::erase::<TargetLease>(&())
     };
-    let mut rewritten = 0;
-    if stored_before != [storage.clone()] {
+    let narrow = stored_before != [storage.clone()];
+    let mut rewritten = None;
+    if narrow || rewrite_all {
         wait_for_storage_switch(client, &storage).await?;
+        let mut count = 0;
         for object in list_all(client, &resource).await? {
             if rewrite(client, &resource, object).await? {
-                rewritten += 1;
+                count += 1;
             }
         }
+        rewritten = Some(count);
+    }
+    if narrow {
         let record = serde_json::json!({ "status": { "storedVersions": [storage] } });
         crds.patch_status(CRD_NAME, &PatchParams::default(), &Patch::Merge(&record))
             .await

@@ -53,7 +53,13 @@ enum Command {
     },
     /// Rewrite every stored TargetLease in the CRD's storage version and record it as the only
     /// stored version (after a change of crds.storageVersion; see docs/install.md "Upgrading").
-    MigrateStorage,
+    MigrateStorage {
+        /// Rewrite every TargetLease even when the CRD records one stored version: with several
+        /// API servers, one that took the storage change late may have stored writes in the old
+        /// version after an earlier run.
+        #[arg(long)]
+        rewrite_all: bool,
+    },
     /// Wait until a TargetLease is Held and print its fencing token.
     Wait(wait::WaitArgs),
     /// Run a command under a lease (creates a TargetLease, waits, runs, releases).
@@ -94,7 +100,7 @@ impl Cli {
                     ExitCode::FAILURE
                 }
             },
-            Command::MigrateStorage => migrate_storage().await,
+            Command::MigrateStorage { rewrite_all } => migrate_storage(rewrite_all).await,
             Command::Wait(args) => args.run().await,
             Command::Run(args) => args.run().await,
             Command::Guard(args) => args.run(),
@@ -104,7 +110,7 @@ impl Cli {
 }
 
 /// `targetlease migrate-storage`: one line on stdout saying what was done.
-async fn migrate_storage() -> ExitCode {
+async fn migrate_storage(rewrite_all: bool) -> ExitCode {
     let client = match kube_client(None).await {
         Ok((client, _)) => client,
         Err(message) => {
@@ -112,13 +118,11 @@ async fn migrate_storage() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match crate::api::storage::migrate(&client).await {
+    match crate::api::storage::migrate(&client, rewrite_all).await {
         Ok(done) => {
-            let migrated = done.stored_before != [done.storage.clone()];
-            if migrated {
+            if let Some(rewritten) = done.rewritten {
                 println!(
-                    "rewrote {} TargetLeases as {}; stored versions were [{}], now [{}]",
-                    done.rewritten,
+                    "rewrote {rewritten} TargetLeases as {}; stored versions were [{}], now [{}]",
                     done.storage,
                     done.stored_before.join(", "),
                     done.storage
@@ -131,7 +135,7 @@ async fn migrate_storage() -> ExitCode {
                     done.repaired, done.storage
                 );
             }
-            if !migrated && done.repaired == 0 {
+            if done.rewritten.is_none() && done.repaired == 0 {
                 println!(
                     "every TargetLease is stored as {}: nothing to do",
                     done.storage

@@ -396,31 +396,62 @@ impl Cluster {
     /// The `apiVersion` etcd holds a TargetLease in: what the API server stored, whatever
     /// version a client reads it with. Asked from etcd's own HTTP gateway on loopback.
     pub fn stored_api_version(&self, namespace: &str, name: &str) -> String {
+        let stored = self.etcd("range", &Self::etcd_key(namespace, name), None);
+        stored["apiVersion"]
+            .as_str()
+            .expect("apiVersion")
+            .to_owned()
+    }
+
+    /// Writes a TargetLease into etcd encoded as `api_version`, past the API server, as an API
+    /// server that has not taken up a CRD's new storage version yet stores a write.
+    pub fn store_as_api_version(&self, namespace: &str, name: &str, api_version: &str) {
+        let key = Self::etcd_key(namespace, name);
+        let mut stored = self.etcd("range", &key, None);
+        stored["apiVersion"] = api_version.into();
+        self.etcd("put", &key, Some(&stored));
+    }
+
+    fn etcd_key(namespace: &str, name: &str) -> String {
+        format!("/registry/targetlease.dev/targetleases/{namespace}/{name}")
+    }
+
+    /// One call of etcd's HTTP gateway on loopback: `range` (the JSON object at `key`) or
+    /// `put` (`value` at `key`; answers Null).
+    fn etcd(&self, call: &str, key: &str, value: Option<&serde_json::Value>) -> serde_json::Value {
         let ports = std::fs::read_to_string(self.base.path().join("cluster/ports"))
             .expect("read the cluster's ports file");
         let port = ports
             .lines()
             .find_map(|l| l.strip_prefix("etcd="))
             .expect("the ports file names etcd");
-        let key = format!("/registry/targetlease.dev/targetleases/{namespace}/{name}");
-        let body = serde_json::json!({ "key": BASE64.encode(key.as_bytes()) }).to_string();
+        let mut body = serde_json::json!({ "key": BASE64.encode(key.as_bytes()) });
+        if let Some(value) = value {
+            body["value"] = BASE64.encode(value.to_string().as_bytes()).into();
+        }
         let out = Command::new("curl")
-            .args(["-sf", "--max-time", "5", "-X", "POST", "-d", &body])
-            .arg(format!("http://127.0.0.1:{port}/v3/kv/range"))
+            .args([
+                "-sf",
+                "--max-time",
+                "5",
+                "-X",
+                "POST",
+                "-d",
+                &body.to_string(),
+            ])
+            .arg(format!("http://127.0.0.1:{port}/v3/kv/{call}"))
             .output()
             .expect("run curl");
-        assert!(out.status.success(), "etcd range of {key} failed");
+        assert!(out.status.success(), "etcd {call} of {key} failed");
+        if value.is_some() {
+            return serde_json::Value::Null;
+        }
         let reply: serde_json::Value = serde_json::from_slice(&out.stdout).expect("etcd json");
         let value = reply["kvs"][0]["value"]
             .as_str()
             .unwrap_or_else(|| panic!("etcd holds no {key}: {reply}"));
-        let stored: serde_json::Value =
-            serde_json::from_slice(&BASE64.decode(value).expect("etcd base64"))
-                .expect("a JSON-encoded object in etcd");
-        stored["apiVersion"]
-            .as_str()
-            .expect("apiVersion")
-            .to_owned()
+        serde_json::from_slice(&BASE64.decode(value).expect("etcd base64"))
+            .expect("a JSON-encoded object in etcd")
     }
 
     /// The process id of a control-plane component (`kube-apiserver`, `etcd`, ...) from the

@@ -12,9 +12,6 @@
 # base is enough: CA certificates for rediss:// and the API server, /etc/passwd, /tmp.
 
 FROM docker.io/library/rust:1.95-bookworm AS build
-# Read by build.rs (see the top of this file); empty when not given.
-ARG TARGETLEASE_BUILD_COMMIT=
-ARG SOURCE_DATE_EPOCH
 WORKDIR /src
 # cargo-auditable embeds the dependency list (the version pinned in scripts/env.sh).
 RUN cargo install --locked --version 0.7.7 cargo-auditable
@@ -27,6 +24,10 @@ COPY crds ./crds
 COPY test-support ./test-support
 COPY tests ./tests
 COPY benches ./benches
+# Read by build.rs (see the top of this file); empty when not given. Declared here, just before
+# the build, so that a new commit leaves the layers above in the build cache.
+ARG TARGETLEASE_BUILD_COMMIT=
+ARG SOURCE_DATE_EPOCH
 # The flags of scripts/env.sh's static_cargo (the registry path remapped for this image's).
 RUN CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols --remap-path-prefix=/usr/local/cargo/registry/src=/cargo" \
     cargo auditable build --release --locked --target x86_64-unknown-linux-gnu --bin targetlease \

@@ -34,7 +34,7 @@ if [[ ! -x "$TARGETLEASE_CARGO_AUDITABLE_ROOT/bin/cargo-auditable" ]]; then
   say "error: cargo-auditable $TARGETLEASE_PIN_CARGO_AUDITABLE is missing: run bash scripts/install-test-deps.sh"
   exit 1
 fi
-# scripts/env.sh has the flags (shared with the benchmarks' release build).
+# scripts/env.sh has the flags (the upgrade suite builds the previous release with them too).
 static_cargo auditable build --locked --release --bin targetlease >&2
 binary="$CARGO_TARGET_DIR/$triple/release/targetlease"
 if ! ldd "$binary" 2>&1 | grep -Eq 'statically linked|not a dynamic executable'; then

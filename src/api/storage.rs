@@ -35,8 +35,9 @@ pub struct Migration {
     pub storage: String,
     /// `status.storedVersions` before the migration.
     pub stored_before: Vec<String>,
-    /// TargetLeases rewritten; None when no rewrite ran (one version was stored, and not every
-    /// TargetLease was asked for).
+    /// TargetLeases the rewrite re-encoded (those already stored in the storage version are
+    /// left unchanged by the API server and not counted); None when no rewrite ran (one version
+    /// was stored, and not every TargetLease was asked for).
     pub rewritten: Option<usize>,
     /// TargetLeases whose field-manager entries named a version the CRD no longer serves,
     /// moved to the storage version.
@@ -305,15 +306,16 @@ async fn repair_managers(
             Box::pin(async move {
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
-                    .map(drop)
+                    .map(|_| true)
             }) as Write
         })
     })
     .await
 }
 
-/// Writes `object` back unchanged (the API server re-encodes it in the storage version). False
-/// when it was deleted meanwhile.
+/// Writes `object` back unchanged: the API server re-encodes it in the storage version, and
+/// leaves an object already stored so as it was (no new resourceVersion). True when it was
+/// re-encoded; false when it was already stored so, or deleted meanwhile.
 async fn rewrite(
     client: &Client,
     resource: &ApiResource,
@@ -327,22 +329,22 @@ async fn rewrite(
         |api, object| {
             let (name, object) = (object.name_any(), object.clone());
             Some(Box::pin(async move {
-                api.replace(&name, &PostParams::default(), &object)
-                    .await
-                    .map(drop)
+                let before = object.metadata.resource_version.clone();
+                let after = api.replace(&name, &PostParams::default(), &object).await?;
+                Ok(after.metadata.resource_version != before)
             }) as Write)
         },
     )
     .await
 }
 
-/// One write of [`write_back`].
-type Write = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), kube::Error>> + Send>>;
+/// One write of [`write_back`]: true when it changed the object.
+type Write = std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, kube::Error>> + Send>>;
 
 /// Makes the write `write` builds from `object` (None: nothing to write); on a conflict, reads
-/// the object again and builds the write anew, up to [`CONFLICT_ATTEMPTS`] times. True when
-/// written, false when there was nothing to write or the object was deleted meanwhile. `what`
-/// names the write in errors, `{}` standing for namespace/name.
+/// the object again and builds the write anew, up to [`CONFLICT_ATTEMPTS`] times. What the write
+/// answered, or false when there was nothing to write or the object was deleted meanwhile.
+/// `what` names the write in errors, `{}` standing for namespace/name.
 async fn write_back(
     client: &Client,
     resource: &ApiResource,
@@ -358,7 +360,7 @@ async fn write_back(
             return Ok(false);
         };
         match attempt.await {
-            Ok(()) => return Ok(true),
+            Ok(changed) => return Ok(changed),
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 match api

@@ -630,7 +630,7 @@ impl Suite {
     fn assert_stage_two(&self) {
         let crd = self.json(&["get", "crd", targetlease::api::CRD_NAME]);
         assert_eq!(
-            storage_versions(&crd),
+            support::chart::storage_versions(&crd),
             ["v1beta1"],
             "the CRD's storage version"
         );
@@ -649,17 +649,6 @@ impl Suite {
             .map(|v| v["name"].as_str().unwrap_or_default().to_owned())
             .collect()
     }
-}
-
-/// The versions a CRD marks for storage (one, when the API server took it).
-fn storage_versions(crd: &Value) -> Vec<&Value> {
-    crd["spec"]["versions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|v| v["storage"] == true)
-        .map(|v| &v["name"])
-        .collect()
 }
 
 /// Holds the leases for a while after a phase, so that a renewal (TTL/3) and a hand-over of the
@@ -1012,7 +1001,7 @@ fn upgrade_and_rollback_keep_leases_held() {
     );
     // The upgrade that would reuse those values keeps the storage version all the same: the
     // chart reads it from the installed CRD when the values do not name one.
-    let reused: Value = serde_json::from_str(&suite.helm_ok(&[
+    let reused = suite.helm_ok(&[
         "upgrade",
         RELEASE,
         suite.chart.as_str(),
@@ -1021,16 +1010,9 @@ fn upgrade_and_rollback_keep_leases_held() {
         "--reuse-values",
         "--dry-run=server",
         "--output=json",
-    ]))
-    .expect("helm's release JSON");
-    let rendered = support::chart::documents(reused["manifest"].as_str().expect("manifest"));
-    let crd = support::chart::object(
-        &rendered,
-        "CustomResourceDefinition",
-        targetlease::api::CRD_NAME,
-    );
+    ]);
     assert_eq!(
-        storage_versions(crd),
+        support::chart::dry_run_storage_versions(&reused),
         ["v1beta1"],
         "helm upgrade --reuse-values after the refused rollback"
     );

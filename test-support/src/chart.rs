@@ -62,6 +62,29 @@ pub fn documents(yaml: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The versions a CustomResourceDefinition marks for storage (one, in a CRD the API server took).
+pub fn storage_versions(crd: &Value) -> Vec<String> {
+    crd["spec"]["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v["storage"] == true)
+        .filter_map(|v| v["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The storage versions of the TargetLease CRD in what `helm upgrade --dry-run=server
+/// --output=json` printed: what an upgrade would apply.
+pub fn dry_run_storage_versions(release_json: &str) -> Vec<String> {
+    let release: Value = serde_json::from_str(release_json).expect("helm's release JSON");
+    let rendered = documents(
+        release["manifest"]
+            .as_str()
+            .expect("the release's manifest"),
+    );
+    storage_versions(object(&rendered, "CustomResourceDefinition", CRD))
+}
+
 /// The objects of `kind`.
 pub fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
     docs.iter().filter(|d| d["kind"] == kind).collect()

@@ -13,8 +13,8 @@ export TARGETLEASE_CARGO_AUDITABLE_ROOT="${TARGETLEASE_CARGO_AUDITABLE_ROOT:-$TA
 export TARGETLEASE_E2E_BIN_ROOT="${TARGETLEASE_E2E_BIN_ROOT:-$TARGETLEASE_CACHE_DIR/e2e-bin}"
 # Release builds for the target: the image's static binary (scripts/image.sh), the release kit
 # and the upgrade suite's build of the previous release use the same flags, so a cold machine
-# compiles the dependencies in release once. glibc is linked statically (the image has no libc), symbols are stripped, and this
-# machine's paths are left out of the binary. The flags apply to the target only: build scripts
+# compiles the dependencies in release once. glibc is linked statically (the image has no libc),
+# symbols are stripped, and this machine's paths are left out of the binary. The flags apply to the target only: build scripts
 # and proc macros stay dynamic (`--target` keeps them apart).
 export TARGETLEASE_TARGET=x86_64-unknown-linux-gnu
 static_cargo() { # [auditable] SUBCOMMAND [ARGS...]: cargo [auditable] SUBCOMMAND --target TARGETLEASE_TARGET ARGS...

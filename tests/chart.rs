@@ -1182,7 +1182,8 @@ fn optional_blocks_without_their_defaults(tools: &Tools) {
             );
         }
         let enable = format!("{block}.enabled=true");
-        // The alerts also need the metrics scraped (alerts_need_their_metrics_scraped).
+        // The alerts also need the metrics scraped (refused otherwise: see
+        // alerts_and_dashboard_render_when_asked).
         let scraped = "metrics.serviceMonitor.enabled=true";
         for key in &keys {
             let unset = format!("{block}.{key}=null");

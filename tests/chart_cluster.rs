@@ -1140,8 +1140,8 @@ fn stored_versions(world: &World) -> Vec<String> {
     serde_json::from_value(crd["status"]["storedVersions"].clone()).expect("storedVersions")
 }
 
-/// The version the CRD marks for storage.
-fn storage_version(world: &World) -> Vec<String> {
+/// The versions the installed CRD marks for storage.
+fn storage_versions(world: &World) -> Vec<String> {
     support::chart::storage_versions(&world.json(&["get", "crd", targetlease::api::CRD_NAME]))
 }
 
@@ -1274,11 +1274,7 @@ async fn storage_moves_to_v1beta1_and_back(world: &World) {
             "targetlease.dev/v1alpha1"
         );
         let said = migrate(&["--rewrite-all"]);
-        let rewritten: usize = said
-            .strip_prefix("rewrote ")
-            .and_then(|rest| rest.split(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("migrate-storage --rewrite-all: {said}"));
+        let rewritten = support::chart::migrate_rewrote(&said);
         // It counts what it re-encoded: the object left behind, not those already stored so.
         assert!(
             (1..names.len()).contains(&rewritten) && said.contains("now [v1beta1]"),
@@ -1289,7 +1285,7 @@ async fn storage_moves_to_v1beta1_and_back(world: &World) {
         // An upgrade whose values leave the key empty keeps v1beta1: the chart reads the
         // storage version from the installed CRD.
         set_storage("");
-        assert_eq!(storage_version(world), ["v1beta1"]);
+        assert_eq!(storage_versions(world), ["v1beta1"]);
         assert_eq!(stored_versions(world), ["v1beta1"]);
         // So does one whose values lack it (a values file without it, --reuse-values from an
         // older release or after a refused rollback), rendered by the API server's dry run.
@@ -1316,7 +1312,7 @@ async fn storage_moves_to_v1beta1_and_back(world: &World) {
         // The way back, asked for by name: store v1alpha1 again, migrate, and the old CRD is
         // accepted.
         set_storage("v1alpha1");
-        assert_eq!(storage_version(world), ["v1alpha1"]);
+        assert_eq!(storage_versions(world), ["v1alpha1"]);
         let said = migrate(&[]);
         assert!(said.contains("as v1alpha1"), "{said}");
         stored("v1alpha1");

@@ -141,8 +141,7 @@ pub async fn migrate(client: &Client, rewrite_all: bool) -> Result<Migration, Mi
         ..ApiResource::erase::<TargetLease>(&())
     };
     let narrow = stored_before != [storage.clone()];
-    let mut rewritten = None;
-    if narrow || rewrite_all {
+    let rewritten = if narrow || rewrite_all {
         wait_for_storage_switch(client, &storage).await?;
         let mut count = 0;
         for object in list_all(client, &resource).await? {
@@ -150,8 +149,10 @@ pub async fn migrate(client: &Client, rewrite_all: bool) -> Result<Migration, Mi
                 count += 1;
             }
         }
-        rewritten = Some(count);
-    }
+        Some(count)
+    } else {
+        None
+    };
     if narrow {
         let record = serde_json::json!({ "status": { "storedVersions": [storage] } });
         crds.patch_status(CRD_NAME, &PatchParams::default(), &Patch::Merge(&record))

@@ -85,6 +85,15 @@ pub fn dry_run_storage_versions(release_json: &str) -> Vec<String> {
     storage_versions(object(&rendered, "CustomResourceDefinition", CRD))
 }
 
+/// How many TargetLeases `targetlease migrate-storage` says it re-encoded (`rewrote N
+/// TargetLeases as ...`); panics, quoting it, when it says no rewrite ran.
+pub fn migrate_rewrote(said: &str) -> usize {
+    said.strip_prefix("rewrote ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("migrate-storage ran no rewrite: {said}"))
+}
+
 /// The objects of `kind`.
 pub fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
     docs.iter().filter(|d| d["kind"] == kind).collect()

@@ -5,6 +5,8 @@ pub mod api;
 pub mod build_info;
 pub mod cli;
 pub mod controller;
+pub(crate) mod election;
 pub mod redact;
 pub mod store;
 pub mod telemetry;
+pub(crate) mod time;

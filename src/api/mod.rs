@@ -13,6 +13,7 @@
 //! An incompatible schema change would need a new version with a conversion webhook (served by
 //! the controller) and the same two stages; docs/install.md "Upgrading" says what each allows.
 
+pub mod heartbeat;
 pub mod reference;
 mod status;
 pub mod storage;
@@ -23,6 +24,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+pub use heartbeat::HEARTBEAT_ANNOTATION;
 pub use status::{Condition, ConditionType, Phase, Reason, TargetLeaseStatus};
 
 /// API group.
@@ -73,9 +75,6 @@ pub const DEFAULT_TTL: std::time::Duration =
 pub const MAX_TTL_SECONDS: u32 = 3600;
 /// Longest accepted `maxHoldSeconds` (7 days).
 pub const MAX_HOLD_SECONDS: u32 = 7 * 24 * 3600;
-/// Annotation that `targetlease run` refreshes every quarter of the TTL: a TargetLease carrying
-/// it whose value has not changed for half the TTL has lost its holder and is released.
-pub const HEARTBEAT_ANNOTATION: &str = "targetlease.dev/heartbeat";
 
 /// A claim on a named target: at most `permits` TargetLeases per (namespace, target) hold it at a
 /// time (one by default), each in its own slot, and each tenure gets a fencing token larger than
@@ -131,7 +130,7 @@ pub struct TargetLeaseSpec {
 
     /// Lease time-to-live in Valkey, in seconds (1 to 3600); renewed every ttlSeconds/3.
     #[serde(default = "default_ttl")]
-    #[schemars(with = "i32", range(min = 1, max = 3600))]
+    #[schemars(with = "i32", range(min = 1, max = MAX_TTL_SECONDS))]
     pub ttl_seconds: u32,
 
     /// How many TargetLeases may hold the target at once (1 to 100; default 1, an exclusive
@@ -146,7 +145,7 @@ pub struct TargetLeaseSpec {
 
     /// Hard bound on one tenure, in seconds; the lease is released when it is reached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Option<i32>", range(min = 1, max = 604800))]
+    #[schemars(with = "Option<i32>", range(min = 1, max = MAX_HOLD_SECONDS))]
     pub max_hold_seconds: Option<u32>,
 
     /// Give the lease up but keep the resource (GitOps-friendly release).

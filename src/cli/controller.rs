@@ -11,11 +11,10 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use super::valkey_args::ValkeyArgs;
-use crate::controller::election::{self, Election, stopped};
-use crate::controller::holders::PodScope;
 use crate::controller::http::{self, Probe};
 use crate::controller::metrics::Metrics;
-use crate::controller::{self, Settings};
+use crate::controller::{self, PodScope, Settings};
+use crate::election::{self, Election, stopped};
 use crate::store::memory::MemoryStore;
 use crate::store::valkey::ValkeyStore;
 use crate::store::{LeaseStore, StoreError};
@@ -89,7 +88,7 @@ pub struct ControllerArgs {
     #[arg(long, env = "TARGETLEASE_RECONCILE_CONCURRENCY", default_value_t = controller::DEFAULT_RECONCILE_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..=4096))]
     reconcile_concurrency: u16,
     /// Renewals of held leases in flight at once, at most.
-    #[arg(long, env = "TARGETLEASE_RENEWAL_CONCURRENCY", default_value_t = controller::renewals::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    #[arg(long, env = "TARGETLEASE_RENEWAL_CONCURRENCY", default_value_t = controller::DEFAULT_RENEWAL_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..=4096))]
     renewal_concurrency: u16,
 }
 

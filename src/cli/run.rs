@@ -45,8 +45,8 @@ use tracing::{info, warn};
 
 use super::watch::{Sighting, watch_one};
 use super::{Span, exit, lease_client, parse_duration};
+use crate::api::heartbeat::{Windows, released_for_gone_holder};
 use crate::api::{HEARTBEAT_ANNOTATION, HolderRef, Phase, TargetLease, TargetLeaseSpec};
-use crate::controller::heartbeat::{released_for_gone_holder, stale_after};
 
 /// Annotation naming the `run` process that owns the TargetLease:
 /// `<boot id> <pid namespace> <pid> <start>`.
@@ -54,53 +54,6 @@ const PROCESS_ANNOTATION: &str = "targetlease.dev/run-process";
 /// Annotation naming the command's process group:
 /// `<boot id> <pid namespace> <pgid> <start of its leader> <token>`.
 const COMMAND_ANNOTATION: &str = "targetlease.dev/run-command";
-
-/// How far apart the rates of `run`'s clock and the controller's may be, as a fraction: 1/100.
-/// Monotonic clocks disciplined by NTP differ by at most 500 ppm; 1 % also covers a VM whose
-/// clock is slewed harder.
-const CLOCK_RATE_DIVISOR: u32 = 100;
-
-/// How late `run` may act after its timer fires (scheduling, a loaded node), and the time a
-/// SIGKILL takes to end a group: a twentieth of the TTL, at least 50 ms.
-fn scheduling_margin(ttl: Duration) -> Duration {
-    (ttl / 20).max(Duration::from_millis(50))
-}
-
-/// The trust windows of `run` for a lease of `ttl` and a `--grace`, each counted on `run`'s
-/// monotonic clock from the moment it sent the last heartbeat the API server confirmed (the
-/// controller counts a heartbeat's silence from when it sees it, which is later). The
-/// inequalities they keep are written out in docs/controller.md ("Trust windows") and tested
-/// below for every TTL a TargetLease may have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Windows {
-    /// How often `run` writes its heartbeat.
-    beat: Duration,
-    /// SIGTERM to the command once no heartbeat sent this long ago is confirmed.
-    term: Duration,
-    /// SIGKILL to the command's group at this point, whatever the grace: the controller's
-    /// silence bound, less the clock-rate margin and the scheduling margin.
-    kill: Duration,
-}
-
-impl Windows {
-    /// The windows for a lease of `ttl` (whole seconds, as the controller counts it) and a grace.
-    pub(crate) fn new(ttl: Duration, grace: Duration) -> Self {
-        // A sixth of the TTL: with the controller's silence bound at half of it, that leaves a
-        // fifth of the TTL for the grace of a command whose heartbeats stopped.
-        let beat = (ttl / 6).max(Duration::from_millis(250));
-        let silence = stale_after(ttl);
-        let kill = silence - silence / CLOCK_RATE_DIVISOR - scheduling_margin(ttl);
-        // Never sooner than one and a half heartbeats: a heartbeat's reply may take half an
-        // interval without the command being disturbed.
-        let term = kill.saturating_sub(grace).max(beat + beat / 2);
-        Self { beat, term, kill }
-    }
-
-    /// The grace the command gets when no heartbeat is confirmed: `--grace`, cut at the bound.
-    fn silent_grace(&self) -> Duration {
-        self.kill - self.term
-    }
-}
 
 /// Flags of `targetlease run`.
 #[derive(Debug, Args)]
@@ -548,7 +501,10 @@ impl RunArgs {
                 owner_references,
                 annotations: Some(
                     [
-                        (HEARTBEAT_ANNOTATION.to_owned(), now_millis().to_string()),
+                        (
+                            HEARTBEAT_ANNOTATION.to_owned(),
+                            crate::time::wall_ms().to_string(),
+                        ),
                         (
                             PROCESS_ANNOTATION.to_owned(),
                             describe(std::process::id().cast_signed()),
@@ -765,7 +721,7 @@ impl RunArgs {
                     "metadata": {
                         "resourceVersion": existing.resource_version(),
                         "annotations": {
-                            HEARTBEAT_ANNOTATION: now_millis().to_string(),
+                            HEARTBEAT_ANNOTATION: crate::time::wall_ms().to_string(),
                             PROCESS_ANNOTATION: describe(std::process::id().cast_signed()),
                             COMMAND_ANNOTATION: null,
                         }
@@ -1060,7 +1016,7 @@ async fn heartbeat(
         next = sent + interval;
         let beat = json!({"metadata": {
             "uid": uid,
-            "annotations": {HEARTBEAT_ANNOTATION: now_millis().to_string()},
+            "annotations": {HEARTBEAT_ANNOTATION: crate::time::wall_ms().to_string()},
         }});
         let (params, beat) = (PatchParams::default(), Patch::Merge(&beat));
         match tokio::time::timeout(interval, api.patch(&name, &params, &beat)).await {
@@ -1090,13 +1046,6 @@ fn api_code(error: &kube::Error) -> Option<u16> {
         kube::Error::Api(status) => Some(status.code),
         _ => None,
     }
-}
-
-fn now_millis() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
 }
 
 /// The command's exit status as ours: its code, or 128 + the signal that ended it.
@@ -1185,54 +1134,5 @@ mod tests {
         ));
         let _ = ours.kill();
         let _ = ours.wait();
-    }
-
-    /// The inequalities of docs/controller.md ("Trust windows"), for every TTL a TargetLease may
-    /// have (1 s to 3600 s) and graces from none to an hour.
-    #[test]
-    fn the_command_is_dead_before_the_controller_may_release_it() {
-        for seconds in 1..=3600u64 {
-            let ttl = Duration::from_secs(seconds);
-            let silence = stale_after(ttl);
-            for grace in [0, 1, 10, 40, 3600].map(Duration::from_secs) {
-                let w = Windows::new(ttl, grace);
-                // SIGKILL, however late the scheduler lets it land, comes before the earliest
-                // release even on a controller clock running 1 % fast.
-                let latest_kill = w.kill + scheduling_margin(ttl);
-                assert!(
-                    latest_kill.as_secs_f64() * (1.0 + 1.0 / f64::from(CLOCK_RATE_DIVISOR))
-                        <= silence.as_secs_f64() * (1.0 + 1e-9),
-                    "ttl {ttl:?}: {w:?}"
-                );
-                // SIGTERM never before the next heartbeat's reply is due (half an interval of
-                // latency allowed), and before the kill.
-                assert!(
-                    w.term >= w.beat + w.beat / 2 && w.term <= w.kill,
-                    "{ttl:?} {w:?}"
-                );
-                // The grace is the one asked for, or what is left before the kill.
-                assert_eq!(w.silent_grace(), grace.min(w.kill - (w.beat + w.beat / 2)));
-                // A `run` killed right after a heartbeat loses its lease within the TTL.
-                assert!(
-                    w.beat + silence <= ttl + Duration::from_millis(250),
-                    "{ttl:?}"
-                );
-            }
-        }
-        // Measured figures in the docs: TTL 8 s and 30 s with the default grace.
-        let eight = Windows::new(Duration::from_secs(8), Duration::from_secs(10));
-        assert_eq!(
-            (eight.term.as_millis(), eight.kill.as_millis()),
-            (1999, 3560)
-        );
-        let thirty = Windows::new(Duration::from_secs(30), Duration::from_secs(10));
-        assert_eq!(
-            (thirty.beat, thirty.term, thirty.kill),
-            (
-                Duration::from_secs(5),
-                Duration::from_millis(7500),
-                Duration::from_millis(13350)
-            )
-        );
     }
 }

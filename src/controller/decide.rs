@@ -1,127 +1,51 @@
 //! The reconcile's decisions, as pure functions of what it knows and of the time it is given:
-//! which store call a claim needs (or none), and what the store's answer means for the status,
-//! the Event and the next look. No I/O and no clock of its own: [`super::reconcile`] gathers the
-//! [`Facts`], makes the one store call the [`Plan`] names and writes the one status a [`Step`]
-//! carries. Unit-tested below with fixtures, a manual clock and the in-memory store.
+//! which store call a claim needs (or none), and what a store's answer or a kept tenure means
+//! for the status, the Event and the next look. No I/O, no clock and no state of its own:
+//! [`super::reconcile`] gathers the [`Facts`] (the claim's kept tenure among them, as the
+//! tenure layer's [`View`]), makes the one store call the [`Plan`] names and writes the one
+//! status a [`Step`] carries. Unit-tested below with fixtures, a manual clock and the in-memory
+//! store.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use jiff::Timestamp;
-use kube::ResourceExt;
-use kube::runtime::reflector::ObjectRef;
 
-use super::Error;
-use super::heartbeat::stale_after;
-use super::renewals::{Standing, State};
+use super::claim::Claim;
+use super::holders::HolderFacts;
 use super::status::{Observed, published_expiry};
-use crate::api::{Phase, Reason, TargetLease, TargetLeaseStatus};
-use crate::store::{
-    AcquireOutcome, Grant, LeaseHandle, LeaseId, LossReason, Owner, Permits, RenewOutcome, Slot,
-    TargetRef, Token, Ttl,
-};
-
-/// One TargetLease as the store sees it: its target, its lease id (the resource's uid) and what
-/// its status says.
-pub struct Claim<'a> {
-    /// The resource.
-    pub lease: &'a TargetLease,
-    /// The target in the store.
-    pub target: TargetRef,
-    /// The lease id: the resource's uid.
-    pub lease_id: LeaseId,
-    /// The status as last written.
-    pub status: Option<&'a TargetLeaseStatus>,
-    /// The holder the spec names: the store's owner.
-    pub owner: Owner,
-    /// The lease's time-to-live.
-    pub lease_ttl: Ttl,
-    /// How many holders the spec says the target admits.
-    pub permits: Permits,
-}
-
-impl<'a> Claim<'a> {
-    /// Resolves the claim; refuses a resource without namespace or uid, or whose target or
-    /// namespace the store cannot take.
-    pub fn new(lease: &'a TargetLease) -> Result<Self, Error> {
-        let ns = lease
-            .namespace()
-            .ok_or(Error::MissingField("metadata.namespace"))?;
-        let uid = lease.uid().ok_or(Error::MissingField("metadata.uid"))?;
-        Ok(Self {
-            lease,
-            target: TargetRef::new(&ns, &lease.spec.target)?,
-            lease_id: LeaseId::new(uid)?,
-            status: lease.status.as_ref(),
-            owner: Owner::new(lease.spec.holder.clone())?,
-            lease_ttl: Ttl::new(Duration::from_secs(u64::from(
-                lease.spec.ttl_seconds.max(1),
-            )))?,
-            permits: Permits::new(lease.spec.permits)?,
-        })
-    }
-
-    /// The holder the spec names (the store's owner).
-    pub fn holder(&self) -> &str {
-        self.owner.as_str()
-    }
-
-    /// The lease's time-to-live.
-    pub fn ttl(&self) -> Duration {
-        self.lease_ttl.duration()
-    }
-
-    /// The handle of the tenure the status records, if it says Held: its slot and the permits
-    /// it was granted under as the status records them (a status without them is an exclusive
-    /// lease's, as written before permits existed).
-    pub fn held_handle(&self) -> Option<LeaseHandle> {
-        let status = self.status?;
-        if status.phase != Phase::Held {
-            return None;
-        }
-        // A slot or permits no store can have granted holds nothing.
-        let permits = Permits::new(status.permits.unwrap_or(1)).ok()?;
-        let slot = Slot::new(status.slot.unwrap_or(0)).ok()?;
-        permits.check_slot(slot).ok()?;
-        Some(LeaseHandle {
-            target: self.target.clone(),
-            permits,
-            slot,
-            lease_id: self.lease_id.clone(),
-            owner: self.owner.clone(),
-            // A status token no store can have issued (0, above 2^53-1) holds nothing.
-            token: Token::new(status.fencing_token?).ok()?,
-        })
-    }
-
-    /// The token of the current or last tenure.
-    pub fn last_token(&self) -> Option<u64> {
-        self.status.and_then(|s| s.fencing_token)
-    }
-}
+use super::tenure::{State, View, renew_interval};
+use crate::api::heartbeat::stale_after;
+use crate::api::{Phase, Reason, TargetLeaseStatus};
+use crate::store::{AcquireOutcome, LeaseHandle, LossReason};
+use crate::time::timestamp;
 
 /// What a reconcile knows before it decides, besides the claim itself.
 #[derive(Clone, Debug)]
-pub struct Facts {
-    /// Why the holder is gone, if it is (its pod is done, its `run` stopped beating).
-    pub holder_gone: Option<String>,
+pub(crate) struct Facts {
+    /// What is known of the holder (gone, unknown, the heartbeat's silence).
+    pub(crate) holder: HolderFacts,
     /// When this claim must wait its turn: the claim in line before it, and who holds the target.
-    pub in_line_after: Option<(String, String)>,
-    /// Why the holder pod's fate is unknown, if it is (the pod could not be read).
-    pub holder_unknown: Option<String>,
+    pub(crate) in_line_after: Option<(String, String)>,
     /// The shortest TTL this controller can keep.
-    pub shortest_ttl: Duration,
-    /// The latest the store's clock can read now, by this claim's last measured answer
-    /// ([`Reading::latest_server_time`]); `None` when this process has not measured it yet.
-    pub server_now: Option<Timestamp>,
-    /// What the renewal scheduler keeps for this claim, if anything.
-    pub kept: Option<Standing>,
+    pub(crate) shortest_ttl: Duration,
+    /// What the tenure layer keeps for this claim, if anything.
+    pub(crate) kept: Option<View>,
+}
+
+impl Facts {
+    /// The latest the store's clock can read now, by the last answer measured for this claim's
+    /// kept tenure; `None` when nothing was measured yet.
+    fn server_now(&self) -> Option<Timestamp> {
+        self.kept
+            .as_ref()
+            .and_then(|v| v.server_now_ms)
+            .map(timestamp)
+    }
 }
 
 /// What the reconcile does.
 #[derive(Debug, PartialEq)]
-pub enum Plan {
+pub(crate) enum Plan {
     /// Release whatever the claim holds and settle in Released.
     GiveUp {
         /// Why.
@@ -129,14 +53,14 @@ pub enum Plan {
         /// The condition message.
         message: String,
     },
-    /// Hand the tenure the status records to the renewal scheduler, which does not keep it yet
+    /// Hand the tenure the status records to the tenure layer, which does not keep it yet
     /// (this process just started or took over): it is renewed at once.
     Keep(LeaseHandle),
-    /// Write what the renewal scheduler last said of the tenure the status records.
-    Judge(Standing),
+    /// Write what the tenure layer last heard of the tenure the status records.
+    Judge(View),
     /// Publish a tenure this process holds and the status does not show (a grant whose status
     /// write failed or was refused): no second grant is asked for.
-    Publish(Standing),
+    Publish(View),
     /// Ask the store for the target.
     Acquire,
     /// Ask the store nothing: write `observed`, look again after `next` (or on a change).
@@ -149,23 +73,19 @@ pub enum Plan {
 }
 
 /// Decides what the reconcile of `claim` does.
-pub fn plan(claim: &Claim<'_>, facts: &Facts) -> Plan {
+pub(crate) fn plan(claim: &Claim<'_>, facts: &Facts) -> Plan {
     if let Some((reason, message)) =
-        release_reason(claim, facts.holder_gone.clone(), facts.server_now)
+        release_reason(claim, facts.holder.gone.clone(), facts.server_now())
     {
         return Plan::GiveUp { reason, message };
     }
     // Only a tenure of this very claim: not one of a deleted object of the same name.
-    let kept = facts.kept.as_ref().filter(|k| {
-        k.handle.lease_id == claim.lease_id
-            && k.handle.target == claim.target
-            && k.handle.owner == claim.owner
-    });
+    let kept = facts.kept.as_ref().filter(|k| claim.owns(&k.handle));
     if let Some(handle) = claim.held_handle() {
         return match kept {
             Some(k) if k.handle == handle => Plan::Judge(k.clone()),
             // A newer grant of this process, for this very lease id and owner.
-            Some(k) if k.state == State::Renewed && same_claim(&k.handle, &handle) => {
+            Some(k) if k.state == State::Renewed && k.handle.token > handle.token => {
                 Plan::Publish(k.clone())
             }
             _ => Plan::Keep(handle),
@@ -205,18 +125,10 @@ pub fn plan(claim: &Claim<'_>, facts: &Facts) -> Plan {
     Plan::Acquire
 }
 
-/// Whether two handles are tenures of the same claim (lease id and owner), the second newer.
-fn same_claim(newer: &LeaseHandle, older: &LeaseHandle) -> bool {
-    newer.lease_id == older.lease_id
-        && newer.owner == older.owner
-        && newer.target == older.target
-        && newer.token.get() > older.token.get()
-}
-
 /// Why a lease must be given up, if it must. `holder_gone` says why the holder is gone;
 /// `server_now` is the store's clock now (the tenure's start is in it), unknown until this
 /// process has measured it: the `maxHoldSeconds` bound is then judged after the next renewal.
-pub fn release_reason(
+pub(crate) fn release_reason(
     claim: &Claim<'_>,
     holder_gone: Option<String>,
     server_now: Option<Timestamp>,
@@ -249,22 +161,17 @@ pub fn release_reason(
     (server_now?.duration_since(acquired).as_secs() >= i64::from(max)).then(reached)
 }
 
-/// The renewal interval: a third of the TTL, so two renewals can fail before the lease expires.
-pub fn renew_interval(ttl: Duration) -> Duration {
-    (ttl / 3).max(Duration::from_millis(300))
-}
-
 /// When to look at a held lease again: the next renewal, or the `maxHoldSeconds` bound if that
 /// comes first; `now` is the store's clock (the tenure's start is in it).
-pub fn next_check(claim: &Claim<'_>, now: Timestamp) -> Duration {
+pub(crate) fn next_check(claim: &Claim<'_>, now: Timestamp) -> Duration {
     let renew = renew_interval(claim.ttl());
     max_hold_left(claim, now).map_or(renew, |left| renew.min(left))
 }
 
-/// When to look again at a held lease the renewal scheduler keeps: it wakes the claim whenever
-/// its answer needs a status write, so only the `maxHoldSeconds` bound needs a timer, and a TTL
-/// is the longest wait (a safety net, not a schedule).
-pub fn next_check_kept(claim: &Claim<'_>, now: Timestamp) -> Duration {
+/// When to look again at a held lease the tenure layer keeps: it wakes the claim whenever its
+/// answer needs a status write, so only the `maxHoldSeconds` bound needs a timer, and a TTL is
+/// the longest wait (a safety net, not a schedule).
+pub(crate) fn next_check_kept(claim: &Claim<'_>, now: Timestamp) -> Duration {
     let ttl = claim.ttl();
     max_hold_left(claim, now).map_or(ttl, |left| ttl.min(left))
 }
@@ -282,7 +189,7 @@ fn max_hold_left(claim: &Claim<'_>, now: Timestamp) -> Option<Duration> {
 
 /// A claim with a heartbeat is looked at again when it would go stale, so a crashed `run`'s
 /// lease is released within half a TTL of its last heartbeat; `silent` is how long it has been.
-pub fn next_look(claim: &Claim<'_>, next: Duration, silent: Option<Duration>) -> Duration {
+pub(crate) fn next_look(claim: &Claim<'_>, next: Duration, silent: Option<Duration>) -> Duration {
     match silent {
         Some(silent) => {
             let left = stale_after(claim.ttl()).saturating_sub(silent) + Duration::from_millis(20);
@@ -293,11 +200,11 @@ pub fn next_look(claim: &Claim<'_>, next: Duration, silent: Option<Duration>) ->
 }
 
 /// After a failed reconcile of a claim that shows Held: look again when its lease stops being
-/// known valid (`valid_for`, see [`known_valid_for`]) at the latest, since if the store is still
+/// known valid (`valid_for`, see [`valid_for`]) at the latest, since if the store is still
 /// failing then the status must stop saying Held (see `Observed::store_failed`). Never sooner
 /// than 200 ms: a status write that keeps failing must not spin. `None` for a claim that does
 /// not show Held.
-pub fn look_again_by_expiry(
+pub(crate) fn look_again_by_expiry(
     status: Option<&TargetLeaseStatus>,
     valid_for: Duration,
 ) -> Option<Duration> {
@@ -305,233 +212,95 @@ pub fn look_again_by_expiry(
     Some((valid_for + Duration::from_millis(20)).max(Duration::from_millis(200)))
 }
 
-/// One answer of the store placed on this process's monotonic clock: the store read its clock
-/// as `server_ms` at some instant between `sent` and `answered`. Times in the store's clock are
-/// compared with this process's only through a reading, never with its wall clock, so a
-/// controller whose clock is off decides the same; what is assumed is only that both clocks
-/// advance at the rate of real time between two answers (docs/controller.md, clocks).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Reading {
-    /// When the call was sent (monotonic).
-    pub sent: Instant,
-    /// When its answer arrived (monotonic).
-    pub answered: Instant,
-    /// The store's clock in the answer, ms since the Unix epoch.
-    pub server_ms: u64,
-}
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-impl Reading {
-    /// How long, from `now`, until the store's clock can read `at_ms`: it read `server_ms` no
-    /// earlier than `sent`, so `at_ms` comes no earlier than `sent + (at_ms - server_ms)`. Zero
-    /// once that may have passed; the answer is never later than the truth.
-    pub fn left_until(&self, at_ms: u64, now: Instant) -> Duration {
-        let ahead = at_ms.saturating_sub(self.server_ms);
-        let elapsed = ms(now.saturating_duration_since(self.sent));
-        Duration::from_millis(ahead.saturating_sub(elapsed))
-    }
-
-    /// The earliest the store's clock can read at `now`, in ms: it read `server_ms` no later
-    /// than `answered`.
-    pub fn earliest_server_ms(&self, now: Instant) -> u64 {
-        self.server_ms
-            .saturating_add(ms(now.saturating_duration_since(self.answered)))
-    }
-
-    /// The latest the store's clock can read at `now`: it read `server_ms` no earlier than
-    /// `sent`.
-    pub fn latest_server_time(&self, now: Instant) -> Timestamp {
-        let latest = self
-            .server_ms
-            .saturating_add(ms(now.saturating_duration_since(self.sent)));
-        millis_to_time(latest)
-    }
-}
-
-/// What this process measured of a claim's tenure: the last answer of the store that granted or
-/// renewed it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Measured {
-    /// The tenure's token.
-    pub token: u64,
-    /// The answer, on this process's clock.
-    pub reading: Reading,
-    /// The expiry the store granted in it, in the store's clock (ms since the Unix epoch).
-    pub granted_until_ms: u64,
-}
-
-impl Measured {
-    /// A grant measured as `reading`.
-    pub fn granted(grant: &Grant, reading: Reading) -> Self {
-        Self {
-            token: grant.token,
-            reading,
-            granted_until_ms: grant.expires_at_ms(),
-        }
-    }
-}
-
-/// How long the lease of a claim that shows Held is still known to be valid at `now`: until the
-/// expiry the store granted in the last answer this process measured for that very tenure,
-/// counted on this process's monotonic clock from the moment that call was sent. The published
-/// `expiresAt` plays no part: it is never later than a granted expiry, and it lags behind
-/// while the status budget holds refreshes back, which must not turn a store blip into a loss. Zero when the claim does not show Held, when this process has
-/// measured no answer for its token (it just started or took over: it knows nothing of the
-/// store's clock), or once that may have passed. A status never says Held longer than this
-/// while the store fails.
-pub fn known_valid_for(
-    status: Option<&TargetLeaseStatus>,
-    measured: Option<&Measured>,
-    now: Instant,
-) -> Duration {
-    let (Some(status), Some(measured)) = (status.filter(|s| s.phase == Phase::Held), measured)
-    else {
-        return Duration::ZERO;
-    };
-    if status.fencing_token != Some(measured.token) {
-        return Duration::ZERO;
-    }
-    measured.reading.left_until(measured.granted_until_ms, now)
-}
-
-/// The [`Measured`] answers of this process, per TargetLease, and the latest reading of the
-/// store's clock per target. Shared by the reconciles, the renewal scheduler and the error
-/// policy; holds no clock of its own.
-#[derive(Default)]
-pub struct Measurements {
-    by_claim: Mutex<HashMap<ObjectRef<TargetLease>, Measured>>,
-    by_target: Mutex<HashMap<TargetRef, Reading>>,
-}
-
-impl Measurements {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<TargetLease>, Measured>> {
-        self.by_claim.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn targets(&self) -> std::sync::MutexGuard<'_, HashMap<TargetRef, Reading>> {
-        self.by_target.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Records what the store answered for `lease` on `target`.
-    pub fn record(&self, lease: &TargetLease, target: &TargetRef, measured: Measured) {
-        self.record_for(&ObjectRef::from_obj(lease), target, measured);
-    }
-
-    /// Records what the store answered for the TargetLease `lease` refers to, on `target`.
-    pub fn record_for(
-        &self,
-        lease: &ObjectRef<TargetLease>,
-        target: &TargetRef,
-        measured: Measured,
-    ) {
-        self.lock().insert(lease.clone(), measured);
-        self.record_clock(target, measured.reading);
-    }
-
-    /// Records a reading of the store's clock on `target` (any answer that carries the store's
-    /// time, an inspect too), so that its clock is read once, not before every acquire; the
-    /// latest answered is kept. It makes no tenure known valid.
-    pub fn record_clock(&self, target: &TargetRef, reading: Reading) {
-        let mut targets = self.targets();
-        let latest = targets.entry(target.clone()).or_insert(reading);
-        if reading.answered > latest.answered {
-            *latest = reading;
-        }
-    }
-
-    /// The latest reading of the store's clock measured on `target`: it outlives the claims it
-    /// was measured for, so a hand-over (the holder deleted, its waiter acquiring) needs no
-    /// extra call to read the clock.
-    pub fn clock_of(&self, target: &TargetRef) -> Option<Reading> {
-        self.targets().get(target).copied()
-    }
-
-    /// The last answer measured for `lease`.
-    pub fn of(&self, lease: &TargetLease) -> Option<Measured> {
-        self.lock().get(&ObjectRef::from_obj(lease)).copied()
-    }
-
-    /// How long the lease of `lease` is known valid at `now` (see [`known_valid_for`]).
-    pub fn valid_for(&self, lease: &TargetLease, now: Instant) -> Duration {
-        known_valid_for(lease.status.as_ref(), self.of(lease).as_ref(), now)
-    }
-
-    /// Forgets a deleted TargetLease.
-    pub fn forget(&self, lease: &ObjectRef<TargetLease>) {
-        self.lock().remove(lease);
-    }
-
-    /// Forgets the clock of a target no TargetLease names any more.
-    pub fn forget_target(&self, target: &TargetRef) {
-        self.targets().remove(target);
+/// How long the lease of a claim that shows Held is still known valid: for as long as the tenure
+/// layer knows the very tenure the status shows valid ([`View::valid_for`]). The published
+/// `expiresAt` plays no part: it is never later than a granted expiry, and it lags behind while
+/// the status budget holds refreshes back, which must not turn a store blip into a loss. Zero
+/// when the claim does not show Held, or this process keeps another tenure or none (it just
+/// started or took over: it knows nothing of the store's clock). A status never says Held
+/// longer than this while the store fails.
+pub(crate) fn valid_for(claim: &Claim<'_>, kept: Option<&View>) -> Duration {
+    match (claim.held_handle(), kept) {
+        (Some(shown), Some(view)) if shown.token == view.handle.token => view.valid_for,
+        _ => Duration::ZERO,
     }
 }
 
 /// What to write after the store answered, which Event goes with it, and when to look again.
 #[derive(Debug, PartialEq)]
-pub struct Step {
+pub(crate) struct Step {
     /// The status (written only when it is a transition).
-    pub observed: Observed,
+    pub(crate) observed: Observed,
     /// The Event published with the write.
-    pub event: Option<(Reason, String)>,
+    pub(crate) event: Option<(Reason, String)>,
     /// When to look again.
-    pub next: Duration,
+    pub(crate) next: Duration,
 }
 
-fn millis_to_time(ms: u64) -> Timestamp {
-    Timestamp::from_millisecond(i64::try_from(ms).unwrap_or(i64::MAX)).unwrap_or(Timestamp::MAX)
+/// What a kept tenure's latest answer means (it was granted or renewed, or the store said it
+/// is lost; [`State::Unconfirmed`] and [`State::Failing`] have no status of their own): Held,
+/// with the Acquired Event when the status does not show this tenure yet (a grant just made,
+/// or one whose status write failed), or Lost.
+pub(crate) fn kept_step(claim: &Claim<'_>, view: &View) -> Step {
+    if let State::Lost(reason) = &view.state {
+        return lost_step(claim, *reason);
+    }
+    let shown = claim.held_handle().is_some_and(|h| h == view.handle);
+    let permits = view.handle.permits;
+    let mut observed = Observed::held(&view.grant, permits, claim.holder());
+    if shown {
+        // Renewals live in the store; the status is written when something else changed (a new
+        // generation, recovery from a failure) or when the published expiry must move forward
+        // to stay a promise of more than one TTL (every ninth renewal).
+        observed.expires_at = published_expiry(
+            claim.status.and_then(|s| s.expires_at),
+            timestamp(view.grant.server_time_ms),
+            claim.ttl(),
+        );
+    }
+    // A grant the status does not show is renewed at the next interval; one it shows is looked
+    // at again by its maxHoldSeconds bound (the tenure layer wakes it for everything else).
+    let next = if shown {
+        let at = |ms| timestamp(ms);
+        view.server_now_ms.map_or_else(
+            || next_check(claim, at(view.grant.server_time_ms)),
+            |now| next_check_kept(claim, at(now)),
+        )
+    } else {
+        renew_interval(claim.ttl())
+    };
+    let event = (!shown).then(|| {
+        let message = if permits.is_exclusive() {
+            format!(
+                "acquired {} with fencing token {}",
+                claim.target, view.grant.token
+            )
+        } else {
+            format!(
+                "acquired slot {} of {permits} permits on {} with fencing token {}",
+                view.grant.slot, claim.target, view.grant.token
+            )
+        };
+        (Reason::Acquired, message)
+    });
+    Step {
+        observed: within_max_hold(claim, observed),
+        event,
+        next,
+    }
 }
 
-/// What a renewal of `handle`'s tenure answered.
-pub fn after_renew(claim: &Claim<'_>, handle: &LeaseHandle, outcome: &RenewOutcome) -> Step {
-    match outcome {
-        RenewOutcome::Renewed {
-            server_time_ms,
-            expires_in_ms,
-        } => {
-            // Renewals live in Valkey; the status is written when something else changed (a new
-            // generation, recovery from a failure) or when the published expiry must move
-            // forward to stay a promise of more than one TTL (every ninth renewal).
-            let grant = Grant {
-                token: handle.token.get(),
-                slot: handle.slot,
-                acquired_at_ms: claim
-                    .status
-                    .and_then(|s| s.acquired_at)
-                    .map_or(*server_time_ms, |t| {
-                        u64::try_from(t.as_millisecond()).unwrap_or(0)
-                    }),
-                server_time_ms: *server_time_ms,
-                expires_in_ms: *expires_in_ms,
-            };
-            let mut observed = Observed::held(&grant, handle.permits, claim.holder());
-            observed.expires_at = published_expiry(
-                claim.status.and_then(|s| s.expires_at),
-                millis_to_time(*server_time_ms),
-                claim.ttl(),
-            );
-            let observed = within_max_hold(claim, observed);
-            Step {
-                observed,
-                event: None,
-                next: next_check(claim, millis_to_time(*server_time_ms)),
-            }
-        }
-        RenewOutcome::Lost { reason } => {
-            let (reason, message) = match reason {
-                LossReason::Expired => (Reason::Expired, "the lease expired before it was renewed"),
-                LossReason::NotHolder => (Reason::Lost, "another claim holds the target"),
-            };
-            Step {
-                observed: Observed::lost(reason, message.to_owned(), claim.last_token()),
-                event: Some((reason, message.to_owned())),
-                // Try again at once: a new tenure can only get a larger token.
-                next: Duration::from_millis(100),
-            }
-        }
+/// The store said the tenure ended.
+fn lost_step(claim: &Claim<'_>, reason: LossReason) -> Step {
+    let (reason, message) = match reason {
+        LossReason::Expired => (Reason::Expired, "the lease expired before it was renewed"),
+        LossReason::NotHolder => (Reason::Lost, "another claim holds the target"),
+    };
+    Step {
+        observed: Observed::lost(reason, message.to_owned(), claim.last_token()),
+        event: Some((reason, message.to_owned())),
+        // Try again at once: a new tenure can only get a larger token.
+        next: Duration::from_millis(100),
     }
 }
 
@@ -554,28 +323,12 @@ fn within_max_hold(claim: &Claim<'_>, mut observed: Observed) -> Observed {
     observed
 }
 
-/// What an acquire under `permits` answered (the spec's for a new grant; the kept tenure's when
-/// a grant this process holds is published).
-pub fn after_acquire(claim: &Claim<'_>, permits: Permits, outcome: &AcquireOutcome) -> Step {
-    match outcome {
-        AcquireOutcome::Acquired(grant) => Step {
-            observed: within_max_hold(claim, Observed::held(grant, permits, claim.holder())),
-            event: Some((
-                Reason::Acquired,
-                if permits.is_exclusive() {
-                    format!(
-                        "acquired {} with fencing token {}",
-                        claim.target, grant.token
-                    )
-                } else {
-                    format!(
-                        "acquired slot {} of {permits} permits on {} with fencing token {}",
-                        grant.slot, claim.target, grant.token
-                    )
-                },
-            )),
-            next: renew_interval(claim.ttl()),
-        },
+/// What an acquire that granted nothing answered: the target is held, the permits in force
+/// differ, or the store's own retry came after the grant had ended. `None` for a grant, which
+/// the tenure layer keeps ([`kept_step`] says what it means).
+pub(crate) fn refused_step(claim: &Claim<'_>, outcome: &AcquireOutcome) -> Option<Step> {
+    Some(match outcome {
+        AcquireOutcome::Acquired(_) => return None,
         AcquireOutcome::Held {
             owner,
             expires_in_ms,
@@ -586,7 +339,7 @@ pub fn after_acquire(claim: &Claim<'_>, permits: Permits, outcome: &AcquireOutco
                 format!("{} is held by {owner}", claim.target),
             )),
             // A release through this controller wakes waiters at once; this requeue covers a
-            // holder that stopped renewing: try again when Valkey said the lease expires.
+            // holder that stopped renewing: try again when the store said the lease expires.
             next: Duration::from_millis(*expires_in_ms) + Duration::from_millis(20),
         },
         // Permits granted under another value are held: this claim waits until they are all
@@ -613,35 +366,33 @@ pub fn after_acquire(claim: &Claim<'_>, permits: Permits, outcome: &AcquireOutco
                 next: Duration::from_millis(100),
             }
         }
-    }
-}
-
-/// Whether a grant to `claim` is a hand-over: the target passing to a claim that waited for it
-/// (a Lost claim taking its target back is not one).
-pub fn is_handover(claim: &Claim<'_>) -> bool {
-    claim.status.map(|s| s.phase) == Some(Phase::Waiting)
+    })
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use jiff::SignedDuration;
     use kube::api::ObjectMeta;
 
     use super::*;
-    use crate::api::{TargetLeaseSpec, test_spec};
+    use crate::api::{TargetLease, TargetLeaseSpec, test_spec};
     use crate::store::memory::{ManualClock, MemoryStore};
-    use crate::store::{AcquireRequest, LeaseStore, RenewRequest, RequestId};
+    use crate::store::{
+        AcquireRequest, Grant, LeaseStore, RenewOutcome, RenewRequest, RequestId, Slot, StoreError,
+        Token,
+    };
+    use crate::time::ms_of;
 
     const T0: i64 = 1_800_000_000;
 
-    fn at(seconds: i64) -> Timestamp {
+    pub(crate) fn at(seconds: i64) -> Timestamp {
         Timestamp::from_second(T0 + seconds).expect("time")
     }
 
-    /// A TargetLease named `name` with `spec` and `status`, generation 1.
-    fn fixture(spec: TargetLeaseSpec, status: Option<TargetLeaseStatus>) -> TargetLease {
+    /// A TargetLease named `claim` with `spec` and `status`, generation 1.
+    pub(crate) fn fixture(spec: TargetLeaseSpec, status: Option<TargetLeaseStatus>) -> TargetLease {
         let mut lease = TargetLease::new("claim", spec);
         lease.metadata = ObjectMeta {
             name: Some("claim".into()),
@@ -654,18 +405,29 @@ mod tests {
         lease
     }
 
-    fn facts(now: Timestamp) -> Facts {
+    /// Nothing known but the shortest TTL (6 s): no tenure kept, nothing measured.
+    fn facts() -> Facts {
         Facts {
-            holder_gone: None,
+            holder: HolderFacts::default(),
             in_line_after: None,
-            holder_unknown: None,
             shortest_ttl: Duration::from_secs(6),
-            server_now: Some(now),
             kept: None,
         }
     }
 
-    fn held_since(seconds: i64, token: u64) -> TargetLeaseStatus {
+    /// The tenure layer keeps `claim`'s status tenure, renewed, its last answer measured with
+    /// the store's clock at `now`.
+    fn facts_kept(claim: &Claim<'_>, now: Timestamp) -> Facts {
+        let handle = claim.held_handle().expect("held");
+        let mut view = view_of(claim, handle.token.get(), State::Renewed);
+        view.server_now_ms = Some(ms_of(now));
+        Facts {
+            kept: Some(view),
+            ..facts()
+        }
+    }
+
+    pub(crate) fn held_since(seconds: i64, token: u64) -> TargetLeaseStatus {
         TargetLeaseStatus {
             phase: Phase::Held,
             owner: Some("w".into()),
@@ -676,17 +438,62 @@ mod tests {
         }
     }
 
+    /// What the tenure layer keeps for `claim`: `token`, in `state`.
+    fn view_of(claim: &Claim<'_>, token: u64, state: State) -> View {
+        View {
+            handle: LeaseHandle {
+                target: claim.target.clone(),
+                permits: claim.permits,
+                slot: Slot::ZERO,
+                lease_id: claim.lease_id.clone(),
+                owner: claim.owner.clone(),
+                token: Token::new(token).expect("token"),
+            },
+            grant: Grant {
+                token,
+                slot: Slot::ZERO,
+                acquired_at_ms: 1_000,
+                server_time_ms: 2_000,
+                expires_in_ms: 30_000,
+            },
+            state,
+            valid_for: Duration::from_secs(30),
+            server_now_ms: Some(2_000),
+        }
+    }
+
+    /// The view of a grant the store just answered for `claim` (as the tenure layer gives it).
+    fn granted_view(claim: &Claim<'_>, answer: &AcquireOutcome) -> View {
+        let AcquireOutcome::Acquired(grant) = answer else {
+            panic!("{answer:?}");
+        };
+        View {
+            handle: LeaseHandle {
+                target: claim.target.clone(),
+                permits: claim.permits,
+                slot: grant.slot,
+                lease_id: claim.lease_id.clone(),
+                owner: claim.owner.clone(),
+                token: Token::new(grant.token).expect("token"),
+            },
+            grant: grant.clone(),
+            state: State::Renewed,
+            valid_for: Duration::from_millis(grant.expires_in_ms),
+            server_now_ms: Some(grant.server_time_ms),
+        }
+    }
+
     #[test]
     fn the_decision_table() {
         let spec = test_spec("t", "w");
         // New: acquire.
         let lease = fixture(spec.clone(), None);
         let claim = Claim::new(&lease).expect("claim");
-        assert_eq!(plan(&claim, &facts(at(0))), Plan::Acquire);
+        assert_eq!(plan(&claim, &facts()), Plan::Acquire);
         // Held: renew with the status's token.
         let lease = fixture(spec.clone(), Some(held_since(0, 7)));
         let claim = Claim::new(&lease).expect("claim");
-        match plan(&claim, &facts(at(10))) {
+        match plan(&claim, &facts()) {
             Plan::Keep(handle) => assert_eq!(handle.token.get(), 7),
             other => panic!("{other:?}"),
         }
@@ -700,7 +507,7 @@ mod tests {
         );
         let claim = Claim::new(&lease).expect("claim");
         assert!(matches!(
-            plan(&claim, &facts(at(1))),
+            plan(&claim, &facts()),
             Plan::GiveUp {
                 reason: Reason::ReleaseRequested,
                 ..
@@ -708,8 +515,8 @@ mod tests {
         ));
         let lease = fixture(spec.clone(), Some(held_since(0, 7)));
         let claim = Claim::new(&lease).expect("claim");
-        let mut gone = facts(at(1));
-        gone.holder_gone = Some("pod gone".into());
+        let mut gone = facts();
+        gone.holder.gone = Some("pod gone".into());
         assert!(matches!(
             plan(&claim, &gone),
             Plan::GiveUp {
@@ -720,7 +527,7 @@ mod tests {
         // Not its turn: Waiting, no store call, a look at the renewal interval.
         let lease = fixture(spec.clone(), None);
         let claim = Claim::new(&lease).expect("claim");
-        let mut behind = facts(at(0));
+        let mut behind = facts();
         behind.in_line_after = Some(("older".into(), "holder-0".into()));
         match plan(&claim, &behind) {
             Plan::Settle { observed, next } => {
@@ -740,7 +547,7 @@ mod tests {
         };
         let lease = fixture(short.clone(), None);
         let claim = Claim::new(&lease).expect("claim");
-        match plan(&claim, &facts(at(0))) {
+        match plan(&claim, &facts()) {
             Plan::Settle {
                 observed,
                 next: None,
@@ -753,7 +560,7 @@ mod tests {
         }
         let lease = fixture(short, Some(held_since(0, 7)));
         let claim = Claim::new(&lease).expect("claim");
-        assert!(matches!(plan(&claim, &facts(at(1))), Plan::Keep(_)));
+        assert!(matches!(plan(&claim, &facts()), Plan::Keep(_)));
     }
 
     #[test]
@@ -764,9 +571,12 @@ mod tests {
         };
         let lease = fixture(bounded.clone(), Some(held_since(0, 7)));
         let claim = Claim::new(&lease).expect("claim");
-        assert!(matches!(plan(&claim, &facts(at(59))), Plan::Keep(_)));
         assert!(matches!(
-            plan(&claim, &facts(at(60))),
+            plan(&claim, &facts_kept(&claim, at(59))),
+            Plan::Judge(_)
+        ));
+        assert!(matches!(
+            plan(&claim, &facts_kept(&claim, at(60))),
             Plan::GiveUp {
                 reason: Reason::MaxHoldReached,
                 ..
@@ -783,7 +593,7 @@ mod tests {
         let lease = fixture(bounded.clone(), Some(spent.clone()));
         let claim = Claim::new(&lease).expect("claim");
         assert!(matches!(
-            plan(&claim, &facts(at(1000))),
+            plan(&claim, &facts()),
             Plan::GiveUp {
                 reason: Reason::MaxHoldReached,
                 ..
@@ -793,7 +603,7 @@ mod tests {
         let mut lease = fixture(bounded, Some(spent));
         lease.metadata.generation = Some(2);
         let claim = Claim::new(&lease).expect("claim");
-        assert_eq!(plan(&claim, &facts(at(1000))), Plan::Acquire);
+        assert_eq!(plan(&claim, &facts()), Plan::Acquire);
     }
 
     #[test]
@@ -816,152 +626,69 @@ mod tests {
         assert_eq!(look_again_by_expiry(None, Duration::ZERO), None);
     }
 
-    /// A manual monotonic clock: instants as offsets from one base.
-    struct Mono(Instant);
-
-    impl Mono {
-        fn at(&self, ms: u64) -> Instant {
-            self.0 + Duration::from_millis(ms)
-        }
-    }
-
-    /// The store's clock an hour ahead of the controller's wall clock, and an hour behind: a
-    /// failing claim is Held exactly as long as measured on the controller's monotonic clock
-    /// from the moment its renewal was sent, whatever the wall clocks say.
-    #[tokio::test]
-    async fn validity_is_measured_whatever_the_clocks_say() {
-        let mono = Mono(Instant::now());
-        for skew_s in [-3600i64, 0, 3600] {
-            // The store's clock, skewed from the controller's wall clock.
-            let clock = ManualClock::new();
-            let by = Duration::from_secs(skew_s.unsigned_abs());
-            if skew_s < 0 {
-                clock.rewind(by);
-            } else {
-                clock.advance(by);
-            }
-            let store = MemoryStore::with_clock(Arc::new(clock.clone()), Duration::from_secs(60));
-            let lease = fixture(test_spec("t", "w"), None);
+    /// A claim that shows Held is known valid for as long as the tenure layer knows that very
+    /// tenure valid, whatever its published expiry says; for another tenure, or none kept (a
+    /// controller that just started), not at all, so a failing store makes it Lost with Held
+    /// Unknown at once.
+    #[test]
+    fn validity_is_the_kept_tenures_not_the_published_expiry() {
+        let status = held_since(0, 7);
+        let lease = fixture(test_spec("t", "w"), Some(status.clone()));
+        let claim = Claim::new(&lease).expect("claim");
+        let mut view = view_of(&claim, 7, State::Renewed);
+        view.valid_for = Duration::from_secs(11);
+        assert_eq!(valid_for(&claim, Some(&view)), Duration::from_secs(11));
+        // A published expiry an hour later (a forged status, or the wall clock of a controller
+        // an hour behind) keeps nothing Held longer; an earlier one (refreshes held back for a
+        // slow API server) does not shorten it.
+        for shift in [
+            SignedDuration::from_hours(1),
+            SignedDuration::from_secs(-25),
+        ] {
+            let mut shifted = status.clone();
+            shifted.expires_at = shifted.expires_at.map(|e| e + shift);
+            let lease = fixture(test_spec("t", "w"), Some(shifted));
             let claim = Claim::new(&lease).expect("claim");
-            // Sent at 0 ms, answered at 40 ms: the store read its clock in between.
-            let answer = store.acquire(&acquire_of(&claim)).await.expect("acquire");
-            let AcquireOutcome::Acquired(grant) = &answer else {
-                panic!("{answer:?}");
-            };
-            let reading = Reading {
-                sent: mono.at(0),
-                answered: mono.at(40),
-                server_ms: grant.server_time_ms,
-            };
-            let measured = Measured::granted(grant, reading);
-            let status = after_acquire(&claim, claim.permits, &answer)
-                .observed
-                .into_status(Some(1), None, Timestamp::now());
-            // TTL 30 s from the send: valid until 30 s on the monotonic clock, not a
-            // millisecond longer, whatever the skew.
-            let valid = |ms| known_valid_for(Some(&status), Some(&measured), mono.at(ms));
-            assert_eq!(valid(0), Duration::from_secs(30), "skew {skew_s} s");
-            assert_eq!(valid(29_990), Duration::from_millis(10), "skew {skew_s} s");
-            assert_eq!(valid(30_000), Duration::ZERO, "skew {skew_s} s");
-            // The store's clock as bounded by the reading.
-            assert_eq!(
-                reading.earliest_server_ms(mono.at(1_040)),
-                grant.server_time_ms + 1_000
-            );
-            assert_eq!(
-                reading.latest_server_time(mono.at(1_000)).as_millisecond(),
-                i64::try_from(grant.server_time_ms + 1_000).expect("ms")
-            );
-            // A published expiry an hour later than the grant (a forged status, or the wall
-            // clock of a controller an hour behind) keeps nothing Held longer.
-            let mut forged = status.clone();
-            forged.expires_at = forged.expires_at.map(|e| e + SignedDuration::from_hours(1));
-            assert_eq!(
-                known_valid_for(Some(&forged), Some(&measured), mono.at(30_000)),
-                Duration::ZERO
-            );
-            // An earlier published expiry (refreshes held back for a slow API server) does not
-            // shorten it: the measured grant is what the lease is valid until.
-            let mut earlier = status.clone();
-            earlier.expires_at = earlier
-                .expires_at
-                .map(|e| e - SignedDuration::from_secs(10));
-            assert_eq!(
-                known_valid_for(Some(&earlier), Some(&measured), mono.at(19_000)),
-                Duration::from_secs(11)
-            );
-            // Measured for another token, or not at all (a controller that just started): not
-            // known valid, so a failing store makes the claim Lost with Held Unknown at once.
-            let other = Measured {
-                token: grant.token + 1,
-                ..measured
-            };
-            assert_eq!(
-                known_valid_for(Some(&status), Some(&other), mono.at(0)),
-                Duration::ZERO
-            );
-            assert_eq!(
-                known_valid_for(Some(&status), None, mono.at(0)),
-                Duration::ZERO
-            );
-            let failing = Observed::store_failed(
-                Some(&status),
-                &crate::store::StoreError::Unavailable {
-                    endpoint: "x:1".into(),
-                    cause: "down".into(),
-                },
-                known_valid_for(Some(&status), Some(&measured), mono.at(30_000)),
-            );
-            assert_eq!(failing.phase, Phase::Lost, "skew {skew_s} s");
-            assert!(failing.held_unknown);
+            assert_eq!(valid_for(&claim, Some(&view)), Duration::from_secs(11));
         }
+        let other = view_of(&claim, 8, State::Renewed);
+        assert_eq!(valid_for(&claim, Some(&other)), Duration::ZERO);
+        assert_eq!(valid_for(&claim, None), Duration::ZERO);
+        let failing = Observed::store_failed(
+            Some(&status),
+            &StoreError::Unavailable {
+                endpoint: "x:1".into(),
+                cause: "down".into(),
+            },
+            valid_for(&claim, None),
+        );
+        assert_eq!(failing.phase, Phase::Lost);
+        assert!(failing.held_unknown);
     }
 
-    /// What the renewal scheduler keeps for `claim`: `token`, in `state`.
-    fn kept(claim: &Claim<'_>, token: u64, state: State) -> Standing {
-        Standing {
-            handle: LeaseHandle {
-                target: claim.target.clone(),
-                permits: claim.permits,
-                slot: Slot::ZERO,
-                lease_id: claim.lease_id.clone(),
-                owner: claim.owner.clone(),
-                token: Token::new(token).expect("token"),
-            },
-            grant: Grant {
-                token,
-                slot: Slot::ZERO,
-                acquired_at_ms: 1_000,
-                server_time_ms: 2_000,
-                expires_in_ms: 30_000,
-            },
-            state,
-        }
-    }
-
-    /// A Held claim is judged by what the renewal scheduler heard, not renewed by the
-    /// reconcile; a grant whose status write failed is published, never asked for again.
+    /// A Held claim is judged by what the tenure layer heard, not renewed by the reconcile; a
+    /// grant whose status write failed is published, never asked for again.
     #[test]
     fn kept_tenures_are_judged_and_never_granted_twice() {
         let lease = fixture(test_spec("t", "w"), Some(held_since(0, 7)));
         let claim = Claim::new(&lease).expect("claim");
-        let with = |standing: Standing| Facts {
-            kept: Some(standing),
-            ..facts(at(1))
+        let with = |view: View| Facts {
+            kept: Some(view),
+            ..facts()
         };
-        assert!(matches!(plan(&claim, &facts(at(1))), Plan::Keep(h) if h.token.get() == 7));
-        let same = kept(&claim, 7, State::Renewed);
+        assert!(matches!(plan(&claim, &facts()), Plan::Keep(h) if h.token.get() == 7));
+        let same = view_of(&claim, 7, State::Renewed);
         assert_eq!(plan(&claim, &with(same.clone())), Plan::Judge(same));
-        let lost = kept(&claim, 7, State::Lost(LossReason::Expired));
+        let lost = view_of(&claim, 7, State::Lost(LossReason::Expired));
         assert_eq!(plan(&claim, &with(lost.clone())), Plan::Judge(lost.clone()));
         // A newer grant of this process: published.
-        let newer = kept(&claim, 9, State::Renewed);
+        let newer = view_of(&claim, 9, State::Renewed);
         assert_eq!(
             plan(&claim, &with(newer.clone())),
             Plan::Publish(newer.clone())
         );
         // An older tenure than the status shows (another leader granted since): the status's.
-        let older = kept(&claim, 5, State::Renewed);
+        let older = view_of(&claim, 5, State::Renewed);
         assert!(matches!(plan(&claim, &with(older)), Plan::Keep(h) if h.token.get() == 7));
         // The status went Lost (a loss whose write landed, a renewal that failed too long): a
         // grant this process still renews is published, not acquired anew.
@@ -975,8 +702,14 @@ mod tests {
         let mut released = fixture(test_spec("t", "w"), Some(held_since(0, 7)));
         released.spec.release = true;
         let claim = Claim::new(&released).expect("claim");
-        let same = kept(&claim, 7, State::Renewed);
+        let same = view_of(&claim, 7, State::Renewed);
         assert!(matches!(plan(&claim, &with(same)), Plan::GiveUp { .. }));
+        // A tenure of a deleted object of the same name (another lease id) is not this claim's.
+        let lease = fixture(test_spec("t", "w"), None);
+        let claim = Claim::new(&lease).expect("claim");
+        let mut stranger = view_of(&claim, 9, State::Renewed);
+        stranger.handle.lease_id = crate::store::LeaseId::new("uid-other").expect("id");
+        assert_eq!(plan(&claim, &with(stranger)), Plan::Acquire);
     }
 
     /// The published promise never runs past the maxHoldSeconds bound (the controller releases
@@ -991,7 +724,7 @@ mod tests {
         let lease = fixture(bounded.clone(), None);
         let claim = Claim::new(&lease).expect("claim");
         let answer = store.acquire(&acquire_of(&claim)).await.expect("acquire");
-        let granted = after_acquire(&claim, claim.permits, &answer).observed;
+        let granted = kept_step(&claim, &granted_view(&claim, &answer)).observed;
         let acquired = granted.acquired_at.expect("acquiredAt");
         assert_eq!(
             granted.expires_at,
@@ -1006,7 +739,7 @@ mod tests {
         let free = fixture(test_spec("t2", "w"), None);
         let claim = Claim::new(&free).expect("claim");
         let answer = store.acquire(&acquire_of(&claim)).await.expect("acquire");
-        let granted = after_acquire(&claim, claim.permits, &answer).observed;
+        let granted = kept_step(&claim, &granted_view(&claim, &answer)).observed;
         let acquired = granted.acquired_at.expect("acquiredAt");
         assert_eq!(
             granted.expires_at,
@@ -1022,9 +755,8 @@ mod tests {
         };
         let lease = fixture(bounded, Some(held_since(0, 7)));
         let claim = Claim::new(&lease).expect("claim");
-        let mut unmeasured = facts(at(1000));
-        unmeasured.server_now = None;
-        assert!(matches!(plan(&claim, &unmeasured), Plan::Keep(_)));
+        // Nothing measured (a controller that just started): judged after the next renewal.
+        assert!(matches!(plan(&claim, &facts()), Plan::Keep(_)));
     }
 
     #[test]
@@ -1067,7 +799,7 @@ mod tests {
         let lease = fixture(test_spec("t", "w"), None);
         let claim = Claim::new(&lease).expect("claim");
         let answer = store.acquire(&acquire_of(&claim)).await.expect("acquire");
-        let step = after_acquire(&claim, claim.permits, &answer);
+        let step = kept_step(&claim, &granted_view(&claim, &answer));
         assert_eq!(step.observed.phase, Phase::Held);
         assert_eq!(step.next, Duration::from_secs(10));
         assert!(matches!(step.event, Some((Reason::Acquired, _))));
@@ -1083,15 +815,16 @@ mod tests {
             let now = granted_at + SignedDuration::from_secs(10 * renewal);
             let lease = fixture(test_spec("t", "w"), Some(status.clone()));
             let claim = Claim::new(&lease).expect("claim");
-            let Plan::Keep(handle) = plan(&claim, &facts(now)) else {
+            let Plan::Keep(handle) = plan(&claim, &facts()) else {
                 panic!("a held claim renews");
             };
             let step = renewed(&store, &claim, &handle).await;
             assert_eq!(step.observed.phase, Phase::Held);
+            assert!(step.event.is_none(), "a renewal publishes no Event");
             let expires = step.observed.expires_at.expect("expiresAt");
             assert!(expires > now + SignedDuration::from_secs(10), "{renewal}");
             let next = step.observed.into_status(Some(1), Some(&status), now);
-            if super::super::status::is_transition(Some(&status), &next) {
+            if crate::controller::status::priority(Some(&status), &next).is_some() {
                 writes += 1;
             }
             status = next;
@@ -1110,100 +843,41 @@ mod tests {
         assert!(matches!(step.event, Some((Reason::Expired, _))));
     }
 
-    /// Renews `handle` in `store` and maps the answer.
+    /// Renews `handle` in `store` and maps the answer as the tenure layer's view of it.
     async fn renewed(store: &MemoryStore, claim: &Claim<'_>, handle: &LeaseHandle) -> Step {
-        after_renew(claim, handle, &renew_in(store, claim, handle).await)
-    }
-
-    fn clock_now(clock: &ManualClock) -> u64 {
-        use crate::store::memory::Clock;
-        clock.now_micros()
-    }
-
-    /// Renews `handle` in `store`: the store's answer.
-    async fn renew_in(
-        store: &MemoryStore,
-        claim: &Claim<'_>,
-        handle: &LeaseHandle,
-    ) -> RenewOutcome {
-        store
+        let answer = store
             .renew(&RenewRequest {
                 lease: handle.clone(),
                 ttl: claim.lease_ttl,
                 request_id: RequestId::random(),
             })
             .await
-            .expect("renew")
-    }
-
-    /// While the API server is slow the budget sheds `expiresAt` refreshes, so the published
-    /// expiry falls behind the store's. One renewal that fails then (a store call timing out
-    /// once) must not make the claim Lost: the store granted the lease for most of a TTL more,
-    /// and the renewal scheduler retries within a twelfth of it. `judge` feeds
-    /// `Measurements::valid_for` into `Observed::store_failed` exactly as below.
-    #[tokio::test]
-    async fn one_failed_renewal_while_refreshes_are_shed_keeps_the_claim_held() {
-        let clock = ManualClock::new();
-        let store = MemoryStore::with_clock(Arc::new(clock.clone()), Duration::from_secs(60));
-        let unheld = fixture(test_spec("t", "w"), None);
-        let claim = Claim::new(&unheld).expect("claim");
-        let answer = store.acquire(&acquire_of(&claim)).await.expect("acquire");
-        let AcquireOutcome::Acquired(grant) = &answer else {
-            panic!("{answer:?}");
-        };
-        // The grant's status is the last one the API server took, and its promise has lagged
-        // behind the store's grant since (every refresh shed): 30 s after the grant.
-        let mut status = after_acquire(&claim, claim.permits, &answer)
-            .observed
-            .into_status(Some(1), None, Timestamp::now());
-        status.expires_at = status
-            .acquired_at
-            .map(|a| a + SignedDuration::from_secs(30));
-        let lease = fixture(test_spec("t", "w"), Some(status));
-        let claim = Claim::new(&lease).expect("claim");
-        let handle = claim.held_handle().expect("held");
-        // The scheduler renews every 10 s; every refresh is shed. Renewal at 40 s:
-        let base = Instant::now();
-        let mut last = None;
-        for s in [10u64, 20, 30, 40] {
-            clock.advance(Duration::from_secs(10));
-            let renewed = renew_in(&store, &claim, &handle).await;
-            let RenewOutcome::Renewed {
+            .expect("renew");
+        let (state, server_time_ms, expires_in_ms) = match answer {
+            RenewOutcome::Renewed {
                 server_time_ms,
                 expires_in_ms,
-            } = renewed
-            else {
-                panic!("{renewed:?}");
-            };
-            last = Some(Measured {
-                token: grant.token,
-                reading: Reading {
-                    sent: base + Duration::from_secs(s),
-                    answered: base + Duration::from_secs(s) + Duration::from_millis(5),
-                    server_ms: server_time_ms,
-                },
-                granted_until_ms: server_time_ms + expires_in_ms,
-            });
-        }
-        let measurements = Measurements::default();
-        measurements.record(&lease, &claim.target, last.expect("renewed"));
-        // The next renewal, at 50 s, times out once.
-        let now = base + Duration::from_secs(50);
-        let valid_for = measurements.valid_for(&lease, now);
-        let failing = Observed::store_failed(
-            lease.status.as_ref(),
-            &crate::store::StoreError::Timeout {
-                endpoint: "x:1".into(),
-                after_ms: 2_000,
+            } => (State::Renewed, server_time_ms, expires_in_ms),
+            RenewOutcome::Lost { reason } => (State::Lost(reason), 0, 0),
+        };
+        let view = View {
+            handle: handle.clone(),
+            grant: Grant {
+                token: handle.token.get(),
+                slot: handle.slot,
+                acquired_at_ms: claim.status.and_then(|s| s.acquired_at).map_or(0, ms_of),
+                server_time_ms,
+                expires_in_ms,
             },
-            valid_for,
-        );
-        assert!(
-            failing.phase == Phase::Held,
-            "one timed-out renewal 50 s into a tenure whose store lease runs until 70 s made the \
-             claim {:?} (held_unknown {}): known valid for {valid_for:?}",
-            failing.phase,
-            failing.held_unknown
-        );
+            state,
+            valid_for: Duration::from_millis(expires_in_ms),
+            server_now_ms: Some(server_time_ms),
+        };
+        kept_step(claim, &view)
+    }
+
+    fn clock_now(clock: &ManualClock) -> u64 {
+        use crate::store::memory::Clock;
+        clock.now_micros()
     }
 }

@@ -1,147 +1,85 @@
 //! The TargetLease controller: watches TargetLeases, keeps their leases in the store, and writes
 //! status on transitions.
 
-pub mod budget;
-pub mod decide;
-pub mod election;
+mod claim;
+mod context;
+mod decide;
 mod error;
 pub mod finalizer;
-pub mod heartbeat;
-pub mod holders;
+mod holders;
 pub mod http;
-pub mod index;
+mod line;
 pub mod metrics;
-pub mod queue;
 mod reconcile;
-pub mod renewals;
 pub mod status;
+mod tenure;
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use tokio::sync::mpsc::{self, UnboundedSender};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-pub use error::Error;
-
-use self::holders::{Holders, PodScope};
-use self::index::TargetIndex;
+use self::claim::Claim;
+use self::context::{Context, Parts};
+pub use self::error::Error;
+use self::holders::Holders;
+pub(crate) use self::holders::PodScope;
+use self::line::Line;
 use self::metrics::Metrics;
+use self::status::StatusWriter;
+pub(crate) use self::tenure::DEFAULT_CONCURRENCY as DEFAULT_RENEWAL_CONCURRENCY;
+use self::tenure::Tenures;
 use crate::api::{FIELD_MANAGER, TargetLease};
+use crate::election::{self, Leadership};
 use crate::store::LeaseStore;
-
-/// What every reconcile gets.
-pub struct Context {
-    /// Kubernetes client.
-    pub client: Client,
-    /// The lease store.
-    pub store: Arc<dyn LeaseStore>,
-    /// Publishes events.k8s.io Events.
-    pub recorder: Recorder,
-    /// Prometheus metrics.
-    pub metrics: Arc<Metrics>,
-    /// Every TargetLease the controller sees (its reflector), for token floors and waiters.
-    pub leases: Store<TargetLease>,
-    /// The same TargetLeases by (namespace, target).
-    pub targets: TargetIndex,
-    /// Schedules a reconcile now (hand-over, holder gone).
-    pub wake: UnboundedSender<ObjectRef<TargetLease>>,
-    /// The holder pods named by `spec.holderRef`.
-    pub holders: Holders,
-    /// Where holder pods are read.
-    pub holder_pods: PodScope,
-    /// The heartbeats of `targetlease run`.
-    pub heartbeats: heartbeat::Heartbeats,
-    /// What this process measured of each tenure, on its monotonic clock.
-    pub measurements: Arc<decide::Measurements>,
-    /// Renews every Held lease on its own schedule.
-    pub renewals: renewals::Renewals,
-    /// Which status writes and Events the API server gets, and when.
-    pub budget: budget::StatusBudget,
-    /// Whether this replica may act; checked before every store call and status write.
-    pub leadership: election::Leadership,
-    /// The shortest `ttlSeconds` this controller accepts.
-    pub shortest_ttl: Duration,
-    /// Objects whose reconciles fail, each with when its run of failures began (for the
-    /// backoff); removed at its next reconcile that succeeds.
-    failures: Mutex<HashMap<ObjectRef<TargetLease>, std::time::Instant>>,
-}
 
 /// Where and as whom the controller runs.
 #[derive(Clone, Debug)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// Watch one namespace, or every namespace.
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// Where holder pods are read (see [`PodScope`]).
-    pub holder_pods: PodScope,
+    pub(crate) holder_pods: PodScope,
     /// This replica's name, in events.
-    pub identity: String,
+    pub(crate) identity: String,
     /// The shortest `ttlSeconds` this controller can keep (see [`shortest_ttl`]).
-    pub shortest_ttl: Duration,
+    pub(crate) shortest_ttl: Duration,
     /// Reconciles running at once, at most.
-    pub reconcile_concurrency: u16,
+    pub(crate) reconcile_concurrency: u16,
     /// Renewals in flight at once, at most.
-    pub renewal_concurrency: usize,
+    pub(crate) renewal_concurrency: usize,
 }
 
 /// Reconciles running at once by default. Each makes at most one store call and one status
 /// write; bounding them keeps a burst of new TargetLeases from putting thousands of requests in
 /// flight on the API server at once (which then time out together), while renewals do not wait
 /// for reconciles at all.
-pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 64;
+pub(crate) const DEFAULT_RECONCILE_CONCURRENCY: u16 = 64;
 
 /// The shortest TTL this controller can keep a lease for, from its own timings: a renewal
 /// (every TTL/3) must be able to take a whole call timeout before the next one is due, and with
 /// leader election, after the leader's last renewal (up to TTL/3 before it died) a successor
 /// must take over, start and renew within the two thirds of the TTL that are left:
 /// `max(3 x call timeout, 1.5 x (take-over + call timeout + 1 s to start))`, in whole seconds.
-pub fn shortest_ttl(call_timeout: Duration, election: Option<&election::Election>) -> Duration {
+pub(crate) fn shortest_ttl(
+    call_timeout: Duration,
+    election: Option<&election::Election>,
+) -> Duration {
     let renewing = call_timeout * 3;
     let failover = election.map_or(Duration::ZERO, |e| {
         (e.takeover() + call_timeout + Duration::from_secs(1)) * 3 / 2
     });
-    let ms = renewing.max(failover).as_millis();
-    Duration::from_secs(u64::try_from(ms.div_ceil(1000)).unwrap_or(u64::MAX).max(1))
-}
-
-/// Wakes the claims waiting on a target when a watch event shows one of its permits freed
-/// ([`queue::frees_a_permit`]): by then the cache shows it, so the claim whose turn it is asks.
-fn wake_for_freed_permit(
-    event: &watcher::Event<TargetLease>,
-    targets: &TargetIndex,
-    leases: &Store<TargetLease>,
-    wake: &UnboundedSender<ObjectRef<TargetLease>>,
-) {
-    let (lease, deleted) = match event {
-        watcher::Event::Apply(lease) => (lease, false),
-        watcher::Event::Delete(lease) => (lease, true),
-        _ => return,
-    };
-    if !queue::frees_a_permit(lease, deleted) {
-        return;
-    }
-    let Some(namespace) = lease.metadata.namespace.as_deref() else {
-        return;
-    };
-    for other in targets.leases_on(leases, namespace, &lease.spec.target) {
-        let waiting = other.status.as_ref().is_none_or(|s| {
-            !matches!(
-                s.phase,
-                crate::api::Phase::Held | crate::api::Phase::Released
-            )
-        });
-        if waiting && other.uid() != lease.uid() {
-            let _ = wake.send(ObjectRef::from_obj(other.as_ref()));
-        }
-    }
+    let ms = crate::time::millis(renewing.max(failover));
+    Duration::from_secs(ms.div_ceil(1000).max(1))
 }
 
 /// Drops what the controller never reads before an object enters the cache: `managedFields`
@@ -174,11 +112,7 @@ const LONGEST_RETRY: Duration = Duration::from_secs(300);
 
 fn error_policy(lease: Arc<TargetLease>, error: &Error, ctx: Arc<Context>) -> Action {
     let key = ObjectRef::from_obj(lease.as_ref());
-    let now = std::time::Instant::now();
-    let failing_for = {
-        let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
-        now.duration_since(*failures.entry(key).or_insert(now))
-    };
+    let failing_for = ctx.failing_for(key.clone(), Instant::now());
     if error.is_stale_read() {
         // The status write was based on an object the cache had not caught up with (or a newer
         // leader wrote since): the watch brings the newer object, which is reconciled anew.
@@ -188,25 +122,27 @@ fn error_policy(lease: Arc<TargetLease>, error: &Error, ctx: Arc<Context>) -> Ac
             Duration::from_millis(100),
             Duration::from_secs(5),
         );
-        debug!(lease = %lease.name_any(), retry_in_ms = wait.as_millis() as u64, "status write refused: the object changed since it was read");
+        debug!(lease = %lease.name_any(), retry_in_ms = crate::time::millis(wait), "status write refused: the object changed since it was read");
         return Action::requeue(wait);
     }
-    let valid_for = ctx.measurements.valid_for(&lease, now);
+    let valid_for = Claim::new(&lease).map_or(Duration::ZERO, |claim| {
+        decide::valid_for(&claim, ctx.tenures.view(&key).as_ref())
+    });
     let until_expiry = decide::look_again_by_expiry(lease.status.as_ref(), valid_for);
     let backoff = backoff(failing_for, FIRST_RETRY, LONGEST_RETRY);
     let wait = until_expiry.map_or(backoff, |u| backoff.min(u));
-    warn!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, retry_in_ms = wait.as_millis() as u64, "reconcile failed");
+    warn!(lease = %lease.name_any(), namespace = ?lease.namespace(), error = %error, retry_in_ms = crate::time::millis(wait), "reconcile failed");
     Action::requeue(wait)
 }
 
 /// Runs the controller until `shutdown` resolves. In-flight reconciles finish first; leases are
 /// not released (a successor carries on renewing them).
-pub async fn run(
+pub(crate) async fn run(
     client: Client,
     store: Arc<dyn LeaseStore>,
     metrics: Arc<Metrics>,
     settings: Settings,
-    leadership: election::Leadership,
+    leadership: Leadership,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let api: Api<TargetLease> = match &settings.namespace {
@@ -215,33 +151,29 @@ pub async fn run(
     };
     let (wake, woken) = mpsc::unbounded_channel();
     let (leases, writer) = reflector::store();
-    let targets = TargetIndex::default();
-    let measurements = Arc::new(decide::Measurements::default());
-    let (renewals, renewing) = renewals::Renewals::new(renewals::Wiring {
+    let line = Line::new(leases.clone(), wake.clone());
+    let (tenures, renewing) = Tenures::new(tenure::Wiring {
         store: store.clone(),
         metrics: metrics.clone(),
-        measurements: measurements.clone(),
         leadership: leadership.clone(),
         wake: wake.clone(),
         concurrency: settings.renewal_concurrency,
         leases: leases.clone(),
     });
     let stream = {
-        let (leases, targets, renewals) = (leases.clone(), targets.clone(), renewals.clone());
-        let wake_freed = wake.clone();
+        let (leases, line, tenures) = (leases.clone(), line.clone(), tenures.clone());
         let started = leadership.clone();
         watcher(api, watcher::Config::default().any_semantic())
             .modify(slim)
             .reflect(writer)
             .inspect_ok(move |event| {
-                targets.observe(event, &leases);
-                wake_for_freed_permit(event, &targets, &leases, &wake_freed);
+                line.observe(event);
                 // The cache is whole: reconciles can start. A leader renews its Lease only
                 // once this has happened (or not for long).
                 if matches!(event, watcher::Event::InitDone) {
                     started.work_started();
                     // Every held lease is renewed from now on, whatever the reconciles wait for.
-                    renewals.keep_all_held(&leases);
+                    tenures.keep_all_held(&leases);
                 }
             })
             .applied_objects()
@@ -250,39 +182,36 @@ pub async fn run(
         kube::runtime::controller::Config::default().concurrency(settings.reconcile_concurrency),
     );
     metrics.count_leases_in(Some(leases.clone()));
-    let holders = Holders::new(wake.clone());
+    let holders = Holders::new(client.clone(), settings.holder_pods.clone(), wake.clone());
     let reporter = Reporter {
         controller: FIELD_MANAGER.to_owned(),
         instance: Some(settings.identity.clone()),
     };
-    let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
-        client: client.clone(),
-        store,
-        metrics,
-        leases: leases.clone(),
-        targets,
-        wake,
-        holders: holders.clone(),
-        holder_pods: settings.holder_pods.clone(),
-        heartbeats: heartbeat::Heartbeats::default(),
-        measurements,
-        renewals,
-        budget: budget::StatusBudget::default(),
-        leadership,
-        shortest_ttl: settings.shortest_ttl,
-        failures: Mutex::default(),
-    });
     let _watching = Watching {
-        pods: settings
-            .holder_pods
+        tasks: holders
             .watches(settings.namespace.as_deref())
             .into_iter()
-            .map(|namespace| tokio::spawn(holders.clone().watch(client.clone(), namespace)))
+            .map(tokio::spawn)
             .chain([tokio::spawn(renewing)])
             .collect(),
-        metrics: ctx.metrics.clone(),
+        metrics: metrics.clone(),
     };
+    let ctx = Arc::new(Context::new(Parts {
+        status: StatusWriter::new(
+            client.clone(),
+            Recorder::new(client.clone(), reporter),
+            metrics.clone(),
+            leadership.clone(),
+        ),
+        client,
+        store,
+        tenures,
+        line,
+        holders,
+        leadership,
+        metrics,
+        shortest_ttl: settings.shortest_ttl,
+    }));
     let woken = futures::stream::unfold(woken, |mut rx| async move {
         rx.recv().await.map(|obj| (obj, rx))
     });
@@ -294,13 +223,7 @@ pub async fn run(
         .run(reconcile::reconcile, error_policy, ctx)
         .for_each(|result| {
             match result {
-                Ok((obj, _)) => {
-                    failures_ctx
-                        .failures
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&obj);
-                }
+                Ok((obj, _)) => failures_ctx.succeeded(&obj),
                 Err(e) => debug!(error = %e, "reconcile did not complete"),
             }
             futures::future::ready(())
@@ -313,14 +236,14 @@ pub async fn run(
 /// stopped when it returns or is cancelled (a controller that could not wind down in time is
 /// dropped).
 struct Watching {
-    pods: Vec<tokio::task::JoinHandle<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
     metrics: Arc<Metrics>,
 }
 
 impl Drop for Watching {
     fn drop(&mut self) {
-        for watch in &self.pods {
-            watch.abort();
+        for task in &self.tasks {
+            task.abort();
         }
         // No longer leading: nothing to count.
         self.metrics.count_leases_in(None);

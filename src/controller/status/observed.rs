@@ -4,9 +4,11 @@
 use jiff::Timestamp;
 
 use super::budget::Priority;
-use super::error::{store_message, store_reason};
 use crate::api::{Condition, ConditionType, Phase, Reason, TargetLeaseStatus};
+use crate::controller::error::{store_message, store_reason};
+use crate::controller::tenure::{must_republish, promise};
 use crate::store::{Grant, Permits, StoreError};
+use crate::time::{millis, ms_of, timestamp};
 
 /// What one reconcile learned about a TargetLease.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,10 +40,6 @@ pub struct Observed {
     pub held_unknown: bool,
 }
 
-fn millis(ms: u64) -> Option<Timestamp> {
-    Timestamp::from_millisecond(i64::try_from(ms).ok()?).ok()
-}
-
 impl Observed {
     /// The lease is held with `grant`.
     pub fn held(grant: &Grant, permits: Permits, holder: &str) -> Self {
@@ -52,8 +50,11 @@ impl Observed {
             token: Some(grant.token),
             slot: Some(grant.slot.get()),
             permits: Some(permits.get()),
-            acquired_at: millis(grant.acquired_at_ms),
-            expires_at: millis(promise(grant.server_time_ms, grant.expires_in_ms)),
+            acquired_at: Some(timestamp(grant.acquired_at_ms)),
+            expires_at: Some(timestamp(promise(
+                grant.server_time_ms,
+                grant.expires_in_ms,
+            ))),
             held_by: None,
             reason: Reason::Acquired,
             message: if permits.is_exclusive() {
@@ -92,7 +93,7 @@ impl Observed {
     }
 
     /// The claim cannot be served as it is written; a person must change its spec.
-    pub fn refused(reason: Reason, message: String, last_token: Option<u64>) -> Self {
+    pub(crate) fn refused(reason: Reason, message: String, last_token: Option<u64>) -> Self {
         Self::not_holding(Phase::Failed, false, reason, message, last_token)
     }
 
@@ -218,7 +219,7 @@ impl Observed {
     /// A Held claim whose holder pod could not be read (`why`): the lease is kept and renewed,
     /// since a failed read says nothing of the holder, but the status is not ready and says
     /// that the holder is not tracked until its pod can be read again. Other phases are kept.
-    pub fn holder_unknown(mut self, why: Option<&str>) -> Self {
+    pub(crate) fn holder_unknown(mut self, why: Option<&str>) -> Self {
         if let (Phase::Held, Some(why)) = (self.phase, why) {
             self.ready = false;
             self.reason = Reason::HolderUnknown;
@@ -296,50 +297,30 @@ impl Observed {
     }
 }
 
-/// How far ahead the published `expiresAt` is set, in TTLs: the controller promises to keep the
-/// lease in the store until then while it runs (it renews every TTL/3), and moves it forward
-/// when less than one TTL is left, so a held lease costs one status write per three TTLs.
-pub const PROMISED_TTLS: u64 = 4;
-
-/// The `expiresAt` that a grant or renewal answered at store time `server_ms` lets the
-/// controller promise, for a lease of `ttl_ms`.
-pub fn promise(server_ms: u64, ttl_ms: u64) -> u64 {
-    server_ms.saturating_add(ttl_ms.saturating_mul(PROMISED_TTLS))
-}
-
-/// Whether the published `expiresAt` (`published_ms`) must move forward at store time
-/// `server_ms`: at most one TTL is left on it.
-pub fn must_republish(published_ms: Option<u64>, server_ms: u64, ttl_ms: u64) -> bool {
-    published_ms.is_none_or(|p| p.saturating_sub(server_ms) <= ttl_ms)
-}
-
 /// The expiry to publish after a renewal answered at store time `now` for a lease of `ttl`: the
 /// one already `published` while more than one TTL is left on it (most renewals cost no status
 /// write), else a new [`promise`].
-pub fn published_expiry(
+pub(crate) fn published_expiry(
     published: Option<Timestamp>,
     now: Timestamp,
     ttl: std::time::Duration,
 ) -> Option<Timestamp> {
-    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-    let now_ms = u64::try_from(now.as_millisecond()).unwrap_or(0);
-    let published_ms = published.and_then(|p| u64::try_from(p.as_millisecond()).ok());
-    if must_republish(published_ms, now_ms, ttl_ms) {
-        millis(promise(now_ms, ttl_ms))
+    let ttl_ms = millis(ttl);
+    let now_ms = ms_of(now);
+    if must_republish(published.map(ms_of), now_ms, ttl_ms) {
+        Some(timestamp(promise(now_ms, ttl_ms)))
     } else {
         published
     }
 }
 
-/// Whether `new` says something `old` did not: only then is a status write worth it. A renewal
-/// keeps the published `expiresAt` (see [`published_expiry`]) until it must move.
-pub fn is_transition(old: Option<&TargetLeaseStatus>, new: &TargetLeaseStatus) -> bool {
-    priority(old, new).is_some()
-}
-
 /// How much a write of `new` over `old` matters ([`Priority`]): a refresh when only `expiresAt`
-/// moves, else a transition; `None` when `new` says nothing `old` did not.
-pub fn priority(old: Option<&TargetLeaseStatus>, new: &TargetLeaseStatus) -> Option<Priority> {
+/// moves (a renewal keeps the published one until it must move, see [`published_expiry`]), else
+/// a transition; `None` when `new` says nothing `old` did not, and no write is worth it.
+pub(crate) fn priority(
+    old: Option<&TargetLeaseStatus>,
+    new: &TargetLeaseStatus,
+) -> Option<Priority> {
     let Some(old) = old else {
         return Some(Priority::Transition);
     };
@@ -453,19 +434,19 @@ mod tests {
             std::time::Duration::from_secs(30),
         );
         let renewed = observed.into_status(Some(1), Some(&first), now);
-        assert!(!is_transition(Some(&first), &renewed));
+        assert!(priority(Some(&first), &renewed).is_none());
         let moved =
             Observed::held(&later, Permits::ONE, "w").into_status(Some(1), Some(&first), now);
         assert!(
-            is_transition(Some(&first), &moved),
+            priority(Some(&first), &moved).is_some(),
             "a new expiry is written"
         );
         let new_token =
             Observed::held(&grant(8), Permits::ONE, "w").into_status(Some(1), Some(&first), now);
-        assert!(is_transition(Some(&first), &new_token));
+        assert!(priority(Some(&first), &new_token).is_some());
         let new_generation =
             Observed::held(&grant(7), Permits::ONE, "w").into_status(Some(2), Some(&first), now);
-        assert!(is_transition(Some(&first), &new_generation));
+        assert!(priority(Some(&first), &new_generation).is_some());
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::api::TargetLease;
 
 /// What became of a holder pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fate {
+pub(crate) enum Fate {
     /// The pod exists and has not finished.
     Alive,
     /// The pod reached Succeeded or Failed, or is gone.
@@ -51,7 +51,7 @@ pub enum PodScope {
 
 impl PodScope {
     /// Whether holder pods in `namespace` are tracked.
-    pub fn covers(&self, namespace: &str) -> bool {
+    pub(crate) fn covers(&self, namespace: &str) -> bool {
         match self {
             PodScope::Watched => true,
             PodScope::Namespaces(namespaces) => namespaces.contains(namespace),
@@ -61,7 +61,7 @@ impl PodScope {
 
     /// The pod watches to run: one per namespace (`None`: every namespace), given the
     /// TargetLease watch's namespace.
-    pub fn watches(&self, watched: Option<&str>) -> Vec<Option<String>> {
+    pub(crate) fn watches(&self, watched: Option<&str>) -> Vec<Option<String>> {
         match self {
             PodScope::Watched => vec![watched.map(str::to_owned)],
             PodScope::Namespaces(namespaces) => namespaces.iter().cloned().map(Some).collect(),
@@ -90,13 +90,13 @@ fn fate_for(seen: &Seen, uid: Option<&str>) -> Fate {
 /// Shared between the reconciler (which registers references) and the pod watch (which records
 /// fates and wakes the referring TargetLeases).
 #[derive(Clone)]
-pub struct Holders {
+pub(crate) struct Pods {
     state: Arc<Mutex<State>>,
     wake: UnboundedSender<ObjectRef<TargetLease>>,
 }
 
 /// The fate of a pod object.
-pub fn fate_of(pod: &Pod) -> Fate {
+pub(crate) fn fate_of(pod: &Pod) -> Fate {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     match phase {
         Some("Succeeded" | "Failed") => Fate::Done,
@@ -104,9 +104,9 @@ pub fn fate_of(pod: &Pod) -> Fate {
     }
 }
 
-impl Holders {
+impl Pods {
     /// An empty tracker that wakes TargetLeases through `wake`.
-    pub fn new(wake: UnboundedSender<ObjectRef<TargetLease>>) -> Self {
+    pub(crate) fn new(wake: UnboundedSender<ObjectRef<TargetLease>>) -> Self {
         Self {
             state: Arc::default(),
             wake,
@@ -119,7 +119,7 @@ impl Holders {
 
     /// Registers that `lease` depends on pod `namespace/name` (with `uid`, when the holderRef
     /// names one) and returns the holder's fate if the watch has seen the pod.
-    pub fn register(
+    pub(crate) fn register(
         &self,
         lease: ObjectRef<TargetLease>,
         namespace: &str,
@@ -137,7 +137,7 @@ impl Holders {
     }
 
     /// Records what a direct read found (the watch had not seen the pod yet).
-    pub fn record(&self, namespace: &str, name: &str, fate: Fate, uid: Option<String>) {
+    pub(crate) fn record(&self, namespace: &str, name: &str, fate: Fate, uid: Option<String>) {
         let key = (namespace.to_owned(), name.to_owned());
         let mut state = self.lock();
         if state.referrers.contains_key(&key) {
@@ -146,7 +146,7 @@ impl Holders {
     }
 
     /// Forgets that `lease` depends on any pod (it was deleted).
-    pub fn unregister(&self, lease: &ObjectRef<TargetLease>) {
+    pub(crate) fn unregister(&self, lease: &ObjectRef<TargetLease>) {
         let mut state = self.lock();
         let State {
             seen, referrers, ..
@@ -210,7 +210,7 @@ impl Holders {
 
     /// Watches pods (in one namespace or all) until the stream ends; restarts on errors with the
     /// watcher's own backoff.
-    pub async fn watch(self, client: Client, namespace: Option<String>) {
+    pub(crate) async fn watch(self, client: Client, namespace: Option<String>) {
         let api: Api<Pod> = match &namespace {
             Some(ns) => Api::namespaced(client, ns),
             None => Api::all(client),
@@ -268,7 +268,7 @@ mod tests {
     #[test]
     fn a_relist_without_the_pod_means_it_is_gone() {
         let (tx, mut woken) = mpsc::unbounded_channel();
-        let holders = Holders::new(tx);
+        let holders = Pods::new(tx);
         assert_eq!(holders.register(lease("l"), "ns", "p", None), None);
         holders.apply(&None, watcher::Event::Apply(pod("p", "u1")));
         assert_eq!(woken.try_recv().ok(), Some(lease("l")));
@@ -290,7 +290,7 @@ mod tests {
     #[test]
     fn a_relist_speaks_only_for_its_own_namespace() {
         let (tx, _woken) = mpsc::unbounded_channel();
-        let holders = Holders::new(tx);
+        let holders = Pods::new(tx);
         let mut other = pod("q", "u2");
         other.metadata.namespace = Some("other".into());
         assert_eq!(holders.register(lease("l"), "ns", "p", None), None);
@@ -332,7 +332,7 @@ mod tests {
     #[test]
     fn a_pod_recreated_under_the_name_is_not_the_holder() {
         let (tx, _woken) = mpsc::unbounded_channel();
-        let holders = Holders::new(tx);
+        let holders = Pods::new(tx);
         assert_eq!(
             holders.register(lease("l"), "ns", "web-0", Some("old")),
             None

@@ -39,9 +39,11 @@ fn place(lease: &TargetLease, seen: &impl Fn(&TargetLease) -> u64) -> Place {
     )
 }
 
-/// Whether a claim is in line for the target: it wants it (no release asked, not spent, not
-/// being deleted), does not hold it, and can take it (not Failed, not Released).
-fn in_line(lease: &TargetLease) -> bool {
+/// Whether a claim is in line for the target (waiting for it): it wants it (no release asked,
+/// not spent, not being deleted), does not hold it, and can take it (not Failed, not Released).
+/// The one definition of "waiting": the line's order, the wake-ups of a release and of a freed
+/// permit all read it.
+pub(crate) fn in_line(lease: &TargetLease) -> bool {
     let status = lease.status.as_ref();
     let phase = status.map(|s| s.phase);
     let spent = status
@@ -63,7 +65,7 @@ fn shows_held(lease: &TargetLease) -> bool {
 /// The head of the line before `me` on the same target when `me` must wait its turn: as many
 /// claims are in line before it as there are free permits (see the module's doc), or more.
 /// `seen` gives each claim's place in the order the controller first saw them.
-pub fn ahead_of(
+pub(crate) fn ahead_of(
     me: &TargetLease,
     on_target: &[Arc<TargetLease>],
     seen: impl Fn(&TargetLease) -> u64,
@@ -89,7 +91,7 @@ pub fn ahead_of(
 /// left Held, or is being deleted): the claims in line are then looked at again, once the cache
 /// shows it, so that each free permit finds the claim whose turn it is even when the wake-up of
 /// the release came before the cache had caught up.
-pub fn frees_a_permit(lease: &TargetLease, deleted: bool) -> bool {
+pub(crate) fn frees_a_permit(lease: &TargetLease, deleted: bool) -> bool {
     let phase = lease.status.as_ref().map(|s| s.phase);
     lease.spec.permits > 1
         && (deleted

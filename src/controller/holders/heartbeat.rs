@@ -17,16 +17,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use kube::runtime::reflector::ObjectRef;
-use std::time::Instant;
+use tokio::time::Instant;
 
-use crate::api::{HEARTBEAT_ANNOTATION, Phase, Reason, TargetLease};
-
-/// How long a heartbeat may stay unchanged before its holder counts as gone: half the TTL, so a
-/// crashed run's lease is released within the TTL of its last heartbeat; a live run, which beats
-/// every sixth of the TTL, stops its command before this on its own.
-pub fn stale_after(ttl: Duration) -> Duration {
-    (ttl / 2).max(Duration::from_millis(500))
-}
+use crate::api::TargetLease;
+use crate::api::heartbeat::{HEARTBEAT_ANNOTATION, released_for_gone_holder, stale_after};
 
 /// Since when a heartbeat has not changed.
 #[derive(Clone, Copy)]
@@ -39,26 +33,14 @@ enum Since {
 
 /// When each heartbeat was last seen to change.
 #[derive(Default)]
-pub struct Heartbeats {
+pub(crate) struct Heartbeats {
     seen: Mutex<HashMap<ObjectRef<TargetLease>, (String, Since)>>,
-}
-
-/// Whether the status says the claim was released because its holder was gone (its pod, or its
-/// heartbeat for [`stale_after`]): no holder has written its heartbeat since, as far as the
-/// controller saw.
-pub fn released_for_gone_holder(lease: &TargetLease) -> bool {
-    lease.status.as_ref().is_some_and(|s| {
-        s.phase == Phase::Released
-            && s.conditions
-                .iter()
-                .any(|c| c.reason == Reason::HolderGone.as_str())
-    })
 }
 
 impl Heartbeats {
     /// For how long the heartbeat of `lease` has not changed as of `now`; `None` when the lease
     /// carries no heartbeat (it is not held by `targetlease run`).
-    pub fn silent_for(&self, lease: &TargetLease, now: Instant) -> Option<Duration> {
+    pub(crate) fn silent_for(&self, lease: &TargetLease, now: Instant) -> Option<Duration> {
         let value = lease
             .metadata
             .annotations
@@ -85,7 +67,7 @@ impl Heartbeats {
     }
 
     /// Forgets a deleted TargetLease.
-    pub fn forget(&self, lease: &ObjectRef<TargetLease>) {
+    pub(crate) fn forget(&self, lease: &ObjectRef<TargetLease>) {
         self.seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -136,7 +118,7 @@ mod tests {
     /// for it must not take the target again for a fresh silence window.
     #[test]
     fn a_claim_released_for_a_gone_holder_stays_stale_after_a_failover() {
-        use crate::api::{Condition, TargetLeaseStatus};
+        use crate::api::{Condition, Phase, Reason, TargetLeaseStatus};
         let mut released = lease(Some("1"));
         released.status = Some(TargetLeaseStatus {
             phase: Phase::Released,

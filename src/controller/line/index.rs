@@ -72,7 +72,7 @@ impl Inner {
 
 /// (namespace, target) -> names of the TargetLeases on it. Cheap to clone; clones share.
 #[derive(Clone, Default)]
-pub struct TargetIndex {
+pub(crate) struct TargetIndex {
     inner: Arc<Mutex<Inner>>,
 }
 
@@ -82,7 +82,7 @@ impl TargetIndex {
     }
 
     /// Applies one watch event; call it after the reflector applied the event to `store`.
-    pub fn observe(&self, event: &watcher::Event<TargetLease>, store: &Store<TargetLease>) {
+    pub(crate) fn observe(&self, event: &watcher::Event<TargetLease>, store: &Store<TargetLease>) {
         match event {
             watcher::Event::Apply(lease) | watcher::Event::InitApply(lease) => {
                 self.lock().insert(lease);
@@ -126,7 +126,7 @@ impl TargetIndex {
     /// that runs, the order they were created in; for those that existed when it started (a
     /// restart, a new leader), the order of its first list, by name within a namespace. A lease
     /// not seen yet comes after every one seen.
-    pub fn seen_order(&self, lease: &TargetLease) -> u64 {
+    pub(crate) fn seen_order(&self, lease: &TargetLease) -> u64 {
         lease
             .metadata
             .uid
@@ -136,7 +136,7 @@ impl TargetIndex {
     }
 
     /// The TargetLeases on `target` in `namespace`, read from `store`.
-    pub fn leases_on(
+    pub(crate) fn leases_on(
         &self,
         store: &Store<TargetLease>,
         namespace: &str,

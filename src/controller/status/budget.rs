@@ -13,21 +13,23 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// The latency of a write above which the API server counts as busy: refreshes and Events
 /// narrow their window.
-pub const TARGET: Duration = Duration::from_millis(100);
+pub(crate) const TARGET: Duration = Duration::from_millis(100);
 
 /// The widest window of refreshes and Events in flight.
-pub const WIDEST: usize = 16;
+pub(crate) const WIDEST: usize = 16;
 
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const LONGEST_BACKOFF: Duration = Duration::from_secs(30);
 
 /// What a write is for, highest priority first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Priority {
+pub(crate) enum Priority {
     /// A phase, token, owner or condition changes: always written.
     Transition,
     /// Only `expiresAt` moves forward: written within the window.
@@ -52,7 +54,7 @@ struct Health {
 
 /// Shared by every reconcile; no clock of its own (each call is given `now`).
 #[derive(Debug)]
-pub struct StatusBudget {
+pub(crate) struct StatusBudget {
     /// Refreshes and Events in flight.
     spare_in_flight: AtomicUsize,
     health: Mutex<Health>,
@@ -77,7 +79,7 @@ impl Default for StatusBudget {
 /// dropped without a report (its reconcile cancelled at its bound: no answer came) counts as an
 /// overloaded answer.
 #[must_use]
-pub struct Admitted<'a> {
+pub(crate) struct Admitted<'a> {
     budget: &'a StatusBudget,
     sent: Instant,
     spare: bool,
@@ -87,7 +89,7 @@ pub struct Admitted<'a> {
 impl Admitted<'_> {
     /// Records how the write went: `overloaded` when it failed in a way that says the API server
     /// is overloaded (see [`is_overload`]).
-    pub fn done(mut self, now: Instant, overloaded: bool) {
+    pub(crate) fn done(mut self, now: Instant, overloaded: bool) {
         self.done = true;
         self.budget.record(self.sent, now, overloaded);
     }
@@ -106,7 +108,7 @@ impl Drop for Admitted<'_> {
 
 /// Whether a failed API request says the API server is overloaded: too many requests, a
 /// server error, or no answer in time.
-pub fn is_overload(error: &kube::Error) -> bool {
+pub(crate) fn is_overload(error: &kube::Error) -> bool {
     match error {
         kube::Error::Api(status) => status.code == 429 || status.code >= 500,
         kube::Error::HyperError(_) | kube::Error::Service(_) => true,
@@ -121,7 +123,7 @@ impl StatusBudget {
 
     /// Whether a write of `priority` may go now; `None` means shed it (a refresh is tried again
     /// at the lease's next renewal, an Event is dropped).
-    pub fn admit(&self, priority: Priority, now: Instant) -> Option<Admitted<'_>> {
+    pub(crate) fn admit(&self, priority: Priority, now: Instant) -> Option<Admitted<'_>> {
         let spare = priority != Priority::Transition;
         if spare {
             let health = self.health();
@@ -167,8 +169,9 @@ impl StatusBudget {
         }
     }
 
+    #[cfg(test)]
     /// Refreshes and Events allowed in flight now.
-    pub fn window(&self) -> usize {
+    pub(crate) fn window(&self) -> usize {
         self.health().window
     }
 }

@@ -1,0 +1,156 @@
+//! The status writer: the one place that writes TargetLease statuses and publishes Events. It
+//! owns the write budget ([`budget`]), checks that this replica may still act before every
+//! write, and makes every status write a server-side apply that carries the `resourceVersion`
+//! it was decided on, so a write based on a stale read (a cut-off leader's late write, a cache
+//! behind) is refused with 409 instead of applied. What to write is decided elsewhere, as an
+//! [`Observed`] ([`observed`], pure).
+
+pub(crate) mod budget;
+pub mod observed;
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::time::Instant;
+use tracing::warn;
+
+use self::budget::{Priority, StatusBudget, is_overload};
+pub use self::observed::Observed;
+pub(crate) use self::observed::{priority, published_expiry};
+use super::Error;
+use super::metrics::Metrics;
+use crate::api::{FIELD_MANAGER, Reason, TargetLease};
+use crate::election::Leadership;
+
+/// What became of a status write.
+pub(crate) enum Written {
+    /// The API server wrote it; the TargetLease as it wrote it.
+    Wrote(Box<TargetLease>),
+    /// Nothing to write: the status says it already.
+    Unchanged,
+    /// Only `expiresAt` would move and the budget holds refreshes back: the renewal scheduler
+    /// wakes the claim again at its next renewal, which tries again.
+    Deferred,
+}
+
+/// Writes statuses and Events within the budget, while this replica may act.
+pub(crate) struct StatusWriter {
+    client: Client,
+    recorder: Recorder,
+    budget: StatusBudget,
+    metrics: Arc<Metrics>,
+    leadership: Leadership,
+}
+
+impl StatusWriter {
+    /// A writer for `client`, publishing Events through `recorder`.
+    pub(crate) fn new(
+        client: Client,
+        recorder: Recorder,
+        metrics: Arc<Metrics>,
+        leadership: Leadership,
+    ) -> Self {
+        Self {
+            client,
+            recorder,
+            budget: StatusBudget::default(),
+            metrics,
+            leadership,
+        }
+    }
+
+    /// Writes the status `observed` describes when it says something new; publishes `event`
+    /// with it when it was written.
+    pub(crate) async fn settle(
+        &self,
+        lease: &TargetLease,
+        observed: Observed,
+        event: Option<(Reason, String)>,
+    ) -> Result<Written, Error> {
+        let written = self.write(lease, observed).await?;
+        if let (Written::Wrote(_), Some((reason, note))) = (&written, event) {
+            self.publish(lease, reason, note).await;
+        }
+        Ok(written)
+    }
+
+    /// Writes `observed` as the status of `lease` when it says something new and the budget
+    /// admits it (a refresh of `expiresAt` may be put off; see [`budget`]).
+    pub(crate) async fn write(
+        &self,
+        lease: &TargetLease,
+        observed: Observed,
+    ) -> Result<Written, Error> {
+        let old = lease.status.as_ref();
+        let new = observed.into_status(lease.metadata.generation, old, Timestamp::now());
+        let Some(priority) = priority(old, &new) else {
+            return Ok(Written::Unchanged);
+        };
+        let phase_changed = old.map(|s| s.phase) != Some(new.phase);
+        self.leadership.check()?;
+        let Some(admitted) = self.budget.admit(priority, Instant::now()) else {
+            self.metrics.shed("refresh");
+            return Ok(Written::Deferred);
+        };
+        let namespace = lease
+            .namespace()
+            .ok_or(Error::MissingField("metadata.namespace"))?;
+        let api: Api<TargetLease> = Api::namespaced(self.client.clone(), &namespace);
+        // The resourceVersion the status was decided on is a precondition: a write based on a
+        // stale read is refused with 409, not applied.
+        let patch = json!({
+            "apiVersion": TargetLease::api_version(&()),
+            "kind": "TargetLease",
+            "metadata": {"resourceVersion": lease.resource_version()},
+            "status": new,
+        });
+        let result = api
+            .patch_status(
+                &lease.name_any(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await;
+        admitted.done(
+            Instant::now(),
+            result.as_ref().err().is_some_and(is_overload),
+        );
+        let written = result?;
+        let phase_name = format!("{:?}", new.phase);
+        self.metrics
+            .status_written(phase_changed.then_some(phase_name.as_str()));
+        Ok(Written::Wrote(Box::new(written)))
+    }
+
+    /// Publishes an Event about `lease`, if the budget has room for it (Events go last).
+    pub(crate) async fn publish(&self, lease: &TargetLease, reason: Reason, note: String) {
+        let Some(admitted) = self.budget.admit(Priority::Event, Instant::now()) else {
+            self.metrics.shed("event");
+            return;
+        };
+        let type_ = if matches!(reason, Reason::Lost | Reason::Expired) {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        let event = KubeEvent {
+            type_,
+            reason: reason.as_str().to_owned(),
+            note: Some(note),
+            action: reason.as_str().to_owned(),
+            secondary: None,
+        };
+        let result = self.recorder.publish(&event, &lease.object_ref(&())).await;
+        admitted.done(
+            Instant::now(),
+            result.as_ref().err().is_some_and(is_overload),
+        );
+        if let Err(e) = result {
+            warn!(error = %e, lease = %lease.name_any(), "could not publish event");
+        }
+    }
+}

@@ -1,0 +1,447 @@
+//! The tenure layer: one record per lease this controller keeps, and its one owner.
+//!
+//! A tenure is handed over here when the reconciler acquires ([`Tenures::granted`]) or finds a
+//! Held status this process does not keep yet (a restart, a new leader:
+//! [`Tenures::keep_from_status`]), and taken back when the claim gives the lease up
+//! ([`Tenures::stop`]). The renewal scheduler ([`schedule`]) renews every kept tenure every TTL/3
+//! whatever the reconcile queue, the API server and the status writes are doing: a lease is lost
+//! only when the store says so, never because an API request was slow. It wakes the claim's
+//! reconcile when the latest answer needs a status write (the lease was lost, the store started
+//! or stopped failing, or the published `expiresAt` must move forward); it never talks to the
+//! API server.
+//!
+//! Everything this process measured of a tenure lives in its record: the latest answer of the
+//! store placed on this process's clock ([`clock::Reading`]), and so how long the lease is known
+//! valid. Reconciles read one [`View`] of it and own no state of their own. The latest reading of
+//! the store's clock per target is kept here too, for the token floor of the next acquire.
+
+pub(crate) mod clock;
+mod schedule;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
+
+use self::clock::Reading;
+use super::claim::Claim;
+use super::metrics::Metrics;
+use crate::api::TargetLease;
+use crate::election::Leadership;
+use crate::store::{Grant, LeaseHandle, LeaseStore, LossReason, StoreError, TargetRef, Ttl};
+use crate::time::ms_of;
+
+/// Renewals in flight at once, at most. A renewal is one short script on the store; this
+/// bounds what a burst of due renewals (a new leader taking over every lease at once) asks of
+/// the store's connection pool, and what it leaves for acquires and releases.
+pub(crate) const DEFAULT_CONCURRENCY: u16 = 64;
+
+/// The renewal interval: a third of the TTL, so two renewals can fail before the lease expires.
+pub(crate) fn renew_interval(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(300))
+}
+
+/// What the store last said of a kept tenure.
+#[derive(Clone, Debug)]
+pub(crate) enum State {
+    /// Taken from a status this process has not confirmed yet: the first renewal is due at once.
+    Unconfirmed,
+    /// Granted or renewed by the latest answer.
+    Renewed,
+    /// The store said the tenure ended (it is no longer renewed).
+    Lost(LossReason),
+    /// The latest renewal failed (renewals go on), or one did not come in time.
+    Failing(StoreError),
+}
+
+impl PartialEq for State {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Unconfirmed, Self::Unconfirmed) | (Self::Renewed, Self::Renewed) => true,
+            (Self::Lost(a), Self::Lost(b)) => a == b,
+            (Self::Failing(a), Self::Failing(b)) => {
+                a.kind() == b.kind() && a.to_string() == b.to_string()
+            }
+            _ => false,
+        }
+    }
+}
+
+/// One kept tenure.
+struct Record {
+    handle: LeaseHandle,
+    ttl: Ttl,
+    /// The tenure as the latest answer granted it: its start, and the store's time and the TTL
+    /// of that answer (the status's while unconfirmed, with no TTL).
+    grant: Grant,
+    state: State,
+    /// The latest answer that granted or renewed it, on this process's clock; `None` while
+    /// unconfirmed.
+    reading: Option<Reading>,
+    /// The `expiresAt` the status publishes, in the store's clock.
+    published_ms: Option<u64>,
+    /// Bumped at every hand-over, so that a late answer for an earlier one is dropped.
+    epoch: u64,
+    /// Its place in the schedule, while one is scheduled.
+    slot: Option<(Instant, u64)>,
+}
+
+impl Record {
+    /// How long the lease is still known valid at `now`: until the expiry the store granted in
+    /// the latest answer, counted from the moment that call was sent.
+    fn valid_for(&self, now: Instant) -> Duration {
+        match (&self.state, self.reading) {
+            (State::Renewed | State::Failing(_), Some(reading)) => {
+                reading.left_until(self.grant.expires_at_ms(), now)
+            }
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+/// What a reconcile reads of a kept tenure.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct View {
+    /// The tenure.
+    pub(crate) handle: LeaseHandle,
+    /// The tenure as the latest answer granted it (see [`Record`]).
+    pub(crate) grant: Grant,
+    /// What the store last said of it. A renewal that did not come in time (more renewals due
+    /// than `--renewal-concurrency` lets through) shows as a failure once the last measured
+    /// grant has passed, never as `Renewed`.
+    pub(crate) state: State,
+    /// How long the lease is still known valid: until the expiry the store granted in the latest
+    /// answer, counted on this process's clock from the moment that call was sent. Zero while
+    /// unconfirmed, once lost, and once that may have passed.
+    pub(crate) valid_for: Duration,
+    /// The latest the store's clock can read now, by the latest answer (ms); `None` while
+    /// unconfirmed.
+    pub(crate) server_now_ms: Option<u64>,
+}
+
+#[derive(Default)]
+struct Book {
+    kept: HashMap<ObjectRef<TargetLease>, Record>,
+    schedule: BTreeMap<(Instant, u64), ObjectRef<TargetLease>>,
+    next_epoch: u64,
+    /// The latest reading of the store's clock per target (any answer that carries it).
+    clocks: HashMap<TargetRef, Reading>,
+}
+
+impl Book {
+    fn unschedule(&mut self, key: &ObjectRef<TargetLease>) {
+        if let Some(slot) = self.kept.get_mut(key).and_then(|k| k.slot.take()) {
+            self.schedule.remove(&slot);
+        }
+    }
+
+    fn schedule(&mut self, key: &ObjectRef<TargetLease>, due: Instant) {
+        self.unschedule(key);
+        self.next_epoch += 1;
+        let slot = (due, self.next_epoch);
+        if let Some(kept) = self.kept.get_mut(key) {
+            kept.slot = Some(slot);
+            self.schedule.insert(slot, key.clone());
+        }
+    }
+
+    fn record_clock(&mut self, target: &TargetRef, reading: Reading) {
+        let latest = self.clocks.entry(target.clone()).or_insert(reading);
+        if reading.answered > latest.answered {
+            *latest = reading;
+        }
+    }
+
+    fn view(&self, key: &ObjectRef<TargetLease>, now: Instant) -> Option<View> {
+        Some(self.kept.get(key)?.view(now))
+    }
+}
+
+impl Record {
+    /// What a reconcile reads of this tenure at `now`.
+    fn view(&self, now: Instant) -> View {
+        let kept = self;
+        let valid_for = kept.valid_for(now);
+        let state = match &kept.state {
+            State::Renewed if valid_for.is_zero() => State::Failing(StoreError::Timeout {
+                endpoint: "the renewal scheduler (behind its schedule)".into(),
+                after_ms: kept.reading.map_or(0, |r| {
+                    r.latest_server_ms(now)
+                        .saturating_sub(kept.grant.expires_at_ms())
+                }),
+            }),
+            state => state.clone(),
+        };
+        View {
+            handle: kept.handle.clone(),
+            grant: kept.grant.clone(),
+            state,
+            valid_for,
+            server_now_ms: kept.reading.map(|r| r.latest_server_ms(now)),
+        }
+    }
+}
+
+struct Shared {
+    book: Mutex<Book>,
+    changed: Notify,
+    store: Arc<dyn LeaseStore>,
+    metrics: Arc<Metrics>,
+    leadership: Leadership,
+    wake: UnboundedSender<ObjectRef<TargetLease>>,
+    in_flight: Arc<Semaphore>,
+    leases: Store<TargetLease>,
+}
+
+impl Shared {
+    fn book(&self) -> MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The tenure layer's handle, shared by the reconciles. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Tenures {
+    shared: Arc<Shared>,
+}
+
+/// What [`Tenures::new`] needs.
+pub(crate) struct Wiring {
+    /// The lease store.
+    pub(crate) store: Arc<dyn LeaseStore>,
+    /// Where renewals are counted and timed.
+    pub(crate) metrics: Arc<Metrics>,
+    /// Checked before every renewal.
+    pub(crate) leadership: Leadership,
+    /// Schedules a reconcile of a TargetLease whose tenure needs a status write.
+    pub(crate) wake: UnboundedSender<ObjectRef<TargetLease>>,
+    /// Renewals in flight at most.
+    pub(crate) concurrency: usize,
+    /// The controller's cache: a tenure whose TargetLease is gone from it (deleted without the
+    /// controller's finalizer, or replaced by another object of that name) is renewed no more.
+    pub(crate) leases: Store<TargetLease>,
+}
+
+impl Tenures {
+    /// The tenure layer, and its renewal scheduler (spawn it; dropping it stops every renewal).
+    pub(crate) fn new(wiring: Wiring) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let shared = Arc::new(Shared {
+            book: Mutex::default(),
+            changed: Notify::new(),
+            store: wiring.store,
+            metrics: wiring.metrics,
+            leadership: wiring.leadership,
+            wake: wiring.wake,
+            in_flight: Arc::new(Semaphore::new(wiring.concurrency.max(1))),
+            leases: wiring.leases,
+        });
+        let tenures = Self {
+            shared: shared.clone(),
+        };
+        (tenures, schedule::run(shared))
+    }
+
+    fn book(&self) -> MutexGuard<'_, Book> {
+        self.shared.book()
+    }
+
+    /// Puts `record` in the book for `key` (replacing whatever was kept), schedules its first
+    /// renewal at `due` and answers its view.
+    fn insert(&self, key: &ObjectRef<TargetLease>, mut record: Record, due: Instant) -> View {
+        let mut book = self.book();
+        book.unschedule(key);
+        book.next_epoch += 1;
+        record.epoch = book.next_epoch;
+        let now = Instant::now();
+        let view = record.view(now);
+        book.kept.insert(key.clone(), record);
+        book.schedule(key, due);
+        let kept = book.kept.len();
+        drop(book);
+        self.shared.metrics.kept_leases(kept);
+        self.shared.changed.notify_one();
+        view
+    }
+
+    /// A grant the store made now for `key` (`reading` its answer): renewed from now on whatever
+    /// becomes of its status write, one interval after the call was sent. Answers its view.
+    pub(crate) fn granted(
+        &self,
+        key: &ObjectRef<TargetLease>,
+        handle: LeaseHandle,
+        ttl: Ttl,
+        grant: &Grant,
+        reading: Reading,
+    ) -> View {
+        let mut book = self.book();
+        book.record_clock(&handle.target, reading);
+        if let Some(kept) = book.kept.get_mut(key).filter(|k| k.handle == handle) {
+            // The same tenure again (a re-entrant acquire): this is its newest answer.
+            kept.grant = grant.clone();
+            kept.reading = Some(reading);
+            kept.state = State::Renewed;
+            kept.ttl = ttl;
+            return kept.view(Instant::now());
+        }
+        drop(book);
+        let due = reading.sent + renew_interval(ttl.duration());
+        let record = Record {
+            handle,
+            ttl,
+            grant: grant.clone(),
+            state: State::Renewed,
+            reading: Some(reading),
+            published_ms: Some(promise(grant.server_time_ms, grant.expires_in_ms)),
+            epoch: 0,
+            slot: None,
+        };
+        self.insert(key, record, due)
+    }
+
+    /// Renews the tenure `claim`'s status records as Held, if it does and that tenure is not
+    /// kept already: at once, since nothing is known here of when it was last renewed.
+    pub(crate) fn keep_from_status(&self, claim: &Claim<'_>) {
+        let Some(handle) = claim.held_handle() else {
+            return;
+        };
+        let key = ObjectRef::from_obj(claim.lease);
+        let status = claim.status;
+        let published_ms = status.and_then(|s| s.expires_at).map(ms_of);
+        {
+            let mut book = self.book();
+            if let Some(kept) = book.kept.get_mut(&key)
+                && kept.handle == handle
+            {
+                // The spec's TTL may have changed: the next renewal asks for the new one.
+                kept.ttl = claim.lease_ttl;
+                kept.published_ms = published_ms.or(kept.published_ms);
+                return;
+            }
+        }
+        let acquired_at_ms = status.and_then(|s| s.acquired_at).map_or(0, ms_of);
+        let record = Record {
+            grant: Grant {
+                token: handle.token.get(),
+                slot: handle.slot,
+                acquired_at_ms,
+                server_time_ms: acquired_at_ms,
+                expires_in_ms: 0,
+            },
+            handle,
+            ttl: claim.lease_ttl,
+            state: State::Unconfirmed,
+            reading: None,
+            published_ms,
+            epoch: 0,
+            slot: None,
+        };
+        self.insert(&key, record, Instant::now());
+    }
+
+    /// Hands every Held status in `leases` to the scheduler (see
+    /// [`Tenures::keep_from_status`]): called when the controller's first list completes, so
+    /// that a new leader renews every held lease at once, before any reconcile has run.
+    pub(crate) fn keep_all_held(&self, leases: &Store<TargetLease>) {
+        for lease in leases.state() {
+            if let Ok(claim) = Claim::new(&lease) {
+                self.keep_from_status(&claim);
+            }
+        }
+    }
+
+    /// What is kept for `key`, if anything.
+    pub(crate) fn view(&self, key: &ObjectRef<TargetLease>) -> Option<View> {
+        self.book().view(key, Instant::now())
+    }
+
+    /// Records the `expiresAt` a status write published for `token`.
+    pub(crate) fn published(&self, key: &ObjectRef<TargetLease>, token: u64, published_ms: u64) {
+        if let Some(kept) = self.book().kept.get_mut(key)
+            && kept.handle.token.get() == token
+        {
+            kept.published_ms = Some(published_ms);
+        }
+    }
+
+    /// Renews the tenure kept for `key` now rather than at its turn: another claim was granted
+    /// its target (after a data loss or an outage), so this one has probably lost, and its
+    /// status must say so within one renewal.
+    pub(crate) fn renew_now(&self, key: &ObjectRef<TargetLease>) {
+        let mut book = self.book();
+        if book.kept.get(key).is_some_and(|k| k.slot.is_some()) {
+            book.schedule(key, Instant::now());
+            drop(book);
+            self.shared.changed.notify_one();
+        }
+    }
+
+    /// Sets the TTL the next renewals of `key` ask for (the spec changed); a shorter one is
+    /// renewed at once, so the lease never runs on the longer interval.
+    pub(crate) fn set_ttl(&self, key: &ObjectRef<TargetLease>, ttl: Ttl) {
+        let mut book = self.book();
+        let Some(kept) = book.kept.get_mut(key).filter(|k| k.ttl != ttl) else {
+            return;
+        };
+        kept.ttl = ttl;
+        if kept.slot.is_some() {
+            book.schedule(key, Instant::now());
+            drop(book);
+            self.shared.changed.notify_one();
+        }
+    }
+
+    /// Stops renewing whatever is kept for `key`. A renewal in flight may still reach the
+    /// store; its answer is dropped.
+    pub(crate) fn stop(&self, key: &ObjectRef<TargetLease>) {
+        let mut book = self.book();
+        book.unschedule(key);
+        book.kept.remove(key);
+        let kept = book.kept.len();
+        drop(book);
+        self.shared.metrics.kept_leases(kept);
+    }
+
+    /// Records a reading of the store's clock on `target` (an inspect, say), so that its clock
+    /// is read once, not before every acquire; the latest answered is kept. It makes no tenure
+    /// known valid.
+    pub(crate) fn record_clock(&self, target: &TargetRef, reading: Reading) {
+        self.book().record_clock(target, reading);
+    }
+
+    /// The earliest the store's clock on `target` can read now, by the latest reading measured
+    /// there (it outlives the claims it was measured for, so a hand-over needs no extra call to
+    /// read the clock).
+    pub(crate) fn earliest_server_ms(&self, target: &TargetRef) -> Option<u64> {
+        let reading = self.book().clocks.get(target).copied()?;
+        Some(reading.earliest_server_ms(Instant::now()))
+    }
+
+    /// Forgets the clock of a target no TargetLease names any more.
+    pub(crate) fn forget_target(&self, target: &TargetRef) {
+        self.book().clocks.remove(target);
+    }
+}
+
+/// How far ahead the published `expiresAt` is set, in TTLs: the controller promises to keep the
+/// lease in the store until then while it runs (it renews every TTL/3), and moves it forward
+/// when less than one TTL is left, so a held lease costs one status write per three TTLs.
+pub(crate) const PROMISED_TTLS: u64 = 4;
+
+/// The `expiresAt` that a grant or renewal answered at store time `server_ms` lets the
+/// controller promise, for a lease of `ttl_ms`.
+pub(crate) fn promise(server_ms: u64, ttl_ms: u64) -> u64 {
+    server_ms.saturating_add(ttl_ms.saturating_mul(PROMISED_TTLS))
+}
+
+/// Whether the published `expiresAt` (`published_ms`) must move forward at store time
+/// `server_ms`, for a lease of `ttl_ms`: at most one TTL is left on it.
+pub(crate) fn must_republish(published_ms: Option<u64>, server_ms: u64, ttl_ms: u64) -> bool {
+    published_ms.is_none_or(|p| p.saturating_sub(server_ms) <= ttl_ms)
+}
+
+#[cfg(test)]
+mod tests;

@@ -6,6 +6,8 @@ mod context;
 mod decide;
 mod error;
 pub mod finalizer;
+#[cfg(test)]
+mod fixtures;
 mod holders;
 pub mod http;
 mod line;

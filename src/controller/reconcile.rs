@@ -480,3 +480,6 @@ async fn cleanup(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
     }
     Ok(Action::await_change())
 }
+
+#[cfg(test)]
+mod tests;

@@ -156,6 +156,16 @@ impl Holders {
         done(self.pods.register(key, &ns, &holder.name, uid))
     }
 
+    /// What the pod watch does when it sees pod `namespace/name` deleted.
+    #[cfg(test)]
+    pub(crate) fn pod_deleted_for_tests(&self, namespace: &str, name: &str) {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some(name.into());
+        pod.metadata.namespace = Some(namespace.into());
+        self.pods
+            .apply(&None, kube::runtime::watcher::Event::Delete(pod));
+    }
+
     /// Forgets a deleted TargetLease.
     pub(crate) fn forget(&self, key: &ObjectRef<TargetLease>) {
         self.pods.unregister(key);

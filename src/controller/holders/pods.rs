@@ -227,7 +227,7 @@ impl Pods {
         }
     }
 
-    fn apply(&self, scope: &Option<String>, event: watcher::Event<Pod>) {
+    pub(super) fn apply(&self, scope: &Option<String>, event: watcher::Event<Pod>) {
         let key = |pod: &Pod| (pod.namespace().unwrap_or_default(), pod.name_any());
         match event {
             watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {

@@ -1,0 +1,264 @@
+//! The reconcile against a mocked API server and the in-memory store: the decisions that the
+//! control-plane suites reach only by timing (a status write refused, a 409, a deletion
+//! mid-tenure, a missing or unreadable holder pod, a claim behind in line), each checked request
+//! by request.
+
+use std::sync::Arc;
+
+use http::StatusCode;
+use kube::runtime::controller::Action;
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use super::reconcile;
+use crate::api::{HolderRef, Phase, TargetLease, TargetLeaseSpec, test_spec};
+use crate::controller::Error;
+use crate::controller::fixtures::{Fixture, claim};
+
+/// Runs one reconcile of `lease` in the background (the test answers its requests meanwhile).
+fn reconciling(fx: &Fixture, lease: &TargetLease) -> JoinHandle<Result<Action, Error>> {
+    tokio::spawn(reconcile(Arc::new(lease.clone()), fx.ctx.clone()))
+}
+
+/// A claim acquired by a reconcile whose status write the API server applied: the object as
+/// written, and its token.
+async fn held(fx: &mut Fixture, name: &str, spec: TargetLeaseSpec) -> (TargetLease, u64) {
+    let new = claim(name, spec);
+    fx.cache(&new);
+    let running = reconciling(fx, &new);
+    let written = fx.api.write_status(&new).await;
+    assert_eq!(fx.api.event().await, "Acquired");
+    running.await.expect("task").expect("reconcile");
+    let status = written.status.clone().expect("status");
+    assert_eq!(status.phase, Phase::Held);
+    fx.cache(&written);
+    (written, status.fencing_token.expect("token"))
+}
+
+/// A grant whose status write is refused (409: the object changed since it was read) is kept,
+/// and the next reconcile publishes that very grant: the store is never asked for a second one.
+#[tokio::test]
+async fn a_refused_status_write_never_costs_a_second_grant() {
+    let mut fx = Fixture::new();
+    let new = claim("a", test_spec("t", "w"));
+    fx.cache(&new);
+    let running = reconciling(&fx, &new);
+    let (status, sent) = fx.api.status_write(&new).await;
+    assert_eq!(status.phase, Phase::Held);
+    let token = status.fencing_token.expect("token");
+    sent.refuse(409, "Conflict");
+    let error = running
+        .await
+        .expect("task")
+        .expect_err("a refused write fails");
+    assert!(error.is_stale_read(), "{error}");
+    // The store holds the grant all the same.
+    let seen = fx.inspect("t").await;
+    assert_eq!(seen.lease.as_ref().map(|l| l.token), Some(token));
+    // Again, on the same (stale) object: the same grant is published.
+    let running = reconciling(&fx, &new);
+    let written = fx.api.write_status(&new).await;
+    assert_eq!(fx.api.event().await, "Acquired");
+    running.await.expect("task").expect("reconcile");
+    let status = written.status.expect("status");
+    assert_eq!(
+        (status.phase, status.fencing_token),
+        (Phase::Held, Some(token))
+    );
+    let seen = fx.inspect("t").await;
+    assert_eq!(seen.lease.map(|l| l.token), Some(token));
+    assert_eq!(seen.fence, token, "a second token was issued");
+}
+
+/// A deleted holder leaves Held in its status before the store lets the lease go, then its
+/// finalizer goes: a waiter can never be granted the target while the holder still shows Held.
+#[tokio::test]
+async fn a_deleted_holder_shows_released_before_the_store_lets_go() {
+    let mut fx = Fixture::new();
+    let (held, token) = held(&mut fx, "a", test_spec("t", "w")).await;
+    let mut waiter = claim("b", test_spec("t", "w2"));
+    waiter.status = Some(crate::api::TargetLeaseStatus {
+        phase: Phase::Waiting,
+        ..Default::default()
+    });
+    fx.cache(&waiter);
+    while fx.woken.try_recv().is_ok() {}
+    let mut deleting = held.clone();
+    deleting.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+    );
+    fx.cache(&deleting);
+    let running = reconciling(&fx, &deleting);
+    let (status, sent) = fx.api.status_write(&deleting).await;
+    assert_eq!(status.phase, Phase::Released);
+    assert_eq!(status.fencing_token, Some(token));
+    // At the moment of the write, the lease is still held in the store.
+    let seen = fx.inspect("t").await;
+    assert_eq!(seen.lease.as_ref().map(|l| l.token), Some(token));
+    let mut written = deleting.clone();
+    written.status = Some(status);
+    written.metadata.resource_version = Some("3".into());
+    sent.answer(
+        StatusCode::OK,
+        &serde_json::to_value(&written).expect("JSON"),
+    );
+    assert_eq!(fx.api.event().await, "Released");
+    fx.api.remove_finalizer(&deleting).await;
+    running.await.expect("task").expect("reconcile");
+    assert!(fx.inspect("t").await.lease.is_none(), "not released");
+    // The waiter is woken to take the target at once.
+    let woken: Vec<_> = std::iter::from_fn(|| fx.woken.try_recv().ok()).collect();
+    assert!(
+        woken.contains(&kube::runtime::reflector::ObjectRef::from_obj(&waiter)),
+        "{woken:?}"
+    );
+}
+
+/// The same deletion, with the Released write refused (409): nothing is released, the lease is
+/// still kept, and the finalizer stays.
+#[tokio::test]
+async fn a_refused_release_write_releases_nothing() {
+    let mut fx = Fixture::new();
+    let (held, token) = held(&mut fx, "a", test_spec("t", "w")).await;
+    let mut deleting = held.clone();
+    deleting.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+    );
+    let running = reconciling(&fx, &deleting);
+    let (status, sent) = fx.api.status_write(&deleting).await;
+    assert_eq!(status.phase, Phase::Released);
+    sent.refuse(409, "Conflict");
+    let error = running.await.expect("task").expect_err("refused");
+    assert!(error.is_stale_read(), "{error}");
+    fx.api.quiet().await;
+    let seen = fx.inspect("t").await;
+    assert_eq!(
+        seen.lease.map(|l| l.token),
+        Some(token),
+        "released behind a Held status"
+    );
+    let key = kube::runtime::reflector::ObjectRef::from_obj(&held);
+    assert!(fx.ctx.tenures.view(&key).is_some(), "no longer renewed");
+}
+
+/// A claim whose holder pod does not exist (deleted while nobody watched) is released as
+/// HolderGone, its status first.
+#[tokio::test]
+async fn a_missing_holder_pod_releases_its_claim() {
+    let mut fx = Fixture::new();
+    let spec = TargetLeaseSpec {
+        holder_ref: Some(HolderRef {
+            kind: "Pod".into(),
+            name: "worker-0".into(),
+            uid: None,
+        }),
+        ..test_spec("t", "w")
+    };
+    let new = claim("a", spec);
+    fx.cache(&new);
+    // The first reconcile reads the pod (the watch has not seen it): alive.
+    let running = reconciling(&fx, &new);
+    let get = fx.api.next().await;
+    assert!(get.uri.contains("/pods/worker-0"), "{}", get.uri);
+    get.answer(
+        StatusCode::OK,
+        &json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "worker-0", "namespace": "ns", "uid": "p1"},
+                "status": {"phase": "Running"}}),
+    );
+    let written = fx.api.write_status(&new).await;
+    assert_eq!(fx.api.event().await, "Acquired");
+    running.await.expect("task").expect("reconcile");
+    fx.cache(&written);
+    let token = written.status.as_ref().and_then(|s| s.fencing_token);
+    // The pod watch then sees it deleted.
+    fx.ctx.holders.pod_deleted_for_tests("ns", "worker-0");
+    let running = reconciling(&fx, &written);
+    let (status, sent) = fx.api.status_write(&written).await;
+    assert_eq!(status.phase, Phase::Released);
+    let reason = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.reason.clone());
+    assert_eq!(reason.as_deref(), Some("HolderGone"));
+    assert_eq!(fx.inspect("t").await.lease.map(|l| l.token), token);
+    let mut released = written.clone();
+    released.status = Some(status);
+    sent.answer(
+        StatusCode::OK,
+        &serde_json::to_value(&released).expect("JSON"),
+    );
+    assert_eq!(fx.api.event().await, "Released");
+    running.await.expect("task").expect("reconcile");
+    assert!(fx.inspect("t").await.lease.is_none());
+}
+
+/// A holder pod the controller may not read says nothing of the holder: the lease is taken all
+/// the same and the status says why the holder is not tracked.
+#[tokio::test]
+async fn an_unreadable_holder_pod_keeps_the_lease_and_says_so() {
+    let mut fx = Fixture::new();
+    let spec = TargetLeaseSpec {
+        holder_ref: Some(HolderRef {
+            kind: "Pod".into(),
+            name: "worker-0".into(),
+            uid: None,
+        }),
+        ..test_spec("t", "w")
+    };
+    let new = claim("a", spec);
+    fx.cache(&new);
+    let running = reconciling(&fx, &new);
+    let get = fx.api.next().await;
+    assert!(get.uri.contains("/pods/worker-0"), "{}", get.uri);
+    get.refuse(403, "Forbidden");
+    let written = fx.api.write_status(&new).await;
+    assert_eq!(fx.api.event().await, "Acquired");
+    running.await.expect("task").expect("reconcile");
+    let status = written.status.expect("status");
+    assert_eq!(status.phase, Phase::Held);
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "HolderUnknown")
+    );
+    assert!(fx.inspect("t").await.lease.is_some());
+}
+
+/// A claim behind another in line asks the store nothing: it says whom it waits behind.
+#[tokio::test]
+async fn a_claim_behind_in_line_asks_the_store_nothing() {
+    let mut fx = Fixture::new();
+    let mut older = claim("older", test_spec("t", "w1"));
+    older.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        jiff::Timestamp::from_second(1_800_000_000).expect("time"),
+    ));
+    let mut newer = claim("newer", test_spec("t", "w2"));
+    newer.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        jiff::Timestamp::from_second(1_800_000_005).expect("time"),
+    ));
+    fx.cache(&older);
+    fx.cache(&newer);
+    let running = reconciling(&fx, &newer);
+    let written = fx.api.write_status(&newer).await;
+    running.await.expect("task").expect("reconcile");
+    let status = written.status.expect("status");
+    assert_eq!(status.phase, Phase::Waiting);
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert!(
+        ready.message.contains("in line after older"),
+        "{}",
+        ready.message
+    );
+    assert!(fx.inspect("t").await.lease.is_none(), "the store was asked");
+    fx.api.quiet().await;
+}

@@ -1,0 +1,295 @@
+//! Who a `run` is, and who ran before it: the identity of a process as `/proc` shows it (boot,
+//! PID namespace, pid, start time), the annotations that record it on the TargetLease, the
+//! judgement of a predecessor (dead only on proof), the cleanup of what a dead predecessor's
+//! command left running, and the TargetLease's name, the same for every incarnation.
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tracing::warn;
+
+/// Annotation naming the `run` process that owns the TargetLease:
+/// `<boot id> <pid namespace> <pid> <start>`.
+pub(super) const PROCESS_ANNOTATION: &str = "targetlease.dev/run-process";
+
+/// Annotation naming the command's process group:
+/// `<boot id> <pid namespace> <pgid> <start of its leader> <token>`.
+pub(super) const COMMAND_ANNOTATION: &str = "targetlease.dev/run-command";
+
+/// This boot of the machine: pids and start times mean something only within one boot.
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// This process's PID namespace (`pid:[inode]`): pids mean something only within one.
+fn pid_namespace() -> String {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|p| p.into_os_string().into_string().ok())
+        .unwrap_or_default()
+}
+
+/// The fields of /proc/PID/stat after the command name (which may hold spaces and parentheses:
+/// counted from the last ')'), so field N of the man page is index N - 3.
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// When process `pid` started (clock ticks since boot, field 22 of /proc/PID/stat).
+fn start_time(pid: i32) -> Option<u64> {
+    stat_fields(pid)?.get(19)?.parse().ok()
+}
+
+/// `<boot id> <pid namespace> <pid> <start>` of a process of ours, for the annotations.
+pub(super) fn describe(pid: i32) -> String {
+    format!(
+        "{} {} {pid} {}",
+        boot_id(),
+        pid_namespace(),
+        start_time(pid).unwrap_or(0)
+    )
+}
+
+/// A process an annotation describes, when it is one this process can judge: same boot, same
+/// PID namespace (a pid seen from anywhere else says nothing about it).
+struct Described<'a> {
+    pid: i32,
+    start: u64,
+    /// What follows the start time (the command's token).
+    rest: Vec<&'a str>,
+}
+
+/// Parses `<boot id> <pid namespace> <pid> <start> ...`; `Err` says why it cannot be judged.
+fn here(description: &str) -> Result<Described<'_>, &'static str> {
+    let mut parts = description.split(' ');
+    let (Some(boot), Some(ns), Some(pid), Some(start)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err("it is recorded in a form this version cannot judge");
+    };
+    let (Ok(pid), Ok(start)) = (pid.parse(), start.parse()) else {
+        return Err("it is recorded in a form this version cannot judge");
+    };
+    if boot.is_empty() || boot != boot_id() {
+        return Err("it ran on another boot or another machine");
+    }
+    if ns.is_empty() || ns != pid_namespace() {
+        return Err("it ran in another PID namespace (another container)");
+    }
+    Ok(Described {
+        pid,
+        start,
+        rest: parts.collect(),
+    })
+}
+
+/// What is known of the `run` that an annotation names.
+#[derive(Debug, PartialEq)]
+pub(super) enum Predecessor {
+    /// Provably dead: same boot and PID namespace, and its pid is gone or another process's.
+    Dead,
+    /// This very process.
+    Me,
+    /// Running.
+    Alive,
+    /// Nothing can be proven, for the reason given: it may be running.
+    Unknown(&'static str),
+}
+
+/// Judges the `run` process `description` names (`None`: none is recorded).
+pub(super) fn predecessor(description: Option<&str>) -> Predecessor {
+    let Some(description) = description else {
+        return Predecessor::Unknown("no targetlease run process is recorded on it");
+    };
+    let process = match here(description) {
+        Ok(process) => process,
+        Err(why) => return Predecessor::Unknown(why),
+    };
+    if start_time(process.pid) != Some(process.start) {
+        Predecessor::Dead
+    } else if process.pid == std::process::id().cast_signed() {
+        Predecessor::Me
+    } else {
+        Predecessor::Alive
+    }
+}
+
+/// `<boot id> <pid namespace> <pgid> <start of its leader> <token>` of the command's group.
+pub(super) fn describe_command(pgid: i32, token: u64) -> String {
+    format!("{} {token}", describe(pgid))
+}
+
+/// Whether process `pid` was started by a `run` of TargetLease `name` for the tenure `token`:
+/// the command and everything it started inherit both in their environment (a process that
+/// replaced its environment is not recognised, and is left alone).
+fn started_for(pid: i32, name: &str, token: &str) -> bool {
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let want_name = format!("TARGETLEASE_NAME={name}");
+    let want_token = format!("TARGETLEASE_TOKEN={token}");
+    let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+    vars.contains(&want_name.as_bytes()) && vars.contains(&want_token.as_bytes())
+}
+
+/// Kills what is left of a dead incarnation's command, whose group `description` names: only
+/// processes it can prove that incarnation started (same boot and PID namespace, in that group,
+/// started after its leader, carrying TargetLease `name` and the tenure's token).
+pub(super) fn kill_leftovers(description: &str, name: &str) {
+    let Ok(group) = here(description) else {
+        return;
+    };
+    let Some(token) = group.rest.first().copied() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Some(fields) = stat_fields(pid) else {
+            continue;
+        };
+        let pgid = fields.get(2).and_then(|g| g.parse::<i32>().ok());
+        let start = fields.get(19).and_then(|s| s.parse::<u64>().ok());
+        if pgid == Some(group.pid)
+            && start.is_some_and(|s| s >= group.start)
+            && started_for(pid, name, token)
+        {
+            warn!(
+                pid,
+                pgid = group.pid,
+                "killing a process left by an earlier run's command"
+            );
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// A DNS-1123 label fragment from a name.
+fn label(name: &str) -> String {
+    let fragment: String = name
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(40)
+        .collect();
+    let fragment = fragment.trim_matches('-');
+    if fragment.is_empty() {
+        "run".into()
+    } else {
+        fragment.to_owned()
+    }
+}
+
+/// The TargetLease name of a `run` of `target` from `who` (the pod, or the host): the same for
+/// every incarnation, so a restarted `run` finds what the previous one left.
+pub(super) fn lease_name(who: &str, identity: &str, target: &str) -> String {
+    let digest = sha1_smol::Sha1::from(format!("{identity}\n{target}"))
+        .digest()
+        .to_string();
+    format!("{}-{}", label(who), &digest[..10])
+}
+
+/// An `--instance` name: it becomes part of a TargetLease name.
+pub(super) fn parse_instance(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err("an instance is 1 to 63 characters of a-z, 0-9 and '-'".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn names_are_stable_per_identity_and_target() {
+        let a = lease_name("web-0", "pod-uid:1", "db");
+        assert_eq!(a, lease_name("web-0", "pod-uid:1", "db"));
+        assert_ne!(a, lease_name("web-0", "pod-uid:2", "db"));
+        assert_ne!(a, lease_name("web-0", "pod-uid:1", "db2"));
+        assert!(
+            a.starts_with("web-0-") && a.len() == "web-0-".len() + 10,
+            "{a}"
+        );
+        assert!(lease_name("My_Laptop.local", "host:x", "t").starts_with("my-laptop-local-"));
+    }
+
+    #[test]
+    fn only_a_process_of_this_boot_and_pid_namespace_is_judged() {
+        let me = describe(std::process::id().cast_signed());
+        assert_eq!(predecessor(Some(&me)), Predecessor::Me, "{me}");
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let pid = i32::try_from(sleeper.id()).expect("pid");
+        let alive = describe(pid);
+        assert_eq!(predecessor(Some(&alive)), Predecessor::Alive, "{alive}");
+        let start = start_time(pid).expect("start");
+        let (boot, ns) = (boot_id(), pid_namespace());
+        assert!(ns.starts_with("pid:["), "{ns}");
+        // Same pid, another start time: the pid was reused, the process it named is gone.
+        let reused = format!("{boot} {ns} {pid} {}", start + 1);
+        assert_eq!(predecessor(Some(&reused)), Predecessor::Dead);
+        // Evidence of absence from elsewhere proves nothing: another boot, another PID
+        // namespace, the older form without a namespace, nothing recorded.
+        for unknown in [
+            format!("another-boot {ns} 999999 {start}"),
+            format!("{boot} pid:[1] 999999 {start}"),
+            format!("{boot} 999999 {start}"),
+        ] {
+            assert!(
+                matches!(predecessor(Some(&unknown)), Predecessor::Unknown(_)),
+                "{unknown}"
+            );
+        }
+        assert!(matches!(predecessor(None), Predecessor::Unknown(_)));
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        assert_eq!(predecessor(Some(&alive)), Predecessor::Dead);
+    }
+
+    #[test]
+    fn leftovers_are_recognised_by_their_lease_name_and_token() {
+        let mut ours = std::process::Command::new("sleep")
+            .arg("30")
+            .env("TARGETLEASE_NAME", "host-0123456789")
+            .env("TARGETLEASE_TOKEN", "42")
+            .spawn()
+            .expect("sleep");
+        let pid = i32::try_from(ours.id()).expect("pid");
+        // Until the child has exec'd, its environment is still ours.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !started_for(pid, "host-0123456789", "42") {
+            assert!(std::time::Instant::now() < deadline, "never recognised");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!started_for(pid, "host-0123456789", "43"));
+        assert!(!started_for(pid, "other-0123456789", "42"));
+        assert!(!started_for(
+            std::process::id().cast_signed(),
+            "host-0123456789",
+            "42"
+        ));
+        let _ = ours.kill();
+        let _ = ours.wait();
+    }
+}

@@ -10,11 +10,7 @@ use std::time::Duration;
 use redis::{ErrorKind as RedisErrorKind, RedisError, ServerErrorKind};
 
 use crate::store::StoreError;
-
-/// Whole milliseconds of a duration, for messages.
-pub(super) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
+use crate::time::millis;
 
 /// Maps an error of a call (or of connecting) to a [`StoreError`].
 ///

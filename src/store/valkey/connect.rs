@@ -3,7 +3,7 @@
 //! [`crate::store::LeaseStore`] and [`StoreError`].
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Once};
+use std::sync::Once;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -17,10 +17,11 @@ use redis::{
 use tracing::warn;
 
 use super::classify::classify;
-use super::config::{Durability, Endpoints, HostPort, TlsConfig, TlsMaterial, ValkeyConfig};
-use super::sentinel;
-use crate::redact::SecretUrl;
+use super::config::{Durability, Endpoints, TlsConfig, TlsMaterial, ValkeyConfig};
+use super::info;
+use crate::redact::{Secret, SecretUrl};
 use crate::store::StoreError;
+use crate::time::millis;
 
 /// One multiplexed connection: to a single server, or a cluster client that routes by key
 /// (following MOVED/ASK and refreshing its slot map itself).
@@ -60,21 +61,11 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// A new connection and, through Sentinel, the primary it reaches.
-pub(super) struct Connected {
-    /// The connection.
-    pub conn: Conn,
-    /// The primary as the sentinels named it (and its role confirmed on `conn`); `None` for a
-    /// URL or a cluster.
-    pub primary: Option<HostPort>,
-}
-
 /// Makes connections. Secrets and certificates are read at every connect.
 pub(super) struct Connector {
     config: ValkeyConfig,
     tls: Option<TlsConfig>,
     endpoint: String,
-    sentinel_order: Arc<sentinel::Order>,
     /// Replicas in sync a Sentinel-named primary must have: the durability's on the connections
     /// of durable acquires, none on the others (a renewal needs no replica).
     replicas_needed: u32,
@@ -82,11 +73,7 @@ pub(super) struct Connector {
 
 impl Connector {
     /// Prepares a connector; warns once when certificate checks are off.
-    pub(super) fn new(
-        config: ValkeyConfig,
-        sentinel_order: Arc<sentinel::Order>,
-        durable_acquires: bool,
-    ) -> Self {
+    pub(super) fn new(config: ValkeyConfig, durable_acquires: bool) -> Self {
         let tls = config.effective_tls();
         let endpoint = config.endpoints.describe();
         // The warnings once per store, not once per pool.
@@ -119,13 +106,7 @@ impl Connector {
             config,
             tls,
             endpoint,
-            sentinel_order,
         }
-    }
-
-    /// Which sentinel to ask first (shared by the store's pools).
-    pub(super) fn sentinel_order(&self) -> &sentinel::Order {
-        &self.sentinel_order
     }
 
     /// The data ACL user.
@@ -138,10 +119,9 @@ impl Connector {
         &self.endpoint
     }
 
-    /// Opens one connection, bounded by the connect timeout (through Sentinel: finding and
-    /// reaching the primary by it, the checks on the new connection by it again, and the whole
-    /// by the caller's deadline).
-    pub(super) async fn connect(&self, limit: Duration) -> Result<Connected, StoreError> {
+    /// The TLS material and the data password, read now (secrets and certificates are read at
+    /// every connect, so a rotated one is used from the next connection on).
+    pub(super) fn credentials(&self) -> Result<(Option<TlsMaterial>, Option<Secret>), StoreError> {
         install_crypto_provider();
         let material = self.tls.as_ref().map(TlsConfig::load).transpose()?;
         let password = self
@@ -150,104 +130,98 @@ impl Connector {
             .as_ref()
             .map(|p| p.load())
             .transpose()?;
+        Ok((material, password))
+    }
+
+    /// A connection to the one server of a URL.
+    pub(super) async fn open_url(
+        &self,
+        url: &SecretUrl,
+        password: Option<&Secret>,
+        material: Option<&TlsMaterial>,
+        limit: Duration,
+    ) -> Result<Conn, StoreError> {
+        let info = self.connection_info(
+            url.expose(),
+            url.endpoint(),
+            self.config.username.as_deref(),
+            password,
+        )?;
+        let conn = self
+            .open_single(info, &url_host(url), material)
+            .await
+            .map_err(|e| classify(&self.endpoint, &e, limit, true))?;
+        Ok(Conn::Single(conn))
+    }
+
+    /// A connection to a cluster, from its seeds.
+    pub(super) async fn open_cluster(
+        &self,
+        seeds: &[SecretUrl],
+        password: Option<&Secret>,
+        material: Option<&TlsMaterial>,
+        limit: Duration,
+    ) -> Result<Conn, StoreError> {
         let fail = |e: redis::RedisError| classify(&self.endpoint, &e, limit, true);
-        let attempt = async {
-            match &self.config.endpoints {
-                Endpoints::Single(url) => {
-                    let info = self.connection_info(
-                        url.expose(),
-                        url.endpoint(),
-                        self.config.username.as_deref(),
-                        password.as_ref(),
-                    )?;
-                    let conn = self
-                        .open_single(info, &url_host(url), material.as_ref())
-                        .await
-                        .map_err(fail)?;
-                    Ok(Connected {
-                        conn: Conn::Single(conn),
-                        primary: None,
-                    })
-                }
-                Endpoints::Cluster(seeds) => {
-                    let infos = seeds
-                        .iter()
-                        .map(|seed| {
-                            self.connection_info(
-                                seed.expose(),
-                                seed.endpoint(),
-                                self.config.username.as_deref(),
-                                password.as_ref(),
-                            )
-                        })
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let mut builder = ClusterClientBuilder::new(infos)
-                        .connection_timeout(limit)
-                        .response_timeout(self.config.call_timeout)
-                        .retries(3)
-                        .min_retry_wait(millis_u64(self.config.reconnect_min_delay))
-                        .max_retry_wait(millis_u64(self.config.reconnect_max_delay));
-                    if let Some(user) = &self.config.username {
-                        builder = builder.username(user);
-                    }
-                    if let Some(password) = &password {
-                        builder = builder.password(password.expose());
-                    }
-                    if let Some(tls) = &self.tls {
-                        builder = builder.tls(if tls.insecure {
-                            TlsMode::Insecure
-                        } else {
-                            TlsMode::Secure
-                        });
-                        if let Some(certs) = material.as_ref().and_then(certificates) {
-                            builder = builder.certs(certs);
-                        }
-                    }
-                    let client = builder.build().map_err(fail)?;
-                    let conn = client.get_async_connection().await.map_err(fail)?;
-                    Ok(Connected {
-                        conn: Conn::Cluster(conn),
-                        primary: None,
-                    })
-                }
-                Endpoints::Sentinel(sentinels) => {
-                    let (conn, primary) = sentinel::connect(
-                        self,
-                        sentinels,
-                        limit,
-                        password.as_ref(),
-                        material.as_ref(),
-                    )
-                    .await?;
-                    Ok(Connected {
-                        conn: Conn::Single(conn),
-                        primary: Some(primary),
-                    })
-                }
+        let infos = seeds
+            .iter()
+            .map(|seed| {
+                self.connection_info(
+                    seed.expose(),
+                    seed.endpoint(),
+                    self.config.username.as_deref(),
+                    password,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut builder = ClusterClientBuilder::new(infos)
+            .connection_timeout(limit)
+            .response_timeout(self.config.call_timeout)
+            .retries(3)
+            .min_retry_wait(millis(self.config.reconnect_min_delay))
+            .max_retry_wait(millis(self.config.reconnect_max_delay));
+        if let Some(user) = &self.config.username {
+            builder = builder.username(user);
+        }
+        if let Some(password) = password {
+            builder = builder.password(password.expose());
+        }
+        if let Some(tls) = &self.tls {
+            builder = builder.tls(if tls.insecure {
+                TlsMode::Insecure
+            } else {
+                TlsMode::Secure
+            });
+            if let Some(certs) = material.and_then(certificates) {
+                builder = builder.certs(certs);
             }
-        };
-        let checked = async {
-            let mut connected: Connected = attempt.await?;
-            self.check_durability(&mut connected.conn, limit).await?;
-            self.check_eviction(&mut connected.conn, limit).await?;
-            if let Some(id) = &self.config.installation {
-                self.claim_installation(&mut connected.conn, id, limit)
-                    .await?;
-            }
-            Ok(connected)
-        };
-        let overall = match &self.config.endpoints {
-            // Finding the primary has the connect timeout; the checks on its connection the same
-            // again.
-            Endpoints::Sentinel(_) => limit.saturating_mul(2),
-            _ => limit,
-        };
-        match tokio::time::timeout(overall, checked).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Unavailable {
-                endpoint: self.endpoint.clone(),
-                cause: self.connect_timed_out(limit),
-            }),
+        }
+        let client = builder.build().map_err(fail)?;
+        let conn = client.get_async_connection().await.map_err(fail)?;
+        Ok(Conn::Cluster(conn))
+    }
+
+    /// The checks every new connection passes before it carries a call: the durability the
+    /// server can give, no eviction, and the installation's claim on its key prefix.
+    pub(super) async fn check(&self, conn: &mut Conn, limit: Duration) -> Result<(), StoreError> {
+        self.check_durability(conn, limit).await?;
+        self.check_eviction(conn, limit).await?;
+        if let Some(id) = &self.config.installation {
+            self.claim_installation(conn, id, limit).await?;
+        }
+        Ok(())
+    }
+
+    /// The configured endpoints.
+    pub(super) fn endpoints(&self) -> &Endpoints {
+        &self.config.endpoints
+    }
+
+    /// A connect through Sentinel that took too long, said with what it waited for.
+    pub(super) fn timed_out(&self, limit: Duration) -> StoreError {
+        StoreError::Unavailable {
+            endpoint: self.endpoint.clone(),
+            cause: self.connect_timed_out(limit),
         }
     }
 
@@ -277,20 +251,6 @@ impl Connector {
         client
             .get_multiplexed_async_connection_with_config(&options)
             .await
-    }
-
-    /// Through Sentinel: the primary a majority of the sentinels name now (see
-    /// [`sentinel::named_primary`]); `Ok(None)` for a URL or a cluster.
-    pub(super) async fn named_primary(
-        &self,
-        limit: Duration,
-    ) -> Result<Option<HostPort>, StoreError> {
-        let Endpoints::Sentinel(sentinels) = &self.config.endpoints else {
-            return Ok(None);
-        };
-        install_crypto_provider();
-        let material = self.tls.as_ref().map(TlsConfig::load).transpose()?;
-        sentinel::named_primary(self, sentinels, limit, material.as_ref()).await
     }
 
     /// The configured durability, for messages.
@@ -348,13 +308,8 @@ impl Connector {
             .query_async::<Value>(conn)
             .await
             .map_err(|e| classify(&self.endpoint, &e, limit, true))?;
-        let mut texts = Vec::new();
-        collect_text(&info, &mut texts);
-        let policies: Vec<&str> = texts
-            .iter()
-            .flat_map(|t| t.lines())
-            .filter_map(|line| line.trim().strip_prefix("maxmemory_policy:"))
-            .collect();
+        let texts = info::texts(&info);
+        let policies = info::fields(&texts, "maxmemory_policy");
         if policies.is_empty() {
             return Err(StoreError::InvalidConfig(format!(
                 "the server at {} did not report its maxmemory-policy in INFO memory; \
@@ -420,10 +375,10 @@ impl Connector {
         let what = if limit + Duration::from_millis(20) < configured {
             format!(
                 "the call deadline ({} ms) ran out while connecting",
-                millis_u64(self.config.call_timeout)
+                millis(self.config.call_timeout)
             )
         } else {
-            format!("connect timed out after {} ms", millis_u64(configured))
+            format!("connect timed out after {} ms", millis(configured))
         };
         // A plaintext server never answers a TLS handshake: it waits for the end of a command
         // line that does not come.
@@ -483,23 +438,6 @@ impl Connector {
         }
         Ok(info.set_redis_settings(redis))
     }
-}
-
-/// Every text in a reply, however nested (a cluster answers INFO per node).
-pub(super) fn collect_text(value: &Value, out: &mut Vec<String>) {
-    match value {
-        Value::BulkString(bytes) => out.push(String::from_utf8_lossy(bytes).into_owned()),
-        Value::SimpleString(s) | Value::VerbatimString { text: s, .. } => out.push(s.clone()),
-        Value::Array(items) | Value::Set(items) => {
-            items.iter().for_each(|item| collect_text(item, out));
-        }
-        Value::Map(pairs) => pairs.iter().for_each(|(_, v)| collect_text(v, out)),
-        _ => {}
-    }
-}
-
-fn millis_u64(d: Duration) -> u64 {
-    super::classify::millis(d)
 }
 
 fn url_host(url: &SecretUrl) -> String {

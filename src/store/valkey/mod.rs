@@ -10,7 +10,9 @@
 mod classify;
 pub mod config;
 mod connect;
+mod info;
 pub mod keys;
+mod open;
 mod pool;
 pub mod scripts;
 mod sentinel;
@@ -24,7 +26,7 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use self::classify::{breaks_connection, classify, millis};
+use self::classify::{breaks_connection, classify};
 pub use self::config::{
     ClientCertificate, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,
     DEFAULT_PREFIX, DEFAULT_RECONNECT_MAX_DELAY, DEFAULT_RECONNECT_MIN_DELAY,
@@ -33,6 +35,7 @@ pub use self::config::{
 };
 use self::connect::{Conn, Connector};
 use self::keys::TargetKeys;
+use self::open::Opener;
 use self::pool::{Backoff, Pool, PrimaryState};
 use self::scripts::LuaScript;
 use super::Ttl;
@@ -41,6 +44,7 @@ use super::{
     GuardedKey, GuardedValue, Inspection, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome,
     RenewRequest, RepairOutcome, Slot, StoreError, TargetRef, Token, check_token,
 };
+use crate::time::millis;
 
 /// The Valkey lease store. Cheap to clone; clones share the pool.
 #[derive(Clone)]
@@ -154,7 +158,10 @@ impl ValkeyStore {
         let primary = Arc::new(PrimaryState::default());
         let pool = |durable_acquires| {
             Pool::new(
-                Connector::new(config.clone(), order.clone(), durable_acquires),
+                Opener::new(
+                    Connector::new(config.clone(), durable_acquires),
+                    order.clone(),
+                ),
                 config.pool_size,
                 config.connect_timeout,
                 backoff,
@@ -308,13 +315,11 @@ impl ValkeyStore {
         let mut info = redis::cmd("INFO");
         info.arg("replication");
         let reply = self.call(Request::Command(&info)).await?;
-        let mut texts = Vec::new();
-        connect::collect_text(&reply, &mut texts);
         // A replica in the URL answers role:slave: its writes are refused elsewhere.
-        let fewest = texts
+        let fewest = info::texts(&reply)
             .iter()
-            .filter(|text| text.lines().any(|line| line.trim() == "role:master"))
-            .map(|text| text.lines().filter(|line| online_replica(line)).count())
+            .filter(|text| info::role(text) == Some("master"))
+            .map(|text| info::online_replicas(text))
             .min();
         let primary = match &self.config().endpoints {
             Endpoints::Single(_) => "the primary at",
@@ -416,16 +421,6 @@ impl Request<'_> {
             }
         }
     }
-}
-
-/// Whether an `INFO replication` line is a replica in sync: `slave<N>:...,state=online,...`.
-fn online_replica(line: &str) -> bool {
-    let Some((name, fields)) = line.trim().split_once(':') else {
-        return false;
-    };
-    name.strip_prefix("slave")
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        && fields.split(',').any(|field| field == "state=online")
 }
 
 /// How much of what is left of a call's deadline `WAITAOF` leaves for its reply to arrive: a
@@ -599,26 +594,5 @@ impl LeaseStore for ValkeyStore {
             )));
         }
         self.check_replicas().await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::online_replica;
-
-    #[test]
-    fn counts_only_replicas_in_sync() {
-        assert!(online_replica(
-            "slave0:ip=127.0.0.1,port=6380,state=online,offset=42,lag=0"
-        ));
-        assert!(online_replica(
-            "slave12:ip=10.0.0.7,port=6379,state=online,offset=1,lag=1\r"
-        ));
-        assert!(!online_replica(
-            "slave0:ip=127.0.0.1,port=6380,state=wait_bgsave,offset=0,lag=0"
-        ));
-        assert!(!online_replica("slave_repl_offset:42"));
-        assert!(!online_replica("connected_slaves:1"));
-        assert!(!online_replica("slave:state=online"));
     }
 }

@@ -24,10 +24,11 @@ use rand::Rng;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::classify::millis;
 use super::config::HostPort;
-use super::connect::{Conn, Connector};
+use super::connect::Conn;
+use super::open::Opener;
 use crate::store::StoreError;
+use crate::time::millis;
 
 /// Exponential backoff with jitter, bounded by `max`.
 #[derive(Clone, Copy, Debug)]
@@ -93,7 +94,7 @@ struct Reconnect {
 
 /// The pool.
 pub(super) struct Pool {
-    connector: Connector,
+    opener: Opener,
     slots: Box<[Slot]>,
     next_slot: AtomicUsize,
     next_id: AtomicU64,
@@ -129,14 +130,14 @@ impl PrimaryState {
 impl Pool {
     /// A pool of `size` lazily made connections.
     pub(super) fn new(
-        connector: Connector,
+        opener: Opener,
         size: usize,
         connect_timeout: Duration,
         backoff: Backoff,
         primary: Arc<PrimaryState>,
     ) -> Self {
         Self {
-            connector,
+            opener,
             slots: (0..size.max(1)).map(|_| Slot::default()).collect(),
             next_slot: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
@@ -149,7 +150,7 @@ impl Pool {
 
     /// The configured endpoint(s), for messages.
     pub(super) fn endpoint(&self) -> &str {
-        self.connector.endpoint()
+        self.opener.endpoint()
     }
 
     /// A connection for one attempt, connecting if its slot is empty. Gives up at `deadline`.
@@ -196,7 +197,7 @@ impl Pool {
     /// logged when it starts failing and when it recovers.
     pub(super) async fn follow_primary(&self) {
         let asked_in = self.primary.generation();
-        let named = self.connector.named_primary(self.connect_timeout).await;
+        let named = self.opener.named_primary(self.connect_timeout).await;
         let failing = named.is_err();
         if self.primary.poll_failing.swap(failing, Ordering::Relaxed) != failing {
             match &named {
@@ -290,7 +291,7 @@ impl Pool {
             .connect_timeout
             .min(deadline.saturating_duration_since(Instant::now()));
         let started_in = self.primary.generation();
-        let connected = self.connector.connect(limit).await.and_then(|c| {
+        let connected = self.opener.connect(limit).await.and_then(|c| {
             let generation = self.adopt(c.primary.as_ref(), started_in)?;
             Ok((c.conn, generation))
         });

@@ -23,11 +23,13 @@ use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
-use super::classify::{classify, millis};
+use super::classify::classify;
 use super::config::{HostPort, Sentinels, TlsMaterial};
-use super::connect::{Connector, collect_text};
+use super::connect::Connector;
+use super::info;
 use crate::redact::Secret;
 use crate::store::{ErrorKind, StoreError};
+use crate::time::millis;
 
 /// In which order to ask the sentinels: from the first that answered last time, and the ones
 /// that did not answer in time last time at the end (a majority is usually reached before
@@ -96,6 +98,7 @@ fn quorum(count: usize) -> usize {
 /// Asks the sentinels in turn until a majority of them name one server, by `until`.
 async fn ask_majority<'a>(
     connector: &Connector,
+    order: &Order,
     sentinels: &'a Sentinels,
     until: Instant,
     limit: Duration,
@@ -103,7 +106,6 @@ async fn ask_majority<'a>(
 ) -> Result<Round<'a>, StoreError> {
     let password = sentinels.password.as_ref().map(|p| p.load()).transpose()?;
     let count = sentinels.addrs.len();
-    let order = connector.sentinel_order();
     let mut votes: Vec<(HostPort, usize)> = Vec::new();
     let mut answers = Vec::new();
     let mut first_answered = None;
@@ -177,13 +179,14 @@ async fn ask_majority<'a>(
 /// primary's address.
 pub(super) async fn connect(
     connector: &Connector,
+    order: &Order,
     sentinels: &Sentinels,
     limit: Duration,
     password: Option<&Secret>,
     material: Option<&TlsMaterial>,
 ) -> Result<(MultiplexedConnection, HostPort), StoreError> {
     let until = Instant::now() + limit;
-    let round = ask_majority(connector, sentinels, until, limit, material).await?;
+    let round = ask_majority(connector, order, sentinels, until, limit, material).await?;
     let Some(primary) = round.primary else {
         return Err(no_majority(connector, sentinels, round.answers));
     };
@@ -229,12 +232,13 @@ pub(super) async fn connect(
 /// (a demoted primary keeps taking writes until the sentinels reconfigure it, seconds later).
 pub(super) async fn named_primary(
     connector: &Connector,
+    order: &Order,
     sentinels: &Sentinels,
     limit: Duration,
     material: Option<&TlsMaterial>,
 ) -> Result<Option<HostPort>, StoreError> {
     let until = Instant::now() + limit;
-    let round = ask_majority(connector, sentinels, until, limit, material).await?;
+    let round = ask_majority(connector, order, sentinels, until, limit, material).await?;
     match round.primary {
         Some(primary) => Ok(Some(primary)),
         None => Err(no_majority(connector, sentinels, round.answers)),
@@ -285,8 +289,7 @@ fn parse_address(reply: &Value) -> Result<Option<HostPort>, String> {
         Value::Array(items) if items.len() == 2 => items,
         _ => return Err("neither an address nor nil".into()),
     };
-    let mut texts = Vec::new();
-    items.iter().for_each(|item| collect_text(item, &mut texts));
+    let texts: Vec<String> = items.iter().flat_map(info::texts).collect();
     let [host, port] = texts.as_slice() else {
         return Err("an address that is not two strings".into());
     };
@@ -329,22 +332,13 @@ async fn open_primary(
         .query_async(&mut conn)
         .await
         .map_err(fail)?;
-    let mut texts = Vec::new();
-    collect_text(&reply, &mut texts);
-    let text = texts.concat();
-    let role = text
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("role:"))
-        .unwrap_or("unknown")
-        .to_owned();
+    let text = info::texts(&reply).concat();
+    let role = info::role(&text).unwrap_or("unknown").to_owned();
     if role != "master" {
         return Ok(Role::Other(role));
     }
     let wanted = usize::try_from(connector.replicas_needed()).unwrap_or(usize::MAX);
-    let online = text
-        .lines()
-        .filter(|line| super::online_replica(line))
-        .count();
+    let online = info::online_replicas(&text);
     if online < wanted {
         return Ok(Role::Short(online));
     }

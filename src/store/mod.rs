@@ -7,18 +7,21 @@
 
 mod error;
 pub mod memory;
+mod names;
 mod protocol;
 pub mod valkey;
 
 use async_trait::async_trait;
 
 pub use error::{ErrorKind, StoreError};
+pub use names::{
+    DEFAULT_REPLY_TTL, GuardedKey, LeaseId, MAX_FLOOR_LEAD_MICROS, MAX_PERMITS, MAX_TOKEN,
+    MAX_TOKEN_LEAD_MICROS, Owner, Permits, RequestId, Slot, TargetRef, Token, Ttl, check_token,
+};
 pub use protocol::{
-    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
-    Grant, GuardedKey, GuardedValue, Inspection, LeaseHandle, LeaseId, LeaseView, LossReason,
-    MAX_FLOOR_LEAD_MICROS, MAX_PERMITS, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS, Owner, Permits,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId, Slot,
-    TargetRef, Token, Ttl, check_token,
+    AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, Grant,
+    GuardedValue, Inspection, LeaseHandle, LeaseView, LossReason, ReleaseOutcome, ReleaseRequest,
+    RenewOutcome, RenewRequest, RepairOutcome,
 };
 
 /// A backend that keeps leases and fencing tokens.

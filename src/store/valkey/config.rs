@@ -486,7 +486,7 @@ impl ValkeyConfig {
             )));
         }
         if let Some(id) = &self.installation
-            && !crate::store::protocol::is_name(id, 253, b"._:/-")
+            && !crate::store::names::is_name(id, 253, b"._:/-")
         {
             return invalid(
                 "the installation id must be 1 to 253 characters of A-Z, a-z, 0-9 and . _ : / -",

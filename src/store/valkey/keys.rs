@@ -95,7 +95,7 @@ impl TargetKeys {
 /// Checks a key prefix: 1 to 64 characters of `[A-Za-z0-9._:-]` (no braces: they would add a
 /// second hash tag).
 pub fn check_prefix(prefix: &str) -> Result<(), StoreError> {
-    if crate::store::protocol::is_name(prefix, 64, b"._:-") {
+    if crate::store::names::is_name(prefix, 64, b"._:-") {
         Ok(())
     } else {
         Err(StoreError::InvalidRequest(format!(

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams};
-use libtest_mimic::Arguments;
+use libtest_mimic::{Arguments, Conclusion, Trial};
 use targetlease::api::{Phase, TargetLease};
 use targetlease::redact::SecretUrl;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
@@ -253,30 +253,30 @@ macro_rules! scenarios {
 }
 
 /// Runs `scenarios` one at a time (they measure latencies and kill processes: one at a time on
-/// a 2-core machine) on one control plane, and exits with the suite's closing line.
-pub fn run_suite(name: &str, scenarios: Vec<(&'static str, ScenarioFn)>) -> ! {
-    let mut args = Arguments::from_args();
+/// a 2-core machine) on one control plane, started only when one of them is wanted.
+pub fn run_scenarios(args: &Arguments, scenarios: Vec<(&'static str, ScenarioFn)>) -> Conclusion {
+    let mut args = args.clone();
     args.test_threads = Some(1);
-    let wanted = scenarios
-        .iter()
-        .any(|(name, _)| args.filter.as_deref().is_none_or(|f| name.contains(f)));
-    let cluster = wanted.then(|| {
-        let cluster = Cluster::start();
-        cluster.install_crd();
-        Arc::new(cluster)
-    });
-    let trials = scenarios
+    let cluster: Arc<std::sync::OnceLock<Arc<Cluster>>> = Arc::default();
+    let trials: Vec<Trial> = scenarios
         .into_iter()
         .map(|(name, body)| {
             let cluster = cluster.clone();
             suite::trial(name, move || async move {
-                let cluster = cluster.expect("the cluster was started for every wanted scenario");
+                let cluster = cluster
+                    .get_or_init(|| {
+                        let cluster = Cluster::start();
+                        cluster.install_crd();
+                        Arc::new(cluster)
+                    })
+                    .clone();
                 let scenario = Scenario::new(cluster, &name.replace('_', "-")).await;
                 body(scenario).await;
             })
         })
         .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
+    let conclusion = suite::run(&args, trials);
+    // The control plane stops before the closing line.
     drop(cluster);
-    suite::finish(name, conclusion)
+    conclusion
 }

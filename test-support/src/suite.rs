@@ -1,7 +1,13 @@
 //! The libtest-mimic plumbing every suite shares: one trial per async test body, each on its
 //! own runtime under a time limit, and a closing `<suite>: N passed, N failed` line. A suite in
 //! which no test ran fails: a missing server must never look like success.
+//!
+//! One test binary per layer ([`layer`]: the store, the controller, the packaging) runs its
+//! suites one after the other, each with its own settings (how many trials at once, what it
+//! starts first); a trial's name begins with its suite's (`contract::...`), so that
+//! `cargo test --test store -- contract::` runs one suite.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -11,6 +17,70 @@ use libtest_mimic::{Arguments, Conclusion, Failed, Trial};
 
 /// How long one test may take before it fails.
 pub const TEST_LIMIT: Duration = Duration::from_secs(180);
+
+thread_local! {
+    /// The suite whose trials are being made on this thread: their names begin with it.
+    static SUITE: RefCell<Option<&'static str>> = const { RefCell::new(None) };
+}
+
+/// A trial's full name: its suite's, then `name`.
+fn named(name: impl Into<String>) -> String {
+    let name = name.into();
+    SUITE.with(|suite| match *suite.borrow() {
+        Some(suite) => format!("{suite}::{name}"),
+        None => name,
+    })
+}
+
+/// One suite of a layer: its trials, run with the layer's arguments (its own settings on top).
+pub type Suite = fn(&Arguments) -> Conclusion;
+
+/// Runs each of `suites` in turn (a suite none of whose trials the arguments select starts
+/// nothing), prints each suite's closing line and the layer's, and exits: non-zero on a failure
+/// or when no test ran at all.
+pub fn layer(layer: &str, suites: &[(&'static str, Suite)]) -> ! {
+    let args = Arguments::from_args();
+    let (mut passed, mut failed) = (0, 0);
+    for (name, suite) in suites {
+        SUITE.with(|s| *s.borrow_mut() = Some(name));
+        let conclusion = suite(&args);
+        SUITE.with(|s| *s.borrow_mut() = None);
+        if conclusion.num_passed + conclusion.num_failed > 0 {
+            println!(
+                "{name}: {} passed, {} failed",
+                conclusion.num_passed, conclusion.num_failed
+            );
+        }
+        passed += conclusion.num_passed;
+        failed += conclusion.num_failed;
+    }
+    println!("{layer}: {passed} passed, {failed} failed");
+    if passed + failed == 0 {
+        eprintln!("{layer}: no test ran; refusing to pass vacuously");
+        std::process::exit(1);
+    }
+    std::process::exit(if failed > 0 { 101 } else { 0 })
+}
+
+/// Runs `trials` with `args`; a suite none of whose trials are selected prints nothing.
+pub fn run(args: &Arguments, trials: Vec<Trial>) -> Conclusion {
+    if !wanted(args, &trials) {
+        return Conclusion {
+            num_filtered_out: u64::try_from(trials.len()).unwrap_or(u64::MAX),
+            num_passed: 0,
+            num_failed: 0,
+            num_ignored: 0,
+            num_measured: 0,
+        };
+    }
+    libtest_mimic::run(args, trials)
+}
+
+/// Whether `args` select any of `trials`: a suite starts what its trials share (a control
+/// plane, a node) only then.
+pub fn wanted(args: &Arguments, trials: &[Trial]) -> bool {
+    trials.iter().any(|trial| !args.is_filtered_out(trial))
+}
 
 /// A trial that runs `body` on a fresh multi-threaded runtime (two workers, so a test's own
 /// blocking calls cannot freeze the proxy or the client's background tasks).
@@ -25,10 +95,12 @@ where
 /// A trial of a plain (blocking) test body, for suites that drive processes and clusters
 /// rather than async clients: a panic is its failure, with the panic's message.
 pub fn blocking_trial(name: &'static str, body: fn()) -> Trial {
+    let name = named(name);
+    let label = name.clone();
     Trial::test(name, move || {
         let started = Instant::now();
         let outcome = std::panic::catch_unwind(body);
-        took(name, started.elapsed());
+        took(&label, started.elapsed());
         outcome.map_err(|panic| Failed::from(panic_message(&*panic)))
     })
 }
@@ -45,7 +117,7 @@ where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    let name = name.into();
+    let name = named(name);
     let label = name.clone();
     Trial::test(name, move || {
         let started = Instant::now();
@@ -73,26 +145,6 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .cloned()
         .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_else(|| "test panicked".into())
-}
-
-/// Runs the trials, prints the closing line and exits (non-zero on failure or when nothing ran).
-pub fn run(suite: &str, trials: Vec<Trial>) -> ! {
-    let args = Arguments::from_args();
-    finish(suite, libtest_mimic::run(&args, trials))
-}
-
-/// Prints the closing line of a suite that ran its trials itself, and exits (non-zero on failure
-/// or when nothing ran).
-pub fn finish(suite: &str, conclusion: Conclusion) -> ! {
-    println!(
-        "{suite}: {} passed, {} failed",
-        conclusion.num_passed, conclusion.num_failed
-    );
-    if conclusion.num_passed + conclusion.num_failed == 0 {
-        eprintln!("{suite}: no test ran; refusing to pass vacuously");
-        std::process::exit(1);
-    }
-    conclusion.exit()
 }
 
 /// Prints a measured figure so that it shows in the test output (`--nocapture`) and in the

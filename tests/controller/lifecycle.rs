@@ -3,6 +3,8 @@
 //! namespace). A missing control plane or server fails the suite; it never skips.
 
 use targetlease_test_support as support;
+
+use libtest_mimic::{Arguments, Conclusion};
 use targetlease_test_support::scenarios;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,7 +23,7 @@ use support::kube::{
     ControllerProcess, condition, http_get, lease_yaml, metric, phase_of, token_of,
 };
 use support::proxy::{Mode, Proxy};
-use support::scenario::{SEC, Scenario, run_suite};
+use support::scenario::{SEC, Scenario, run_scenarios};
 use support::sentinel::{MASTER, Options, Topology};
 use support::server::ServerKind;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
@@ -2735,7 +2737,8 @@ fn promql_names(expr: &str) -> PromqlNames {
     named
 }
 
-fn main() {
+/// The suite's scenarios, one at a time on one control plane.
+pub fn suite(args: &Arguments) -> Conclusion {
     let scenarios = scenarios![
         apply_leads_to_held,
         handover_on_delete,
@@ -2769,5 +2772,5 @@ fn main() {
         sentinel_failover_keeps_leases_held,
         alerts_and_dashboard_name_real_metrics,
     ];
-    run_suite("controller", scenarios.to_vec());
+    run_scenarios(args, scenarios.to_vec())
 }

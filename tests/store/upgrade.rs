@@ -9,6 +9,9 @@
 
 use targetlease_test_support as support;
 
+use libtest_mimic::{Arguments, Conclusion};
+use support::suite;
+
 use std::time::Duration;
 
 use redis::Value;
@@ -24,7 +27,7 @@ use targetlease::store::{
 use support::admin::Admin;
 use support::server::{Server, ServerKind};
 
-const V1_LIB: &str = include_str!("fixtures/lua-v1/lib.lua");
+const V1_LIB: &str = include_str!("../fixtures/lua-v1/lib.lua");
 const TTL_MS: u64 = 30_000;
 
 /// Sends `lib` and `source` (an earlier release's prelude and script) with EVAL, as that
@@ -53,12 +56,12 @@ struct V1<'a> {
 impl V1<'_> {
     async fn eval(&self, op: &str, keys: &[String], args: &[&str]) -> Result<Vec<String>, String> {
         let source = match op {
-            "acquire" => include_str!("fixtures/lua-v1/acquire.lua"),
-            "renew" => include_str!("fixtures/lua-v1/renew.lua"),
-            "release" => include_str!("fixtures/lua-v1/release.lua"),
-            "check" => include_str!("fixtures/lua-v1/check.lua"),
-            "inspect" => include_str!("fixtures/lua-v1/inspect.lua"),
-            "commit" => include_str!("fixtures/lua-v1/commit.lua"),
+            "acquire" => include_str!("../fixtures/lua-v1/acquire.lua"),
+            "renew" => include_str!("../fixtures/lua-v1/renew.lua"),
+            "release" => include_str!("../fixtures/lua-v1/release.lua"),
+            "check" => include_str!("../fixtures/lua-v1/check.lua"),
+            "inspect" => include_str!("../fixtures/lua-v1/inspect.lua"),
+            "commit" => include_str!("../fixtures/lua-v1/commit.lua"),
             other => panic!("no version 1 script {other}"),
         };
         match eval_script(self.admin, V1_LIB, source, keys, args).await {
@@ -122,14 +125,14 @@ struct V2<'a> {
 impl V2<'_> {
     async fn eval(&self, op: &str, keys: &[String], args: &[&str]) -> Result<String, String> {
         let source = match op {
-            "acquire" => include_str!("fixtures/lua-v2/acquire.lua"),
-            "renew" => include_str!("fixtures/lua-v2/renew.lua"),
-            "release" => include_str!("fixtures/lua-v2/release.lua"),
-            "check" => include_str!("fixtures/lua-v2/check.lua"),
-            "commit" => include_str!("fixtures/lua-v2/commit.lua"),
+            "acquire" => include_str!("../fixtures/lua-v2/acquire.lua"),
+            "renew" => include_str!("../fixtures/lua-v2/renew.lua"),
+            "release" => include_str!("../fixtures/lua-v2/release.lua"),
+            "check" => include_str!("../fixtures/lua-v2/check.lua"),
+            "commit" => include_str!("../fixtures/lua-v2/commit.lua"),
             other => panic!("no script {other} in the release before permits"),
         };
-        let lib = include_str!("fixtures/lua-v2/lib.lua");
+        let lib = include_str!("../fixtures/lua-v2/lib.lua");
         match eval_script(self.admin, lib, source, keys, args).await? {
             Value::BulkString(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
             other => Err(format!(
@@ -617,17 +620,26 @@ fn run(kind: ServerKind) {
     runtime.block_on(upgrade_from_the_release_before_permits(kind));
 }
 
-#[test]
 fn upgrade_on_valkey_9_1() {
     run(ServerKind::Valkey91);
 }
 
-#[test]
 fn upgrade_on_valkey_8_1() {
     run(ServerKind::Valkey81);
 }
 
-#[test]
 fn upgrade_on_redis_7_0() {
     run(ServerKind::Redis70);
+}
+
+/// The suite's trials (each holds a server and a runtime of its own).
+pub fn suite(args: &Arguments) -> Conclusion {
+    suite::run(
+        args,
+        vec![
+            suite::blocking_trial("upgrade_on_valkey_9_1", upgrade_on_valkey_9_1),
+            suite::blocking_trial("upgrade_on_valkey_8_1", upgrade_on_valkey_8_1),
+            suite::blocking_trial("upgrade_on_redis_7_0", upgrade_on_redis_7_0),
+        ],
+    )
 }

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use libtest_mimic::Arguments;
+use libtest_mimic::{Arguments, Conclusion};
 use serde_json::Value;
 
 use support::kube::{Cluster, http_get, metric, repo};
@@ -878,8 +878,9 @@ fn helm_test_passes() {
     }
 }
 
-fn main() {
-    let mut args = Arguments::from_args();
+/// The suite's trials, in order.
+pub fn suite(args: &Arguments) -> Conclusion {
+    let mut args = args.clone();
     // One cluster, one node: the tests build on each other, in this order.
     args.test_threads = Some(1);
     let test = support::suite::blocking_trial;
@@ -913,8 +914,8 @@ fn main() {
             chart_follows_a_sentinel_failover,
         ),
     ];
-    let conclusion = libtest_mimic::run(&args, trials);
+    let conclusion = support::suite::run(&args, trials);
     // Valkey stops and the node is torn down before the closing line.
     drop(WORLD.lock().unwrap_or_else(|e| e.into_inner()).take());
-    support::suite::finish("node", conclusion);
+    conclusion
 }

@@ -5,6 +5,9 @@
 
 use targetlease_test_support as support;
 
+use libtest_mimic::{Arguments, Conclusion};
+use support::suite;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -626,7 +629,6 @@ fn check(
     }
 }
 
-#[test]
 fn memory_store_matches_the_model() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -656,17 +658,30 @@ fn server_matches_the_model(kind: ServerKind) {
     check(&runtime, cases(96), |_| (store.clone(), None));
 }
 
-#[test]
 fn valkey_9_1_matches_the_model() {
     server_matches_the_model(ServerKind::Valkey91);
 }
 
-#[test]
 fn valkey_8_1_matches_the_model() {
     server_matches_the_model(ServerKind::Valkey81);
 }
 
-#[test]
 fn redis_7_0_matches_the_model() {
     server_matches_the_model(ServerKind::Redis70);
+}
+
+/// The suite's trials (each holds a server and a runtime of its own).
+pub fn suite(args: &Arguments) -> Conclusion {
+    suite::run(
+        args,
+        vec![
+            suite::blocking_trial(
+                "memory_store_matches_the_model",
+                memory_store_matches_the_model,
+            ),
+            suite::blocking_trial("valkey_9_1_matches_the_model", valkey_9_1_matches_the_model),
+            suite::blocking_trial("valkey_8_1_matches_the_model", valkey_8_1_matches_the_model),
+            suite::blocking_trial("redis_7_0_matches_the_model", redis_7_0_matches_the_model),
+        ],
+    )
 }

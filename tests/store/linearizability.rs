@@ -25,7 +25,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use libtest_mimic::Arguments;
+use libtest_mimic::{Arguments, Conclusion};
 use serde_json::{Value, json};
 
 use support::kube::{repo, targetlease_bin};
@@ -1199,8 +1199,9 @@ const FULL_SEARCH: Duration = Duration::from_secs(120);
 /// How long the checker may search one cut, flipped or not, before the next cut is tried.
 const FLIP_SEARCH: Duration = Duration::from_secs(20);
 
-fn main() {
-    let mut args = Arguments::from_args();
+/// The suite's two histories.
+pub fn suite(args: &Arguments) -> Conclusion {
+    let mut args = args.clone();
     // One history at a time unless asked otherwise: two recorders sharing the cores would slow
     // each other's clients, and fewer calls contend less.
     args.test_threads = args.test_threads.or(Some(1));
@@ -1214,5 +1215,5 @@ fn main() {
             permits_history_of_killed_clients_is_linearizable,
         ),
     ];
-    support::suite::finish("linearizability", libtest_mimic::run(&args, trials));
+    support::suite::run(&args, trials)
 }

@@ -6,6 +6,8 @@
 
 use targetlease_test_support as support;
 
+use libtest_mimic::{Arguments, Conclusion};
+
 use std::time::{Duration, Instant};
 
 use targetlease::store::valkey::keys::TargetKeys;
@@ -339,7 +341,8 @@ async fn restart_with_aof_reconnects_and_keeps_the_fence() {
     assert!(info.contains("aof_enabled:1"), "{info}");
 }
 
-fn main() {
+/// The suite's trials.
+pub fn suite(args: &Arguments) -> Conclusion {
     let trials = vec![
         trial(
             "faults::stalled_call_fails_at_its_deadline",
@@ -362,5 +365,5 @@ fn main() {
             restart_with_aof_reconnects_and_keeps_the_fence,
         ),
     ];
-    suite::run("faults", trials);
+    suite::run(args, trials)
 }

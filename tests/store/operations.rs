@@ -7,6 +7,8 @@
 
 use targetlease_test_support as support;
 
+use libtest_mimic::{Arguments, Conclusion};
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -805,7 +807,8 @@ async fn cli_reads_credentials_from_file_and_environment() {
     assert!(!help.contains("--valkey-password "), "{help}");
 }
 
-fn main() {
+/// The suite's trials.
+pub fn suite(args: &Arguments) -> Conclusion {
     let variants = [
         Variant {
             name: "valkey-9.1+acl",
@@ -895,5 +898,5 @@ fn main() {
             cli_read_exits_3_for_a_missing_record,
         ),
     ]);
-    suite::run("operations", trials);
+    suite::run(args, trials)
 }

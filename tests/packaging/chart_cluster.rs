@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::{Arguments, Conclusion, Trial};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use targetlease::api::{Phase, SERVED_VERSIONS, StorageVersion, TargetLease, VERSION};
@@ -1505,8 +1505,9 @@ macro_rules! on_world {
 static TOOLS: std::sync::LazyLock<Arc<Tools>> =
     std::sync::LazyLock::new(|| Arc::new(Tools::load()));
 
-fn main() {
-    let mut args = Arguments::from_args();
+/// The suite's trials, in order, on one release.
+pub fn suite(args: &Arguments) -> Conclusion {
+    let mut args = args.clone();
     // One at a time, in order: the tests share one release, and the last one uninstalls it.
     args.test_threads = Some(1);
     let shared: Shared = Arc::default();
@@ -1563,8 +1564,8 @@ fn main() {
             uninstall_keeps_crd_and_leases(world).await
         }),
     ];
-    let conclusion = libtest_mimic::run(&args, trials);
+    let conclusion = suite::run(&args, trials);
     // Stop the controller, Valkey and the cluster before reporting.
     drop(shared.lock().unwrap_or_else(|e| e.into_inner()).take());
-    suite::finish("chart-cluster", conclusion);
+    conclusion
 }

@@ -5,6 +5,8 @@
 
 use targetlease_test_support as support;
 
+use libtest_mimic::{Arguments, Conclusion};
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -1418,7 +1420,8 @@ fn artifact_hub_annotations() {
     );
 }
 
-fn main() {
+/// The suite's trials.
+pub fn suite(args: &Arguments) -> Conclusion {
     let tools = Arc::new(Tools::load());
     let tests: Vec<StaticTest> = vec![
         ("lint_default_and_ci_values", lint_default_and_ci_values),
@@ -1467,5 +1470,5 @@ fn main() {
             suite::trial(name, move || async move { test(&tools) })
         })
         .collect();
-    suite::run("chart", trials);
+    suite::run(args, trials)
 }

@@ -12,6 +12,8 @@
 
 use targetlease_test_support as support;
 
+use libtest_mimic::{Arguments, Conclusion};
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -1234,7 +1236,8 @@ async fn tls_sentinels_and_failover() {
     assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
 }
 
-fn main() {
+/// The suite's trials.
+pub fn suite(args: &Arguments) -> Conclusion {
     let variants = [Variant {
         name: "valkey-9.1-sentinel",
         make: || Box::pin(async { Harness::server(sentinel_env().await).await }),
@@ -1289,5 +1292,5 @@ fn main() {
             tls_sentinels_and_failover,
         ),
     ]);
-    suite::run("sentinel", trials);
+    suite::run(args, trials)
 }

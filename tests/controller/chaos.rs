@@ -37,7 +37,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use libtest_mimic::Arguments;
+use libtest_mimic::{Arguments, Conclusion};
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
@@ -1631,26 +1631,33 @@ async fn leaked_leases(world: &World, api: &Api<TargetLease>) -> Vec<String> {
     leaked
 }
 
-fn main() {
-    let mut args = Arguments::from_args();
+/// The suite's chaos runs, one after the other on one control plane, started only when one of
+/// them is wanted.
+pub fn suite(args: &Arguments) -> Conclusion {
+    let mut args = args.clone();
     // One after the other: they share the control plane (its crashes) and the two cores.
     args.test_threads = Some(1);
-    let cluster = Arc::new({
-        let cluster = Cluster::start();
-        cluster.install_crd();
-        cluster
-    });
+    let cluster: Arc<std::sync::OnceLock<Arc<Cluster>>> = Arc::default();
     let trials = Setup::all()
         .into_iter()
         .map(|setup| {
             let cluster = cluster.clone();
             let limit = Duration::from_secs(setup.seconds + 300);
             let ignored = setup.faults.is_empty();
-            suite::trial_with_limit(setup.name, limit, move || chaos(cluster, setup))
-                .with_ignored_flag(ignored)
+            suite::trial_with_limit(setup.name, limit, move || async move {
+                let cluster = cluster
+                    .get_or_init(|| {
+                        let cluster = Cluster::start();
+                        cluster.install_crd();
+                        Arc::new(cluster)
+                    })
+                    .clone();
+                chaos(cluster, setup).await
+            })
+            .with_ignored_flag(ignored)
         })
         .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
+    let conclusion = suite::run(&args, trials);
     drop(cluster);
-    suite::finish("chaos", conclusion);
+    conclusion
 }

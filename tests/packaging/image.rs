@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use libtest_mimic::Arguments;
+use libtest_mimic::{Arguments, Conclusion};
 use serde_json::{Value, json};
 
 use support::kube::{Cluster, http_get, lease_yaml, repo};
@@ -621,8 +621,8 @@ fn runtime_spec(rootfs: &Path, secrets: &Path, args: &[&str], env: &[String]) ->
     })
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// The suite's trials.
+pub fn suite(args: &Arguments) -> Conclusion {
     let test = support::suite::blocking_trial;
     let trials = vec![
         test("image_follows_the_dockerfile", image_follows_the_dockerfile),
@@ -642,5 +642,5 @@ fn main() {
             runc_runs_the_controller_as_the_chart_would,
         ),
     ];
-    support::suite::finish("image", libtest_mimic::run(&args, trials));
+    support::suite::run(args, trials)
 }

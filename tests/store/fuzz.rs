@@ -4,6 +4,9 @@
 
 use targetlease_test_support as support;
 
+use libtest_mimic::{Arguments, Conclusion};
+use support::suite;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,7 +47,6 @@ fn element() -> impl Strategy<Value = String> {
     ]
 }
 
-#[test]
 fn reply_decoders_never_panic() {
     let mut runner = TestRunner::new(Config {
         cases: cases(20_000),
@@ -71,7 +73,6 @@ fn reply_decoders_never_panic() {
         .expect("decoders");
 }
 
-#[test]
 fn targetlease_documents_never_panic() {
     let mut runner = TestRunner::new(Config {
         cases: cases(5_000),
@@ -211,7 +212,6 @@ fn lease_holds(fields: &[(String, String)], has_ttl: bool) -> Option<bool> {
     has_ttl.then_some(true)
 }
 
-#[test]
 fn arbitrary_lease_records_fail_closed() {
     let (server, runtime, store) = valkey_store();
     let mut runner = TestRunner::new(Config {
@@ -358,7 +358,6 @@ fn hostile() -> impl Strategy<Value = Hostile> {
 /// a refusal is an invalid request (never a corrupt record or an unexpected reply: the store
 /// must never write what it cannot read back), and every token issued is at most 2^53-1,
 /// above the caller's floor, and above every token issued before on the target.
-#[test]
 fn hostile_arguments_are_refused_cleanly() {
     let (_server, runtime, store) = valkey_store();
     let mut runner = TestRunner::new(Config {
@@ -519,4 +518,26 @@ fn hostile_arguments_are_refused_cleanly() {
             Ok(())
         })
         .expect("hostile arguments");
+}
+
+/// The suite's trials (each holds a server and a runtime of its own).
+pub fn suite(args: &Arguments) -> Conclusion {
+    suite::run(
+        args,
+        vec![
+            suite::blocking_trial("reply_decoders_never_panic", reply_decoders_never_panic),
+            suite::blocking_trial(
+                "targetlease_documents_never_panic",
+                targetlease_documents_never_panic,
+            ),
+            suite::blocking_trial(
+                "arbitrary_lease_records_fail_closed",
+                arbitrary_lease_records_fail_closed,
+            ),
+            suite::blocking_trial(
+                "hostile_arguments_are_refused_cleanly",
+                hostile_arguments_are_refused_cleanly,
+            ),
+        ],
+    )
 }

@@ -16,6 +16,8 @@
 
 use targetlease_test_support as support;
 
+use libtest_mimic::{Arguments, Conclusion};
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,9 +45,10 @@ const APP_IMAGE: &str = "localhost/targetlease-upgrade-app:previous";
 const RUN_TARGET: &str = "upgrade/run";
 const SEC: Duration = Duration::from_secs(1);
 
-fn main() {
+/// The suite's one trial.
+pub fn suite(args: &Arguments) -> Conclusion {
     support::suite::run(
-        "upgrade-node",
+        args,
         vec![support::suite::blocking_trial(
             "upgrade_and_rollback_keep_leases_held",
             upgrade_and_rollback_keep_leases_held,

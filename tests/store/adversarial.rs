@@ -9,6 +9,8 @@
 //! Prints a closing `adversarial: N passed, N failed` line.
 
 use targetlease_test_support as support;
+
+use libtest_mimic::{Arguments, Conclusion};
 use targetlease_test_support::cases;
 
 use std::path::Path;
@@ -798,7 +800,8 @@ async fn two_installations_never_share_a_prefix(h: Harness) {
     ValkeyStore::connect(second).await.expect("its own prefix");
 }
 
-fn main() {
+/// The suite's trials.
+pub fn suite(args: &Arguments) -> Conclusion {
     let cases = cases![
         Store reused_request_id_is_refused,
         Store tokens_at_and_past_2_53,
@@ -822,5 +825,5 @@ fn main() {
         Store a_retry_never_answers_for_an_ended_grant,
         Admin scripts_refused_half_way_leave_nothing_unreadable,
     ];
-    suite::run("adversarial", trials_of(&plain_variants(), &cases));
+    suite::run(args, trials_of(&plain_variants(), &cases))
 }

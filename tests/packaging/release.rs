@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use libtest_mimic::Arguments;
+use libtest_mimic::{Arguments, Conclusion};
 use serde_json::Value;
 
 use support::kube::{Cluster, repo, run_with_input};
@@ -647,8 +647,8 @@ fn build_script_names_the_commit_with_and_without_a_checkout() {
     }
 }
 
-fn main() {
-    let args = Arguments::from_args();
+/// The suite's trials.
+pub fn suite(args: &Arguments) -> Conclusion {
     let test = support::suite::blocking_trial;
     let trials = vec![
         test(
@@ -680,5 +680,5 @@ fn main() {
             build_script_names_the_commit_with_and_without_a_checkout,
         ),
     ];
-    support::suite::finish("release", libtest_mimic::run(&args, trials));
+    support::suite::run(args, trials)
 }

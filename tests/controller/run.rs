@@ -3,6 +3,8 @@
 //! outlive its command. A missing control plane or server fails the suite; it never skips.
 
 use targetlease_test_support as support;
+
+use libtest_mimic::{Arguments, Conclusion};
 use targetlease_test_support::scenarios;
 
 use std::path::{Path, PathBuf};
@@ -20,7 +22,7 @@ use tokio::process::{Child, Command};
 
 use support::kube::{http_get, metric, phase_of, token_of};
 use support::proxy::{Mode, Proxy};
-use support::scenario::{SEC, Scenario, run_suite};
+use support::scenario::{SEC, Scenario, run_scenarios};
 
 /// Exit statuses of `run` and `wait` (docs/controller.md).
 const EXIT_LOST: i32 = 76;
@@ -898,7 +900,8 @@ async fn runs_with_permits_never_exceed_them(s: Scenario) {
     assert!(lines[2][3] > lines[0][3].max(lines[1][3]), "{log}");
 }
 
-fn main() {
+/// The suite's scenarios, one at a time on one control plane.
+pub fn suite(args: &Arguments) -> Conclusion {
     let scenarios = scenarios![
         lost_lease_exit_status_and_basics,
         delete_stops_command_and_grandchildren,
@@ -917,5 +920,5 @@ fn main() {
         controller_restart_keeps_a_live_run_and_frees_a_dead_one,
         runs_with_permits_never_exceed_them,
     ];
-    run_suite("run", scenarios.to_vec());
+    run_scenarios(args, scenarios.to_vec())
 }

@@ -5,9 +5,12 @@
 
 use targetlease_test_support as support;
 
+use libtest_mimic::{Arguments, Conclusion};
+
 use support::contract_cases::{plain_variants, trials};
 use support::suite;
 
-fn main() {
-    suite::run("contract", trials(&plain_variants()));
+/// The suite's trials.
+pub fn suite(args: &Arguments) -> Conclusion {
+    suite::run(args, trials(&plain_variants()))
 }

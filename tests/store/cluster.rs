@@ -6,6 +6,8 @@
 
 use targetlease_test_support as support;
 
+use libtest_mimic::{Arguments, Conclusion};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -390,7 +392,8 @@ async fn durable_acquire_waits_for_the_replica_of_its_slot() {
     }
 }
 
-fn main() {
+/// The suite's trials.
+pub fn suite(args: &Arguments) -> Conclusion {
     let variants = [Variant {
         name: "valkey-9.1-cluster",
         make: || Box::pin(async { Harness::server(cluster_env().await).await }),
@@ -416,5 +419,5 @@ fn main() {
             durable_acquire_waits_for_the_replica_of_its_slot,
         ),
     ]);
-    suite::run("cluster", trials);
+    suite::run(args, trials)
 }

@@ -1,0 +1,34 @@
+//! The lease store layer, on real servers: the contract on every backend, the store under
+//! attack, the ACL user, TLS and durability, Valkey Cluster and Sentinel, network and server
+//! faults, the model-based property tests and fuzzing, the script upgrades, and the
+//! linearizability of a history of killed clients. One binary, one suite after the other; a
+//! name filter selects trials by their suite's prefix (`cargo test --test store -- sentinel::`).
+
+mod adversarial;
+mod cluster;
+mod contract;
+mod faults;
+mod fuzz;
+mod linearizability;
+mod model;
+mod operations;
+mod sentinel;
+mod upgrade;
+
+fn main() {
+    targetlease_test_support::suite::layer(
+        "store",
+        &[
+            ("contract", contract::suite),
+            ("adversarial", adversarial::suite),
+            ("operations", operations::suite),
+            ("cluster", cluster::suite),
+            ("sentinel", sentinel::suite),
+            ("faults", faults::suite),
+            ("model", model::suite),
+            ("fuzz", fuzz::suite),
+            ("upgrade", upgrade::suite),
+            ("linearizability", linearizability::suite),
+        ],
+    )
+}

@@ -99,7 +99,7 @@ for mode in ('evalsha', 'fcall'):
 # same process: server CPU per steady-state cycle (targets released before, as in workload a) and
 # used_memory per target while held, after release, and once the reply caches are gone.
 import pathlib
-ROOT = pathlib.Path(__file__).resolve().parents[3]
+ROOT = pathlib.Path(__file__).resolve().parents[4]
 def scripts(folder):
     lib = (ROOT / folder / 'lib.lua').read_text()
     return [r.script_load(lib + '\n' + (ROOT / folder / f).read_text()) for f in ('acquire.lua', 'release.lua')]

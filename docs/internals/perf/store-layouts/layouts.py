@@ -2,7 +2,7 @@
 # the baselines b and f, a one-record layout without a reply cache, with reply-cache keys, with
 # reply-cache fields under field expiry (HSETEX, Valkey >= 9.0 only), each as EVALSHA and as FCALL,
 # and layout version 1's own scripts. Usage: python3 layouts.py PORT [N]  (a server on 127.0.0.1:PORT;
-# the PyPI package `valkey` as client). Output of the runs quoted in docs/performance.md: *.txt.
+# the PyPI package `valkey` as client). Output of the runs quoted in docs/internals/performance.md: *.txt.
 import valkey, sys, uuid, time
 port = int(sys.argv[1]); N = int(sys.argv[2]) if len(sys.argv) > 2 else 20000
 r = valkey.Valkey(port=port)

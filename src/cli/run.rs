@@ -68,9 +68,9 @@ fn scheduling_margin(ttl: Duration) -> Duration {
 
 /// The trust windows of `run` for a lease of `ttl` and a `--grace`, each counted on `run`'s
 /// monotonic clock from the moment it sent the last heartbeat the API server confirmed (the
-/// controller counts a heartbeat's silence from when it sees it, which is later). The
-/// inequalities they keep are written out in docs/controller.md ("Trust windows") and tested
-/// below for every TTL a TargetLease may have.
+/// controller counts a heartbeat's silence from when it sees it, which is later). The inequalities
+/// they keep are written out in docs/internals/controller.md ("Trust windows") and tested below for
+/// every TTL a TargetLease may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Windows {
     /// How often `run` writes its heartbeat.
@@ -1187,8 +1187,8 @@ mod tests {
         let _ = ours.wait();
     }
 
-    /// The inequalities of docs/controller.md ("Trust windows"), for every TTL a TargetLease may
-    /// have (1 s to 3600 s) and graces from none to an hour.
+    /// The inequalities of docs/internals/controller.md ("Trust windows"), for every TTL a
+    /// TargetLease may have (1 s to 3600 s) and graces from none to an hour.
     #[test]
     fn the_command_is_dead_before_the_controller_may_release_it() {
         for seconds in 1..=3600u64 {

@@ -309,7 +309,7 @@ pub fn look_again_by_expiry(
 /// as `server_ms` at some instant between `sent` and `answered`. Times in the store's clock are
 /// compared with this process's only through a reading, never with its wall clock, so a
 /// controller whose clock is off decides the same; what is assumed is only that both clocks
-/// advance at the rate of real time between two answers (docs/controller.md, clocks).
+/// advance at the rate of real time between two answers (docs/internals/controller.md, clocks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reading {
     /// When the call was sent (monotonic).

@@ -1,6 +1,7 @@
 //! The controller on a real local control plane (`e2e/cluster up`) and a real Valkey 9.1.
 //!
-//! `cargo bench --bench controller` (options after `--`, see `HELP` and docs/performance.md).
+//! `cargo bench --bench controller` (options after `--`, see `HELP` and
+//! docs/internals/performance.md).
 //!
 //! Phases, each with a fresh release-build controller watching its own namespace:
 //! 1. scale: N TargetLeases on distinct targets created at once (a bounded number in flight);

@@ -1,6 +1,7 @@
 //! Lease-store throughput against a Redlock-style baseline, on one Valkey 9.1 on loopback.
 //!
-//! `cargo bench --bench store` (options after `--`, see `--help` below and docs/performance.md).
+//! `cargo bench --bench store` (options after `--`, see `--help` below and
+//! docs/internals/performance.md).
 //!
 //! Workloads, each run with 1, 16, 64 and 256 concurrent tasks on one client:
 //! - a: targetlease `acquire` then `release` through [`ValkeyStore`] and the [`LeaseStore`]

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Runs every command block of the user docs (```sh fences in README.md and docs/*.md) as a user
-# would type it, against a real local control plane, Valkey and the controller.
+# Runs every command block of the user docs (```sh fences in README.md, docs/*.md and
+# docs/reference/*.md) as a user would type it, against a real local control plane, Valkey and
+# the controller, with the chart installed as release `targetlease` in `targetlease-system` (its
+# pods never run: the control plane has no node; the controller runs on this host). Pages in the
+# other folders of docs/ are not run here: docs/quickstart/ and docs/upgrading/ need a cluster
+# the reader owns and a release kit, docs/internals/ is for contributors.
 # The blocks of one file run in order in one shell (later blocks may use what earlier ones set).
+# First, every relative Markdown link and anchor of the repository must resolve
+# (scripts/md_links.py); that check counts as one more result.
 # Prints `docs: N passed, N failed`; exits non-zero on a failure or when no block ran.
 #
 # Blocks that are not run, and why (printed as SKIP):
@@ -26,6 +32,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
+if python3 scripts/md_links.py . >"$work/links.log" 2>&1; then
+  echo pass >>"$work/results"; echo "PASS links: $(tail -n 1 "$work/links.log")"
+else
+  echo fail >>"$work/results"; echo "FAIL links"; sed 's/^/     /' "$work/links.log"
+fi
+
 cargo build --locked --quiet
 mkdir -p "$work/bin"
 ln -s "$CARGO_TARGET_DIR/debug/targetlease" "$work/bin/targetlease"
@@ -35,10 +47,13 @@ kubectl apply --server-side -f crds/targetlease.dev_targetleases.yaml >/dev/null
 kubectl wait --for=condition=Established --timeout=30s crd/targetleases.targetlease.dev >/dev/null
 targetlease controller --http-addr 127.0.0.1:0 >"$work/controller.log" 2>&1 &
 controller_pid=$!
+# The release the pages refer to (docs/reference/rbac.md checks its ServiceAccount's rights).
+helm install targetlease charts/targetlease -n targetlease-system --create-namespace \
+  --take-ownership --set valkey.url="$TARGETLEASE_VALKEY_URL" >/dev/null
 
 # Extract the blocks: one file per block, named <doc>.<n>.sh, in document order.
 mkdir -p "$work/blocks"
-docs=(README.md docs/*.md)
+docs=(README.md docs/*.md docs/reference/*.md)
 for doc in "${docs[@]}"; do
   awk -v out="$work/blocks/$(echo "$doc" | tr '/' '_')" '
     /^```sh[[:space:]]*$/ { n++; file = sprintf("%s.%02d.sh", out, n); inside = 1; next }

@@ -8,7 +8,7 @@
 //! server confirms it: it kills its command at [`Windows::kill`] after sending the last
 //! heartbeat whose reply showed the TargetLease Held with its token, which is strictly before
 //! the controller can count that heartbeat as stopped. The inequalities are in
-//! docs/controller.md ("Trust windows") and tested below for every TTL a TargetLease may have.
+//! docs/internals/controller.md ("Trust windows") and tested below for every TTL a TargetLease may have.
 
 use std::time::Duration;
 
@@ -87,7 +87,7 @@ pub fn released_for_gone_holder(lease: &TargetLease) -> bool {
 mod tests {
     use super::*;
 
-    /// The inequalities of docs/controller.md ("Trust windows"), for every TTL a TargetLease may
+    /// The inequalities of docs/internals/controller.md ("Trust windows"), for every TTL a TargetLease may
     /// have (1 s to 3600 s) and graces from none to an hour.
     #[test]
     fn the_command_is_dead_before_the_controller_may_release_it() {

@@ -1,6 +1,6 @@
-//! The API reference (`docs/api.md`), rendered from the CRD schema so that it cannot drift from
-//! it: `targetlease crd --markdown` prints it, and a unit test fails when the committed file
-//! differs.
+//! The API reference (`docs/reference/api.md`), rendered from the CRD schema so that it cannot
+//! drift from it: `targetlease crd --markdown` prints it, and a unit test fails when the
+//! committed file differs.
 
 use serde_json::Value;
 
@@ -21,15 +21,17 @@ fn render(crd: &Value) -> String {
     out.push(format!("# API reference: {}", text(&names["kind"])));
     out.push(String::new());
     out.push(
-        "<!-- Generated from the CRD schema by `targetlease crd --markdown > docs/api.md`; do not \
-         edit by hand. The unit test `api::reference::tests::committed_reference_matches_the_code` \
-         fails when this file is stale. -->"
+        "<!-- Generated from the CRD schema by \
+         `targetlease crd --markdown > docs/reference/api.md`; do not edit by hand. The unit test \
+         `api::reference::tests::committed_reference_matches_the_code` fails when this file is \
+         stale. -->"
             .to_string(),
     );
     out.push(String::new());
     out.push(
-        "What each field means in practice is in [concepts.md](concepts.md); the lifecycle and the \
-         conditions are in [controller.md](controller.md)."
+        "What each field means in practice is in [concepts.md](../concepts.md); what each \
+         condition reason means, and what to do about it, is in \
+         [troubleshooting.md](../troubleshooting.md)."
             .to_string(),
     );
     out.push(String::new());
@@ -48,7 +50,7 @@ fn render(crd: &Value) -> String {
         .collect();
     out.push(format!(
         "| versions | {}, one schema (below); stored as {} unless the chart's \
-         `crds.storageVersion` says otherwise ([install.md](install.md#upgrading)) |",
+         `crds.storageVersion` says otherwise ([install.md](../install.md#upgrading)) |",
         version_names.join(", "),
         stored.join(", ")
     ));
@@ -295,10 +297,11 @@ mod tests {
 
     #[test]
     fn committed_reference_matches_the_code() {
-        let committed = include_str!("../../docs/api.md");
+        let committed = include_str!("../../docs/reference/api.md");
         assert!(
             committed == markdown(),
-            "docs/api.md is stale: run `cargo run -- crd --markdown > docs/api.md`"
+            "docs/reference/api.md is stale: run \
+             `cargo run -- crd --markdown > docs/reference/api.md`"
         );
     }
 

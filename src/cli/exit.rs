@@ -1,5 +1,5 @@
 //! Exit statuses of `targetlease run`, `wait` and `lease`: one table, documented in
-//! docs/controller.md ("Exit statuses"). Clap's own usage errors exit with 2, so no outcome of
+//! docs/workloads.md ("Exit statuses"). Clap's own usage errors exit with 2, so no outcome of
 //! ours uses 2.
 
 /// Success; for `run`, the command's own status when it ran to the end under its lease.

@@ -36,8 +36,8 @@ pub enum LeaseCommand {
         /// Lease time-to-live (30, 30s, 500ms, 2m).
         #[arg(long, default_value_t = Span(crate::api::DEFAULT_TTL))]
         ttl: Span,
-        /// The new token will be larger than this. Refused when more than one hour ahead of
-        /// the server clock (no store issues such a token).
+        /// The new token will be larger than this. Refused when more than two hours ahead of
+        /// the server clock (no store issues a token that far ahead).
         #[arg(long, default_value_t = 0)]
         min_token: u64,
         #[command(flatten)]

@@ -40,7 +40,7 @@ enum Command {
     Controller(controller::ControllerArgs),
     /// Print the TargetLease CRD as YAML (or the chart's CRD template, or the API reference).
     Crd {
-        /// Print the API reference (docs/api.md) rendered from the CRD schema instead.
+        /// Print the API reference (docs/reference/api.md) rendered from the CRD schema instead.
         #[arg(long, conflicts_with = "chart")]
         markdown: bool,
         /// Print the Helm chart's CRD template (charts/targetlease/templates/crd.yaml) instead.

@@ -34,7 +34,7 @@ pub const MAX_TOKEN_LEAD_MICROS: u64 = 3_600_000_000;
 pub const MAX_FLOOR_LEAD_MICROS: u64 = 2 * MAX_TOKEN_LEAD_MICROS;
 
 /// The most permits a target may have. An acquire with permits N reads each of the N slots in
-/// one atomic step on the server, so the bound keeps the longest call short (docs/store.md,
+/// one atomic step on the server, so the bound keeps the longest call short (docs/internals/store.md,
 /// "Permits").
 pub const MAX_PERMITS: u32 = 100;
 

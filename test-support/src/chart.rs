@@ -123,7 +123,7 @@ pub fn strings(value: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The rules the controller needs, exactly (docs/install.md explains each).
+/// The rules the controller needs, exactly (docs/reference/rbac.md explains each).
 pub fn controller_rules() -> Value {
     json!([
         {"apiGroups": ["targetlease.dev"], "resources": ["targetleases"], "verbs": ["list", "watch", "patch"]},

@@ -55,7 +55,7 @@ impl Scenario {
 
     /// Starts a controller on this scenario's namespace and Valkey, with `extra` flags. Its
     /// Valkey call timeout is 1 s, so the short TTLs of the tests (3 s and up) are ones it can
-    /// keep (three call timeouts; docs/controller.md).
+    /// keep (three call timeouts; docs/internals/controller.md).
     pub fn start_controller(&self, extra: &[&str]) -> ControllerProcess {
         self.start_controller_as(Path::new(self.cluster.kubeconfig()), extra)
     }

@@ -72,7 +72,7 @@ const DATA_LOSS_WINDOW: Duration = Duration::from_secs(2 * TTL_SECONDS);
 const PLANNED_FAILOVER_WINDOW: Duration = Duration::from_secs(TTL_SECONDS);
 
 // The shortest TTL the replicas below can keep: 1.5 x (take-over 3.75 s + call timeout 1 s +
-// 1 s to start), rounded up (docs/controller.md).
+// 1 s to start), rounded up (docs/internals/controller.md).
 const TTL_SECONDS: u64 = 9;
 
 /// The permits value a claim asks when it asks the wrong one for a target with `permits`: more

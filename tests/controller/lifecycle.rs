@@ -2127,11 +2127,11 @@ async fn ttl_edit_while_held_reaches_the_store(s: Scenario) {
     );
 }
 
-// Valkey loses its data while "dl-x" is Held and "dl-y" waits on the same target; "dl-y"
-// is reconciled (an annotation edit) and takes the target with a larger token. docs/controller.md:
-// "Every grant also wakes every other claim on the target, Held ones included: one that still
-// shows Held (after a data loss or an outage) renews, learns it lost, and shows Lost within one
-// reconcile." So "dl-x" must not show Held for long beside "dl-y".
+// Valkey loses its data while "dl-x" is Held and "dl-y" waits on the same target; "dl-y" is
+// reconciled (an annotation edit) and takes the target with a larger token.
+// docs/internals/controller.md: "Every grant also wakes every other claim on the target, Held ones
+// included: one that still shows Held (after a data loss or an outage) renews, learns it lost, and
+// shows Lost within one reconcile." So "dl-x" must not show Held for long beside "dl-y".
 async fn data_loss_never_shows_two_held_for_long(s: Scenario) {
     s.apply("dl-x", "dl-target", "wx", "");
     let x = s.wait_phase("dl-x", Phase::Held, 30 * SEC).await;

@@ -605,16 +605,17 @@ fn can_i(world: &World, args: &[&str]) -> bool {
     }
 }
 
-/// The can-i checks docs/install.md lists (its `can ...` / `cannot ...` lines): (allowed?,
+/// The can-i checks docs/reference/rbac.md lists (its `can ...` / `cannot ...` lines): (allowed?,
 /// arguments). The docs are the one list; this suite and the docs test both run it.
 fn documented_can_i_checks() -> Vec<(bool, Vec<String>)> {
-    let doc = std::fs::read_to_string(repo().join("docs/install.md")).expect("docs/install.md");
+    let doc = std::fs::read_to_string(repo().join("docs/reference/rbac.md"))
+        .expect("docs/reference/rbac.md");
     let block = doc
         .split("```sh\n")
         .skip(1)
         .filter_map(|rest| rest.split("```").next())
         .find(|block| block.contains("auth can-i"))
-        .expect("docs/install.md has the can-i block");
+        .expect("docs/reference/rbac.md has the can-i block");
     block
         .lines()
         .filter_map(|line| {
@@ -634,7 +635,7 @@ fn service_account_is_least_privilege(world: &World) {
     let allowed = checks.iter().filter(|(want, _)| *want).count();
     assert!(
         allowed >= 10 && checks.len() - allowed >= 30,
-        "docs/install.md lists {allowed} allowed and {} refused checks",
+        "docs/reference/rbac.md lists {allowed} allowed and {} refused checks",
         checks.len() - allowed
     );
     let mut wrong = Vec::new();
@@ -847,13 +848,13 @@ fn targetlease_as(world: &World, kubeconfig: &Path, args: &[&str]) -> Output {
     run_with_input(command, None)
 }
 
-/// The verbs of the workload RBAC table in docs/install.md ("RBAC for workloads"), as written.
+/// The verbs of the workload RBAC table in docs/workloads.md ("RBAC for workloads"), as written.
 fn documented_workload_verbs() -> Vec<String> {
-    let doc = std::fs::read_to_string(repo().join("docs/install.md")).expect("docs/install.md");
+    let doc = std::fs::read_to_string(repo().join("docs/workloads.md")).expect("docs/workloads.md");
     let section = doc
         .split("### RBAC for workloads")
         .nth(1)
-        .expect("docs/install.md has the workload RBAC section");
+        .expect("docs/workloads.md has the workload RBAC section");
     let verbs: Vec<String> = section
         .lines()
         .skip_while(|line| !line.starts_with("| verbs |"))
@@ -884,7 +885,7 @@ fn example_workload_verbs() -> Vec<String> {
         .collect()
 }
 
-/// A Role built from exactly what docs/install.md's workload table grants keeps a `run` Held:
+/// A Role built from exactly what docs/workloads.md's workload table grants keeps a `run` Held:
 /// its command runs past half the TTL (where the controller releases a claim whose heartbeat
 /// stopped) and the run ends with the command's own status, not a loss.
 async fn workload_rbac_table_keeps_a_run_held(world: &World) {
@@ -948,7 +949,7 @@ subjects: [{{kind: ServiceAccount, name: table-user, namespace: {ns}}}]
     example.sort();
     assert_eq!(
         table, example,
-        "docs/install.md's workload table and examples/rbac.yaml grant different verbs"
+        "docs/workloads.md's workload table and examples/rbac.yaml grant different verbs"
     );
 }
 
@@ -1145,7 +1146,7 @@ fn storage_versions(world: &World) -> Vec<String> {
     support::chart::storage_versions(&world.json(&["get", "crd", targetlease::api::CRD_NAME]))
 }
 
-/// The storage move and back, as docs/install.md "Upgrading" tells it: `helm upgrade` with
+/// The storage move and back, as docs/upgrading/0.1-to-0.2.md tells it: `helm upgrade` with
 /// `crds.storageVersion=v1beta1`, `targetlease migrate-storage` (every object re-encoded, read
 /// from etcd itself, and only then `storedVersions` narrowed), the deprecation warning for
 /// v1alpha1 clients, a v1alpha1-only CRD refused while v1beta1 is stored, a second run that

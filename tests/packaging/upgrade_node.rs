@@ -213,12 +213,12 @@ const MAX_READ_GAP: Duration = Duration::from_secs(10);
 /// suite. Longer than a leader hand-over (the previous release keeps a deleted claim's Held
 /// status until its finalizer goes, and a deletion during a rollout waits for the next leader).
 const DELETING_AT_MOST: Duration = Duration::from_secs(60);
-/// The longest the `run` workload may go without starting a command while this release's
-/// controller runs (docs/controller.md, with the chart's 10 s election): the command (2 s) and
-/// the loop's pause (1 s), a rollout's leader change (the old leader gives the Lease up within
-/// 7.5 s of SIGTERM, the next takes it within a renewal period, 2.5 s), the new leader's first
-/// list and the hand-over (about a second), doubled. A hand-over that waited for the store's TTL
-/// (30 s) instead fails it. Seen: at most 7.2 s outside the rollback phase.
+/// The longest the `run` workload may go without starting a command while this release's controller
+/// runs (docs/internals/controller.md, with the chart's 10 s election): the command (2 s) and the
+/// loop's pause (1 s), a rollout's leader change (the old leader gives the Lease up within 7.5 s of
+/// SIGTERM, the next takes it within a renewal period, 2.5 s), the new leader's first list and the
+/// hand-over (about a second), doubled. A hand-over that waited for the store's TTL (30 s) instead
+/// fails it. Seen: at most 7.2 s outside the rollback phase.
 const RUN_STALL_AT_MOST: Duration = Duration::from_secs(30);
 /// The same while the previous release's controller runs (the rollback phase), whose timings
 /// this release does not document: a TTL and a take-over (12.5 s). Seen: 13.5 to 15.2 s.
@@ -825,7 +825,7 @@ fn upgrade_and_rollback_keep_leases_held() {
     );
     // The API server refuses server-side apply (the previous release's status writes) on
     // objects with field-manager entries of a version it no longer serves, until this
-    // release's migrate-storage moves them (docs/install.md "Upgrading").
+    // release's migrate-storage moves them (docs/upgrading/0.1-to-0.2.md).
     let repaired = migrate_storage(cluster);
     assert!(
         repaired.contains("moved the field managers of"),
@@ -992,7 +992,7 @@ fn upgrade_and_rollback_keep_leases_held() {
     );
     // Helm leaves no revision deployed: the refused one is failed, and `helm upgrade
     // --reuse-values` would reuse its values, those of the revision rolled back to. The way back
-    // (docs/install.md "Upgrading") is a rollback to the last good revision, which restores its
+    // (docs/upgrading/0.1-to-0.2.md) is a rollback to the last good revision, which restores its
     // chart, values and image, and keeps the storage version.
     eprintln!(
         "upgrade suite: helm history after the refused rollback:\n{}",

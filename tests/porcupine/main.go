@@ -9,7 +9,7 @@
 // where); 2: bad input or the check timed out (after LINEARIZE_TIMEOUT, a Go duration; 2m unless
 // set).
 //
-// The model (docs/store.md, "The lease protocol"), per target with permits N (1: the exclusive
+// The model (docs/internals/store.md, "The protocol"), per target with permits N (1: the exclusive
 // lease), each permit a slot 0 to N-1 with its own lease and fence:
 //   - acquire: "acquired" in the lowest slot that is free (never held, released or expired), with
 //     a token above every token issued on the target in any slot; the claim's own live lease

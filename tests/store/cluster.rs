@@ -155,7 +155,7 @@ async fn workload(store: Arc<dyn LeaseStore>, t: TargetRef, until: Instant) -> S
                 }
                 // A release acknowledged by a primary that died before replicating it: the
                 // promoted replica still has the old lease until its TTL ends (asynchronous
-                // replication; see docs/store.md). Wait for it.
+                // replication; see docs/internals/store.md). Wait for it.
                 Ok(AcquireOutcome::Held { .. }) => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }

@@ -183,10 +183,10 @@ fn record() -> impl Strategy<Value = Vec<(String, String)>> {
         })
 }
 
-/// What the record rules of docs/store.md make of a lease hash holding `fields` (the last value
-/// of a field wins, as with HSET): `None` when it must fail closed, `Some(true)` when it is a
-/// lease (never FUZZ-OWNER's, so the target is held). Written from the documented rules, not
-/// from the script.
+/// What the record rules of docs/internals/store.md make of a lease hash holding `fields` (the last
+/// value of a field wins, as with HSET): `None` when it must fail closed, `Some(true)` when it is a
+/// lease (never FUZZ-OWNER's, so the target is held). Written from the documented rules, not from
+/// the script.
 fn lease_holds(fields: &[(String, String)], has_ttl: bool) -> Option<bool> {
     let map: std::collections::HashMap<&str, &str> = fields
         .iter()

@@ -1,9 +1,9 @@
 //! Heartbeats of `targetlease run`: a run refreshes the `targetlease.dev/heartbeat` annotation of
-//! its TargetLease every sixth of the TTL, and a claim whose heartbeat has not changed for half
-//! the TTL (by this controller's clock, so no two clocks are compared) has lost its holder: its
-//! lease is released, whether the run was killed with its pod or on its own (SIGKILL on a laptop,
-//! an OOM kill, a liveness probe). `run` stops its command before that moment on its own (see the
-//! trust windows in docs/controller.md), so the release never hands the target to a second
+//! its TargetLease every sixth of the TTL, and a claim whose heartbeat has not changed for half the
+//! TTL (by this controller's clock, so no two clocks are compared) has lost its holder: its lease
+//! is released, whether the run was killed with its pod or on its own (SIGKILL on a laptop, an OOM
+//! kill, a liveness probe). `run` stops its command before that moment on its own (see the trust
+//! windows in docs/internals/controller.md), so the release never hands the target to a second
 //! holder while the first command still runs.
 //!
 //! A controller that starts (or becomes leader) has not seen any heartbeat change: it counts a

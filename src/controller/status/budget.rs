@@ -284,8 +284,8 @@ mod hung_write_tests {
     use super::*;
 
     /// A write whose answer never comes: the reconcile is cancelled at its 30 s bound and the
-    /// `Admitted` dropped without `done`. docs/controller.md counts "no answer" as an overload
-    /// answer (refreshes and Events wait for a back-off window); the budget must not go on
+    /// `Admitted` dropped without `done`. docs/internals/controller.md counts "no answer" as an
+    /// overload answer (refreshes and Events wait for a back-off window); the budget must not go on
     /// admitting refreshes as if the API server kept up.
     #[test]
     fn a_write_that_never_answers_counts_as_overload() {

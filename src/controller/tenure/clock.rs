@@ -1,7 +1,7 @@
 //! Readings of the store's clock, placed on this process's monotonic clock. Times in the store's
 //! clock are compared with this process's only through a reading, never with its wall clock, so
 //! a controller whose clock is off decides the same; what is assumed is only that both clocks
-//! advance at the rate of real time between two answers (docs/controller.md, "Clocks").
+//! advance at the rate of real time between two answers (docs/internals/controller.md, "Clocks").
 //!
 //! The monotonic clock is tokio's, so that the renewal scheduler and the decisions that read it
 //! are tested with a paused clock instead of sleeping.

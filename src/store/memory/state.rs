@@ -204,7 +204,7 @@ pub(super) fn unexpected(op: &str) -> StoreError {
 }
 
 /// The next token: above the fence and the floor, and at least the clock in microseconds plus
-/// [`MAX_TOKEN_LEAD_MICROS`], on every grant (docs/store.md, "The token rule"). A floor more
+/// [`MAX_TOKEN_LEAD_MICROS`], on every grant (docs/internals/store.md, "The token rule"). A floor more
 /// than [`MAX_FLOOR_LEAD_MICROS`] ahead of the clock was not issued by a store and is refused.
 pub(super) fn next_token(fence: u64, min_token: u64, now_us: u64) -> Result<u64, StoreError> {
     let lead = now_us.saturating_add(MAX_TOKEN_LEAD_MICROS);

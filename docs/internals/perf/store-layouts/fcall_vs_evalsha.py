@@ -5,7 +5,7 @@ port = int(sys.argv[1]); N = 20000
 r = valkey.Valkey(port=port)
 def cpu():
     i = r.info('cpu'); return i['used_cpu_user'] + i['used_cpu_sys']
-L = pathlib.Path(__file__).resolve().parents[3] / 'lua'
+L = pathlib.Path(__file__).resolve().parents[4] / 'lua'
 lib = (L/'lib.lua').read_text().replace("string.rep('0', 240)", "'" + '0'*240 + "'")
 acq = (L/'acquire.lua').read_text(); rel = (L/'release.lua').read_text()
 r.flushall()

@@ -55,5 +55,5 @@ for name, body in (('reply as a table of 5 strings', "return {'acquired', '17961
     print(f'{name:55s} {whole(name, body) - one:6.3f} us more than return 1')
 # What the shared prelude (lua/lib.lua) costs every call of every script.
 import pathlib
-lib = (pathlib.Path(__file__).resolve().parents[3] / 'lua' / 'lib.lua').read_text()
+lib = (pathlib.Path(__file__).resolve().parents[4] / 'lua' / 'lib.lua').read_text()
 print(f"{'lua/lib.lua before return 1':55s} {whole('prelude', lib + chr(10) + 'return 1') - one:6.3f} us more than return 1")

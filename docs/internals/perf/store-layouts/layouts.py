@@ -2,7 +2,7 @@
 # the baselines b and f, a one-record layout without a reply cache, with reply-cache keys, with
 # reply-cache fields under field expiry (HSETEX, Valkey >= 9.0 only), each as EVALSHA and as FCALL,
 # and layout version 1's own scripts. Usage: python3 layouts.py PORT [N]  (a server on 127.0.0.1:PORT;
-# the PyPI package `valkey` as client). Output of the runs quoted in docs/performance.md: *.txt.
+# the PyPI package `valkey` as client). Output of the runs quoted in docs/internals/performance.md: *.txt.
 import valkey, sys, uuid, time
 port = int(sys.argv[1]); N = int(sys.argv[2]) if len(sys.argv) > 2 else 20000
 r = valkey.Valkey(port=port)
@@ -99,7 +99,7 @@ for mode in ('evalsha', 'fcall'):
 # same process: server CPU per steady-state cycle (targets released before, as in workload a) and
 # used_memory per target while held, after release, and once the reply caches are gone.
 import pathlib
-ROOT = pathlib.Path(__file__).resolve().parents[3]
+ROOT = pathlib.Path(__file__).resolve().parents[4]
 def scripts(folder):
     lib = (ROOT / folder / 'lib.lua').read_text()
     return [r.script_load(lib + '\n' + (ROOT / folder / f).read_text()) for f in ('acquire.lua', 'release.lua')]

@@ -7,7 +7,13 @@
 //! [`stale_after`] (half the TTL) has lost its holder. `run` trusts its lease only while the API
 //! server confirms it: it kills its command at [`Windows::kill`] after sending the last
 //! heartbeat whose reply showed the TargetLease Held with its token, which is strictly before
-//! the controller can count that heartbeat as stopped. The inequalities are in
+//! the controller can count that heartbeat as stopped. Each heartbeat names the TTL its `run`
+//! counts with ([`Beat`]): the controller judges silence with the longer of that and the spec's,
+//! so an edit of `spec.ttlSeconds` never lets it judge a silence that `run` still trusts (`run`
+//! follows a shorter TTL by announcing it first). When a tenure ends, `run` confirms that its
+//! command and everything it started are gone ([`STOPPED_ANNOTATION`]); until then, or until the
+//! bound by which a `run` that never heard of the end has killed it ([`stop_bound`]), the
+//! controller passes the target on to no one. The inequalities are in
 //! docs/internals/controller.md ("Trust windows") and tested below for every TTL a TargetLease may have.
 
 use std::time::Duration;
@@ -18,6 +24,100 @@ use super::{Phase, Reason, TargetLease};
 /// TargetLease carrying it whose value has not changed for half the TTL has lost its holder and
 /// is released.
 pub const HEARTBEAT_ANNOTATION: &str = "targetlease.dev/heartbeat";
+
+/// Annotation `targetlease run` writes once the command it ran under a tenure, and everything
+/// that command started, is gone: its value is that tenure's fencing token. The controller
+/// passes the target of an ended tenure on as soon as it sees it.
+pub const STOPPED_ANNOTATION: &str = "targetlease.dev/stopped";
+
+/// One heartbeat's value: this machine's wall clock in ms (what makes it change; never compared
+/// with another clock) and the TTL, in whole seconds, that the `run` writing it counts its
+/// windows with. Written as `<ms> ttl=<seconds>`; a value without the TTL (written by an older
+/// `run`) names none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Beat {
+    /// The wall clock when it was written, in ms.
+    pub wall_ms: u64,
+    /// The TTL `run` counts with, in whole seconds.
+    pub ttl_seconds: Option<u32>,
+}
+
+impl Beat {
+    /// The annotation's value.
+    pub fn value(&self) -> String {
+        match self.ttl_seconds {
+            Some(ttl) => format!("{} ttl={ttl}", self.wall_ms),
+            None => self.wall_ms.to_string(),
+        }
+    }
+
+    /// Reads an annotation's value; anything unreadable names no TTL.
+    pub fn parse(value: &str) -> Self {
+        let mut words = value.split_whitespace();
+        let wall_ms = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+        let ttl_seconds = words
+            .find_map(|w| w.strip_prefix("ttl="))
+            .and_then(|t| t.parse().ok())
+            .filter(|t| (1..=super::MAX_TTL_SECONDS).contains(t));
+        Self {
+            wall_ms,
+            ttl_seconds,
+        }
+    }
+}
+
+/// The TTL by which a holder's heartbeat is judged: the longer of the spec's and the one its
+/// latest heartbeat names (a `run` that announced a shorter TTL counts with it from that
+/// heartbeat on; one that has not yet announced the spec's new, shorter TTL still counts with
+/// its old one).
+pub fn judged_ttl(lease: &TargetLease) -> Duration {
+    let spec = lease.spec.ttl_seconds.clamp(1, super::MAX_TTL_SECONDS);
+    let beat = annotation(lease, HEARTBEAT_ANNOTATION)
+        .and_then(|v| Beat::parse(v).ttl_seconds)
+        .unwrap_or(spec);
+    Duration::from_secs(u64::from(spec.max(beat)))
+}
+
+/// The bound by which a holder that acts on the Held status has killed its command, counted from
+/// the moment it can no longer have a heartbeat confirmed Held (the status write that left
+/// Held was answered) or the controller last saw its heartbeat change, whichever came first:
+/// [`stale_after`] the TTL it is judged by. [`Windows::kill`], plus the margins for clock rates
+/// and scheduling, ends before it.
+pub fn stop_bound(lease: &TargetLease) -> Duration {
+    stale_after(judged_ttl(lease))
+}
+
+/// Whether the claim is held by something that heartbeats (`targetlease run`): a holder that
+/// acts on the Held status, so that every end of its tenure waits for it to stop.
+pub fn heartbeats(lease: &TargetLease) -> bool {
+    annotation(lease, HEARTBEAT_ANNOTATION).is_some()
+}
+
+/// The token whose command the holder confirmed stopped, if it did.
+pub fn stopped_token(lease: &TargetLease) -> Option<u64> {
+    annotation(lease, STOPPED_ANNOTATION)?.trim().parse().ok()
+}
+
+/// Whether the status says the tenure it names ended and its holder has not been confirmed
+/// stopped yet (reason `Stopping` on the Held condition): the target is not passed on.
+pub fn stopping(lease: &TargetLease) -> bool {
+    lease.status.as_ref().is_some_and(|s| {
+        s.phase != Phase::Held
+            && s.conditions.iter().any(|c| {
+                c.type_ == super::ConditionType::Held.as_str()
+                    && c.reason == Reason::Stopping.as_str()
+            })
+    })
+}
+
+fn annotation<'a>(lease: &'a TargetLease, key: &str) -> Option<&'a str> {
+    lease
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
 
 /// How long a heartbeat may stay unchanged before its holder counts as gone: half the TTL, so a
 /// crashed run's lease is released within the TTL of its last heartbeat; a live run, which beats

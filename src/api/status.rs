@@ -82,9 +82,43 @@ pub enum Reason {
     HolderUnknown,
     /// The target's permits are held under another `spec.permits` value than this claim's.
     PermitsConflict,
+    /// The tenure ended (the Ready condition says why) and its holder, which acts on the Held
+    /// status (`targetlease run`), has not confirmed yet that its command stopped: the target
+    /// is passed on once it does, or at the bound by which it must have (the message names it).
+    Stopping,
 }
 
 impl Reason {
+    /// Every reason.
+    pub const ALL: [Reason; 21] = [
+        Reason::Acquired,
+        Reason::Waiting,
+        Reason::ReleaseRequested,
+        Reason::HolderGone,
+        Reason::MaxHoldReached,
+        Reason::Released,
+        Reason::Lost,
+        Reason::Expired,
+        Reason::BackendUnavailable,
+        Reason::BackendTimeout,
+        Reason::BackendTlsFailed,
+        Reason::BackendAuthFailed,
+        Reason::BackendNotDurable,
+        Reason::BackendMisconfigured,
+        Reason::CorruptRecord,
+        Reason::InvalidRequest,
+        Reason::BackendUnexpectedReply,
+        Reason::TtlTooShort,
+        Reason::HolderUnknown,
+        Reason::PermitsConflict,
+        Reason::Stopping,
+    ];
+
+    /// The reason a condition names, if it is one of these.
+    pub fn parse(word: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == word)
+    }
+
     /// The word written in conditions and Events.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -108,6 +142,7 @@ impl Reason {
             Reason::TtlTooShort => "TTLTooShort",
             Reason::HolderUnknown => "HolderUnknown",
             Reason::PermitsConflict => "PermitsConflict",
+            Reason::Stopping => "Stopping",
         }
     }
 }

@@ -12,9 +12,10 @@ use jiff::Timestamp;
 
 use super::claim::Claim;
 use super::holders::HolderFacts;
+use super::line::Behind;
 use super::status::{Observed, published_expiry};
 use super::tenure::{State, View, renew_interval};
-use crate::api::heartbeat::stale_after;
+use crate::api::heartbeat::{judged_ttl, stale_after, stopping};
 use crate::api::{Phase, Reason, TargetLeaseStatus};
 use crate::store::{AcquireOutcome, LeaseHandle, LossReason};
 use crate::time::timestamp;
@@ -24,8 +25,8 @@ use crate::time::timestamp;
 pub(crate) struct Facts {
     /// What is known of the holder (gone, unknown, the heartbeat's silence).
     pub(crate) holder: HolderFacts,
-    /// When this claim must wait its turn: the claim in line before it, and who holds the target.
-    pub(crate) in_line_after: Option<(String, String)>,
+    /// Why this claim must wait its turn, when it must.
+    pub(crate) in_line_after: Option<Behind>,
     /// The shortest TTL this controller can keep.
     pub(crate) shortest_ttl: Duration,
     /// What the tenure layer keeps for this claim, if anything.
@@ -61,6 +62,9 @@ pub(crate) enum Plan {
     /// Publish a tenure this process holds and the status does not show (a grant whose status
     /// write failed or was refused): no second grant is asked for.
     Publish(View),
+    /// The status says the tenure ended and its holder has not been confirmed stopped: pass the
+    /// target on when the hand-over rule allows it.
+    Stopping,
     /// Ask the store for the target.
     Acquire,
     /// Ask the store nothing: write `observed`, look again after `next` (or on a change).
@@ -74,6 +78,10 @@ pub(crate) enum Plan {
 
 /// Decides what the reconcile of `claim` does.
 pub(crate) fn plan(claim: &Claim<'_>, facts: &Facts) -> Plan {
+    if stopping(claim.lease) {
+        // Nothing else until the target of the ended tenure is passed on.
+        return Plan::Stopping;
+    }
     if let Some((reason, message)) =
         release_reason(claim, facts.holder.gone.clone(), facts.server_now())
     {
@@ -109,14 +117,26 @@ pub(crate) fn plan(claim: &Claim<'_>, facts: &Facts) -> Plan {
             next: None,
         };
     }
-    if let Some((ahead, holder)) = &facts.in_line_after {
+    if let Some(behind) = &facts.in_line_after {
         // Not this claim's turn: it asks the store nothing. It is woken when the target is
         // released or a grant happens, and looks again at the renewal interval at the latest.
+        let Behind {
+            ahead,
+            holder,
+            blocked,
+        } = behind;
         let mut observed = Observed::waiting(holder, claim.last_token());
-        observed.message = format!(
-            "target is held by {holder}; in line after {ahead} (claims get the target in the \
-             order they were created, higher spec.priority first)"
-        );
+        observed.message = if *blocked {
+            format!(
+                "target is held by {holder} ({ahead}), whose holder acts on its status: the \
+                 target passes on once that holder has stopped"
+            )
+        } else {
+            format!(
+                "target is held by {holder}; in line after {ahead} (claims get the target in \
+                 the order they were created, higher spec.priority first)"
+            )
+        };
         return Plan::Settle {
             observed,
             next: Some(renew_interval(claim.ttl())),
@@ -192,7 +212,8 @@ fn max_hold_left(claim: &Claim<'_>, now: Timestamp) -> Option<Duration> {
 pub(crate) fn next_look(claim: &Claim<'_>, next: Duration, silent: Option<Duration>) -> Duration {
     match silent {
         Some(silent) => {
-            let left = stale_after(claim.ttl()).saturating_sub(silent) + Duration::from_millis(20);
+            let left = stale_after(judged_ttl(claim.lease)).saturating_sub(silent)
+                + Duration::from_millis(20);
             next.min(left)
         }
         None => next,
@@ -528,7 +549,11 @@ pub(crate) mod tests {
         let lease = fixture(spec.clone(), None);
         let claim = Claim::new(&lease).expect("claim");
         let mut behind = facts();
-        behind.in_line_after = Some(("older".into(), "holder-0".into()));
+        behind.in_line_after = Some(Behind {
+            ahead: "older".into(),
+            holder: "holder-0".into(),
+            blocked: false,
+        });
         match plan(&claim, &behind) {
             Plan::Settle { observed, next } => {
                 assert_eq!(observed.phase, Phase::Waiting);

@@ -24,6 +24,10 @@ pub enum Error {
     /// The reconcile did not finish in time (an API server that does not answer).
     #[error("the reconcile did not finish within {0:?}")]
     TimedOut(std::time::Duration),
+    /// A deleted claim's tenure ended and its holder has not been confirmed stopped: the
+    /// finalizer stays, and the claim is looked at again after this long at the latest.
+    #[error("waiting up to {0:?} for the holder to stop its command before the target passes on")]
+    Stopping(std::time::Duration),
 }
 
 impl From<kube::Error> for Error {
@@ -46,6 +50,20 @@ impl Error {
             Error::MissingField(_) => "missing_field",
             Error::NotLeading(_) => "not_leading",
             Error::TimedOut(_) => "timeout",
+            Error::Stopping(_) => "stopping",
+        }
+    }
+
+    /// How long until a deleted claim whose holder is stopping is looked at again, if this is
+    /// that wait (not a failure).
+    pub fn stopping(&self) -> Option<std::time::Duration> {
+        match self {
+            Error::Stopping(d) => Some(*d),
+            Error::Finalizer(inner) => match inner.as_ref() {
+                kube::runtime::finalizer::Error::CleanupFailed(e) => e.stopping(),
+                _ => None,
+            },
+            _ => None,
         }
     }
 

@@ -227,7 +227,7 @@ impl Fixture {
             tenures,
             leadership,
             metrics,
-            shortest_ttl: Duration::from_secs(6),
+            shortest_ttl: Duration::from_secs(1),
         });
         Self {
             ctx: Arc::new(ctx),

@@ -113,6 +113,10 @@ const FIRST_RETRY: Duration = Duration::from_millis(500);
 const LONGEST_RETRY: Duration = Duration::from_secs(300);
 
 fn error_policy(lease: Arc<TargetLease>, error: &Error, ctx: Arc<Context>) -> Action {
+    if let Some(wait) = error.stopping() {
+        // Not a failure: a deleted claim waits for its holder to stop (see tenure::handover).
+        return Action::requeue(wait);
+    }
     let key = ObjectRef::from_obj(lease.as_ref());
     let failing_for = ctx.failing_for(key.clone(), Instant::now());
     if error.is_stale_read() {

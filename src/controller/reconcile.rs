@@ -17,11 +17,14 @@ use super::claim::Claim;
 use super::context::Context;
 use super::decide::{self, Facts, Plan, Step};
 use super::finalizer::finalizer;
+use super::holders::HolderFacts;
 use super::status::{Observed, Written};
 use super::tenure::clock::Reading;
+use super::tenure::handover::{self, Handover};
 use super::tenure::{State, View, renew_interval};
 use super::{Error, line};
-use crate::api::{FINALIZER, Phase, Reason, TargetLease};
+use crate::api::heartbeat::{heartbeats, stop_bound, stopped_token};
+use crate::api::{ConditionType, FINALIZER, Phase, Reason, TargetLease};
 use crate::store::{
     AcquireOutcome, AcquireRequest, LeaseHandle, Owner, ReleaseOutcome, ReleaseRequest, RequestId,
     StoreError, Token,
@@ -83,7 +86,12 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
         ctx.tenures.stop(&key);
     }
     let next = match plan {
-        Plan::GiveUp { reason, message } => return give_up(&claim, ctx, reason, message).await,
+        Plan::GiveUp { reason, message } => {
+            return Ok(give_up(&claim, ctx, reason, message, &facts.holder)
+                .await?
+                .action());
+        }
+        Plan::Stopping => return Ok(pass_on(&claim, ctx, &facts.holder).await?.action()),
         Plan::Settle { observed, next } => {
             settle(&claim, ctx, observed, None).await?;
             match next {
@@ -96,7 +104,7 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
             ctx.tenures.keep_from_status(&claim);
             renew_interval(claim.ttl())
         }
-        Plan::Judge(view) => judge(&claim, ctx, view, unknown).await?,
+        Plan::Judge(view) => judge(&claim, ctx, view, &facts.holder).await?,
         Plan::Publish(view) => {
             write_step(&claim, ctx, decide::kept_step(&claim, &view), unknown).await?
         }
@@ -149,12 +157,25 @@ async fn fail(claim: &Claim<'_>, ctx: &Context, error: StoreError) -> Error {
 /// Records a store failure in the status (once); answers whether the status still says Held (it
 /// does while the lease is known valid, see `Observed::store_failed`).
 async fn record_failure(claim: &Claim<'_>, ctx: &Context, error: &StoreError) -> bool {
-    let kept = ctx.tenures.view(&ObjectRef::from_obj(claim.lease));
+    let key = ObjectRef::from_obj(claim.lease);
+    let kept = ctx.tenures.view(&key);
     let valid_for = decide::valid_for(claim, kept.as_ref());
     let observed = Observed::store_failed(claim.status, error, valid_for);
     let held = observed.phase == Phase::Held;
+    // A Held status that leaves Held ends the tenure: its holder is waited for.
+    let leaves_held = !held && claim.held_handle().is_some();
+    let (observed, ending) = if leaves_held {
+        ending(claim, observed, None)
+    } else {
+        (observed, None)
+    };
     match settle(claim, ctx, observed, None).await {
-        Ok(_) => held,
+        Ok(_) => {
+            if let Some(token) = ending {
+                ctx.tenures.ended_since(&key, token, Instant::now());
+            }
+            held
+        }
         Err(e) => {
             warn!(error = %e, "could not record the store failure in the status");
             claim.status.is_some_and(|s| s.phase == Phase::Held)
@@ -218,8 +239,9 @@ async fn judge(
     claim: &Claim<'_>,
     ctx: &Context,
     view: View,
-    holder_unknown: Option<&str>,
+    holder: &HolderFacts,
 ) -> Result<Duration, Error> {
+    let holder_unknown = holder.unknown.as_deref();
     let key = ObjectRef::from_obj(claim.lease);
     ctx.tenures.set_ttl(&key, claim.lease_ttl);
     match &view.state {
@@ -332,7 +354,75 @@ async fn acquire(
     Ok(next)
 }
 
-/// Settles in Released and releases the lease (when this resource holds it).
+/// What became of a claim whose tenure ends.
+pub(super) enum Ended {
+    /// The target is passed on (the lease released, waiters woken).
+    Done,
+    /// The holder is waited for (see [`handover`]), for this long at the most.
+    Waiting(Duration),
+}
+
+impl Ended {
+    /// The reconcile's answer for a claim that is not being deleted.
+    fn action(self) -> Action {
+        match self {
+            Ended::Done => Action::await_change(),
+            Ended::Waiting(wait) => Action::requeue(wait),
+        }
+    }
+}
+
+/// What the hand-over rule ([`handover`]) needs to know of `claim`'s holder at `now`; without
+/// facts, nothing is known of its pod or of when its heartbeat last changed.
+fn holder_of(claim: &Claim<'_>, facts: Option<&HolderFacts>, now: Instant) -> handover::Holder {
+    let lease = claim.lease;
+    let token = claim.last_token();
+    handover::Holder {
+        acts_on_status: heartbeats(lease),
+        confirmed_stopped: token.is_some() && stopped_token(lease) == token,
+        pod_gone: facts.is_some_and(|f| f.pod_gone),
+        last_beat_seen: facts
+            .and_then(|f| f.silent)
+            .and_then(|silent| now.checked_sub(silent)),
+        stop_bound: stop_bound(lease),
+    }
+}
+
+/// How long from now until the target of `claim`'s tenure, ended at `since`, may pass on, if it
+/// may not yet.
+fn until_handover(claim: &Claim<'_>, holder: &HolderFacts, since: Instant) -> Option<Duration> {
+    let now = Instant::now();
+    match handover::handover(&holder_of(claim, Some(holder), now), since, now) {
+        Handover::Now => None,
+        Handover::At(at) => Some(at.saturating_duration_since(now) + Duration::from_millis(20)),
+    }
+}
+
+/// The status that ends a Held tenure (`observed`, Released or Lost): with the `Stopping` mark
+/// when its holder must be waited for (the token of the ended tenure is answered then).
+fn ending(
+    claim: &Claim<'_>,
+    observed: Observed,
+    holder: Option<&HolderFacts>,
+) -> (Observed, Option<u64>) {
+    let now = Instant::now();
+    match handover::handover(&holder_of(claim, holder, now), now, now) {
+        Handover::Now => (observed, None),
+        Handover::At(at) => {
+            let bound = at.saturating_duration_since(now);
+            let until = format!(
+                "at the latest {} ms after this status was written, when a targetlease run that \
+                 never heard of the end has killed its command",
+                bound.as_millis()
+            );
+            (observed.stopping(&until), claim.last_token())
+        }
+    }
+}
+
+/// Settles in Released and releases the lease (when this resource holds it), or, when its
+/// holder acts on its Held status and must be waited for, writes Released with the `Stopping`
+/// mark and keeps the lease (renewed) until the hand-over rule lets the target pass on.
 ///
 /// A claim that shows Held leaves Held in its status before the store lets the lease go: the
 /// status write carries the resourceVersion it was decided on, and when it is refused (409, the
@@ -346,7 +436,8 @@ async fn give_up(
     ctx: &Context,
     reason: Reason,
     message: String,
-) -> Result<Action, Error> {
+    holder: &HolderFacts,
+) -> Result<Ended, Error> {
     let handle = claim.held_handle();
     let observed = Observed::released(reason, message.clone(), claim.last_token());
     let key = ObjectRef::from_obj(claim.lease);
@@ -354,16 +445,25 @@ async fn give_up(
         ctx.tenures.stop(&key);
         release_in_store(claim, ctx, None).await?;
         settle(claim, ctx, observed, None).await?;
-        return Ok(Action::await_change());
+        return Ok(Ended::Done);
     }
     let event = (
         Reason::Released,
         format!("released {}: {message}", claim.target),
     );
+    let (observed, waited_for) = ending(claim, observed, Some(holder));
     let written = match settle(claim, ctx, observed, Some(event)).await? {
         Written::Wrote(lease) => Some(lease),
         _ => None,
     };
+    if let Some(token) = waited_for {
+        // Kept (renewed) until the holder stopped: no other claim can take the target.
+        let since = ctx.tenures.ended_since(&key, token, Instant::now());
+        return Ok(match until_handover(claim, holder, since) {
+            Some(wait) => Ended::Waiting(wait),
+            None => Ended::Done,
+        });
+    }
     // The status no longer says Held: the lease is renewed no more, then released.
     ctx.tenures.stop(&key);
     match written.as_deref().map(Claim::new).transpose()? {
@@ -371,7 +471,59 @@ async fn give_up(
         Some(released) => release_in_store(&released, ctx, handle).await?,
         None => release_in_store(claim, ctx, handle).await?,
     }
-    Ok(Action::await_change())
+    Ok(Ended::Done)
+}
+
+/// A claim whose status says its tenure ended with its holder not confirmed stopped: once the
+/// hand-over rule allows it, releases what the claim holds in the store, writes the status
+/// without the `Stopping` mark and wakes the claims in line.
+async fn pass_on(claim: &Claim<'_>, ctx: &Context, holder: &HolderFacts) -> Result<Ended, Error> {
+    let key = ObjectRef::from_obj(claim.lease);
+    let Some(token) = claim.last_token() else {
+        return Err(Error::MissingField("status.fencingToken"));
+    };
+    let since = ctx.tenures.ended_since(&key, token, Instant::now());
+    if let Some(wait) = until_handover(claim, holder, since) {
+        return Ok(Ended::Waiting(wait));
+    }
+    let kept = ctx
+        .tenures
+        .view(&key)
+        .filter(|v| v.handle.token.get() == token);
+    ctx.tenures.stop(&key);
+    match kept {
+        Some(view) => release_handle(claim, ctx, view.handle, true).await?,
+        None => release_by_lease_id(claim, ctx).await?,
+    }
+    settle(claim, ctx, ended_status(claim), None).await?;
+    ctx.tenures.handed_over(&key);
+    info!(lease = %claim.lease.name_any(), target = %claim.target, token, "the holder stopped; the target passes on");
+    Ok(Ended::Done)
+}
+
+/// The status of an ended tenure whose holder stopped: what the `Stopping` status said, without
+/// the mark.
+fn ended_status(claim: &Claim<'_>) -> Observed {
+    let ready = claim.status.and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == ConditionType::Ready.as_str())
+    });
+    let reason = ready
+        .and_then(|c| Reason::parse(&c.reason))
+        .unwrap_or(Reason::Released);
+    let message = ready
+        .and_then(|c| c.message.split("; the target passes on once").next())
+        .unwrap_or_default()
+        .to_owned();
+    let phase = claim.status.map(|s| s.phase);
+    let mut observed = if phase == Some(Phase::Released) {
+        Observed::released(reason, message, claim.last_token())
+    } else {
+        Observed::lost(reason, message, claim.last_token())
+    };
+    observed.held_unknown = false;
+    observed
 }
 
 /// Releases `handle`, or whatever this resource holds in the store, and wakes the target's
@@ -457,28 +609,42 @@ async fn release_handle(
 async fn cleanup(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
     let claim = Claim::new(lease)?;
     let key = ObjectRef::from_obj(lease);
+    let holder = ctx.holders.facts(&claim).await;
     // As for any other release, a Held status is left before the store lets the lease go: the
     // finalizer is removed only after the release, and a status still saying Held meanwhile
     // would stand beside the next holder's. A store outage returns an error here: the finalizer
-    // stays and the error policy retries with backoff, so no lease is forgotten.
+    // stays and the error policy retries with backoff, so no lease is forgotten. A holder that
+    // acts on its status is waited for (the finalizer stays meanwhile).
     // A claim that never showed Held has no status to correct: only the store is asked.
-    if claim.held_handle().is_some() {
+    let ended = if heartbeat_stopping(lease) {
+        pass_on(&claim, ctx, &holder).await?
+    } else if claim.held_handle().is_some() {
         give_up(
             &claim,
             ctx,
             Reason::ReleaseRequested,
             "resource deleted".to_string(),
+            &holder,
         )
-        .await?;
+        .await?
     } else {
         ctx.tenures.stop(&key);
         release_in_store(&claim, ctx, None).await?;
+        Ended::Done
+    };
+    if let Ended::Waiting(wait) = ended {
+        return Err(Error::Stopping(wait));
     }
     ctx.holders.forget(&key);
     if ctx.line.alone_on_target(&claim) {
         ctx.tenures.forget_target(&claim.target);
     }
     Ok(Action::await_change())
+}
+
+/// Whether the status says the claim's tenure ended and its holder is waited for.
+fn heartbeat_stopping(lease: &TargetLease) -> bool {
+    crate::api::heartbeat::stopping(lease)
 }
 
 #[cfg(test)]

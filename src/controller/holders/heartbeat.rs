@@ -20,7 +20,9 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
 use crate::api::TargetLease;
-use crate::api::heartbeat::{HEARTBEAT_ANNOTATION, released_for_gone_holder, stale_after};
+use crate::api::heartbeat::{
+    HEARTBEAT_ANNOTATION, judged_ttl, released_for_gone_holder, stale_after,
+};
 
 /// Since when a heartbeat has not changed.
 #[derive(Clone, Copy)]
@@ -60,9 +62,7 @@ impl Heartbeats {
         }
         Some(match entry.1 {
             Since::Changed(at) => now.saturating_duration_since(at),
-            Since::Released => stale_after(Duration::from_secs(u64::from(
-                lease.spec.ttl_seconds.max(1),
-            ))),
+            Since::Released => stale_after(judged_ttl(lease)),
         })
     }
 

@@ -18,7 +18,7 @@ use self::heartbeat::Heartbeats;
 pub use self::pods::PodScope;
 use self::pods::{Fate, Pods, fate_of};
 use super::claim::Claim;
-use crate::api::heartbeat::stale_after;
+use crate::api::heartbeat::{judged_ttl, stale_after};
 use crate::api::{HolderRef, TargetLease};
 
 /// What is known of a claim's holder.
@@ -31,6 +31,8 @@ pub(crate) struct HolderFacts {
     pub(crate) unknown: Option<String>,
     /// How long its heartbeat has not changed; `None` when it carries none.
     pub(crate) silent: Option<Duration>,
+    /// Whether its pod is gone or finished (its containers stopped).
+    pub(crate) pod_gone: bool,
 }
 
 /// What the controller knows of a holder pod.
@@ -92,6 +94,7 @@ impl Holders {
         if let Some(holder) = &lease.spec.holder_ref {
             match self.pod_fate(lease, holder).await {
                 PodFate::Done => {
+                    facts.pod_gone = true;
                     facts.gone = Some(format!(
                         "holder pod {} is gone, has finished or is another pod of that name",
                         holder.name
@@ -109,7 +112,7 @@ impl Holders {
                 PodFate::Kept => {}
             }
         }
-        let limit = stale_after(claim.ttl());
+        let limit = stale_after(judged_ttl(lease));
         facts.gone = silent.filter(|s| *s >= limit).map(|s| {
             format!(
                 "the heartbeat of targetlease run stopped {} s ago (limit {} ms, half the TTL)",

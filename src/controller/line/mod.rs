@@ -7,7 +7,8 @@
 pub(crate) mod index;
 pub(crate) mod queue;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -27,6 +28,9 @@ pub(crate) struct Line {
     leases: Store<TargetLease>,
     targets: TargetIndex,
     wake: UnboundedSender<ObjectRef<TargetLease>>,
+    /// The claims (by uid) last seen occupying a permit whose freeing the line waits to be told
+    /// about ([`queue::watched_permit`]), with their namespace and target.
+    occupying: Arc<Mutex<HashMap<String, (String, String)>>>,
 }
 
 impl Line {
@@ -39,25 +43,58 @@ impl Line {
             leases,
             targets: TargetIndex::default(),
             wake,
+            occupying: Arc::default(),
         }
     }
 
     /// Applies one watch event, after the reflector applied it to the cache: the index follows,
-    /// and a claim that frees a permit wakes the claims in line for it.
+    /// and a claim that stops occupying a watched permit (it left Held or Stopping, or it is
+    /// gone) wakes the claims in line for it: by now the cache shows the permit free, so the
+    /// claim whose turn it is asks.
     pub(crate) fn observe(&self, event: &watcher::Event<TargetLease>) {
         self.targets.observe(event, &self.leases);
-        let (lease, deleted) = match event {
-            watcher::Event::Apply(lease) => (lease, false),
-            watcher::Event::Delete(lease) => (lease, true),
-            _ => return,
+        let freed: Vec<(String, String)> = {
+            let mut occupying = self.occupying.lock().unwrap_or_else(|e| e.into_inner());
+            match event {
+                watcher::Event::Apply(lease) | watcher::Event::InitApply(lease) => {
+                    let (Some(uid), Some(ns)) = (lease.uid(), lease.namespace()) else {
+                        return;
+                    };
+                    if queue::occupies(lease) && queue::watched_permit(lease) {
+                        occupying.insert(uid, (ns, lease.spec.target.clone()));
+                        Vec::new()
+                    } else {
+                        occupying.remove(&uid).into_iter().collect()
+                    }
+                }
+                watcher::Event::Delete(lease) => lease
+                    .uid()
+                    .and_then(|uid| occupying.remove(&uid))
+                    .into_iter()
+                    .collect(),
+                // A relist: the claims it no longer lists were deleted while the watch was down.
+                watcher::Event::InitDone => {
+                    let listed: std::collections::HashSet<String> = self
+                        .leases
+                        .state()
+                        .iter()
+                        .filter_map(|lease| lease.uid())
+                        .collect();
+                    let gone: Vec<String> = occupying
+                        .keys()
+                        .filter(|uid| !listed.contains(*uid))
+                        .cloned()
+                        .collect();
+                    gone.iter()
+                        .filter_map(|uid| occupying.remove(uid))
+                        .collect()
+                }
+                watcher::Event::Init => Vec::new(),
+            }
         };
-        // By now the cache shows the permit free, so the claim whose turn it is asks.
-        if queue::frees_a_permit(lease, deleted)
-            && let Some(namespace) = lease.metadata.namespace.as_deref()
-        {
-            let me = lease.uid();
-            for other in self.leases_on(namespace, &lease.spec.target) {
-                if queue::in_line(&other) && other.uid() != me {
+        for (namespace, target) in freed {
+            for other in self.leases_on(&namespace, &target) {
+                if queue::in_line(&other) {
                     let _ = self.wake.send(ObjectRef::from_obj(other.as_ref()));
                 }
             }
@@ -74,16 +111,26 @@ impl Line {
         self.leases_on(claim.target.namespace(), claim.target.target())
     }
 
-    /// The claim in line before this one on its target, and who holds the target, when this one
-    /// must wait its turn (see [`queue`]).
-    pub(crate) fn in_line_after(&self, claim: &Claim<'_>) -> Option<(String, String)> {
+    /// Why this claim must wait its turn (see [`queue`]), when it must.
+    pub(crate) fn in_line_after(&self, claim: &Claim<'_>) -> Option<Behind> {
         let on_target = self.on_target(claim);
         let ahead = queue::ahead_of(claim.lease, &on_target, |l| self.targets.seen_order(l))?;
+        if queue::blocks(&ahead) {
+            return Some(Behind {
+                ahead: ahead.name_any(),
+                holder: ahead.spec.holder.clone(),
+                blocked: true,
+            });
+        }
         let holder = on_target
             .iter()
             .find(|l| l.status.as_ref().is_some_and(|s| s.phase == Phase::Held))
             .map_or_else(|| ahead.spec.holder.clone(), |l| l.spec.holder.clone());
-        Some((ahead.name_any(), holder))
+        Some(Behind {
+            ahead: ahead.name_any(),
+            holder,
+            blocked: false,
+        })
     }
 
     /// Every fencing token a status on `claim`'s target shows (the claim's own last one
@@ -130,6 +177,18 @@ impl Line {
     }
 }
 
+/// Why a claim waits its turn.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Behind {
+    /// The claim before it: in line, or holding.
+    pub(crate) ahead: String,
+    /// Who holds the target.
+    pub(crate) holder: String,
+    /// Whether the claim before it holds a permit that only the controller frees (its holder
+    /// acts on its status, or has not been confirmed stopped): nobody asks the store for it.
+    pub(crate) blocked: bool,
+}
+
 /// The floor of the next token on `target`: the highest of `tokens` (what statuses on the
 /// target have shown) that a store can have issued, given the earliest the store's clock can
 /// read now (`clock_ms`), so that tokens grow even if the store lost its data.
@@ -161,7 +220,83 @@ pub(crate) fn floor(target: &TargetRef, tokens: &[u64], clock_ms: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use kube::runtime::reflector::store::Writer;
+
     use super::*;
+    use crate::api::{HEARTBEAT_ANNOTATION, TargetLeaseStatus, test_spec};
+
+    fn lease(name: &str, phase: Option<Phase>, heartbeat: bool) -> TargetLease {
+        let mut lease = TargetLease::new(name, test_spec("t", name));
+        lease.metadata.namespace = Some("ns".into());
+        lease.metadata.uid = Some(format!("uid-{name}"));
+        lease.status = phase.map(|phase| TargetLeaseStatus {
+            phase,
+            ..TargetLeaseStatus::default()
+        });
+        if heartbeat {
+            lease.metadata.annotations =
+                Some([(HEARTBEAT_ANNOTATION.to_owned(), "1".to_owned())].into());
+        }
+        lease
+    }
+
+    /// The claims in line are woken when a holder they wait to hear of stops occupying its
+    /// permit (it left Held, it is gone, a relist no longer lists it), once, and not at every
+    /// heartbeat; the release of a plain exclusive holder wakes them itself.
+    #[test]
+    fn waiters_are_woken_when_a_watched_permit_frees_up() {
+        let (tx, mut woken) = tokio::sync::mpsc::unbounded_channel();
+        let mut writer = Writer::<TargetLease>::default();
+        let line = Line::new(writer.as_reader(), tx);
+        let mut apply = |event: watcher::Event<TargetLease>| {
+            writer.apply_watcher_event(&event);
+            line.observe(&event);
+        };
+        let mut wakes = || std::iter::from_fn(|| woken.try_recv().ok()).count();
+        apply(watcher::Event::Apply(lease(
+            "w",
+            Some(Phase::Waiting),
+            true,
+        )));
+        apply(watcher::Event::Apply(lease("h", Some(Phase::Held), true)));
+        // Its heartbeats: no wake.
+        apply(watcher::Event::Apply(lease("h", Some(Phase::Held), true)));
+        assert_eq!(wakes(), 0);
+        apply(watcher::Event::Apply(lease(
+            "h",
+            Some(Phase::Released),
+            true,
+        )));
+        assert_eq!(wakes(), 1, "a freed permit wakes the waiter once");
+        apply(watcher::Event::Apply(lease(
+            "h",
+            Some(Phase::Released),
+            true,
+        )));
+        assert_eq!(wakes(), 0);
+        // Deleted while Held.
+        apply(watcher::Event::Apply(lease("h", Some(Phase::Held), true)));
+        apply(watcher::Event::Delete(lease("h", Some(Phase::Held), true)));
+        assert_eq!(wakes(), 1);
+        // Gone from a relist.
+        apply(watcher::Event::Apply(lease("h2", Some(Phase::Held), true)));
+        apply(watcher::Event::Init);
+        apply(watcher::Event::InitApply(lease(
+            "w",
+            Some(Phase::Waiting),
+            true,
+        )));
+        apply(watcher::Event::InitDone);
+        assert_eq!(wakes(), 1);
+        // A plain exclusive holder is not watched: its release wakes the line itself.
+        apply(watcher::Event::Apply(lease("p", Some(Phase::Held), false)));
+        apply(watcher::Event::Apply(lease(
+            "p",
+            Some(Phase::Released),
+            false,
+        )));
+        assert_eq!(wakes(), 0);
+    }
 
     #[test]
     fn the_floor_ignores_tokens_no_store_can_have_issued() {

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use kube::ResourceExt;
 
+use crate::api::heartbeat::{heartbeats, stopping};
 use crate::api::{Phase, TargetLease};
 
 /// Where a claim stands in line: higher priority first, then older, then first seen, then by
@@ -62,6 +63,21 @@ fn shows_held(lease: &TargetLease) -> bool {
         .is_some_and(|s| s.phase == Phase::Held)
 }
 
+/// Whether a claim occupies one of the target's permits in the cache: it shows Held, or its
+/// tenure ended and its holder has not been confirmed stopped (`Stopping`).
+pub(crate) fn occupies(lease: &TargetLease) -> bool {
+    shows_held(lease) || stopping(lease)
+}
+
+/// Whether a claim occupies its permit until the controller itself frees it, whatever the store
+/// says: a Held one whose holder acts on the status (it heartbeats), or a stopping one. The
+/// store may answer such a permit free (its lease expired while no controller ran, or the
+/// store lost it), and passing it on then would start a second command beside the first: the
+/// hand-over rule ([`handover`](crate::controller::tenure::handover)) frees it.
+pub(crate) fn blocks(lease: &TargetLease) -> bool {
+    (shows_held(lease) && heartbeats(lease)) || stopping(lease)
+}
+
 /// The head of the line before `me` on the same target when `me` must wait its turn: as many
 /// claims are in line before it as there are free permits (see the module's doc), or more.
 /// `seen` gives each claim's place in the order the controller first saw them.
@@ -71,8 +87,15 @@ pub(crate) fn ahead_of(
     seen: impl Fn(&TargetLease) -> u64,
 ) -> Option<Arc<TargetLease>> {
     let others = || on_target.iter().filter(|other| other.uid() != me.uid());
-    let held = others().filter(|other| shows_held(other)).count();
     let permits = usize::try_from(me.spec.permits).unwrap_or(usize::MAX);
+    // Every permit blocked until the controller frees it: nobody asks the store.
+    let mut blocking = others().filter(|other| blocks(other));
+    if let Some(first) = blocking.next()
+        && 1 + blocking.count() >= permits
+    {
+        return Some(first.clone());
+    }
+    let held = others().filter(|other| occupies(other)).count();
     let free = permits.saturating_sub(held).max(1);
     let mine = place(me, &seen);
     let mut ahead: Vec<_> = others()
@@ -87,16 +110,13 @@ pub(crate) fn ahead_of(
     ahead.first().map(|(_, other)| (*other).clone())
 }
 
-/// Whether a watch event shows `lease` giving up a permit of a target with permits above 1 (it
-/// left Held, or is being deleted): the claims in line are then looked at again, once the cache
-/// shows it, so that each free permit finds the claim whose turn it is even when the wake-up of
-/// the release came before the cache had caught up.
-pub(crate) fn frees_a_permit(lease: &TargetLease, deleted: bool) -> bool {
-    let phase = lease.status.as_ref().map(|s| s.phase);
-    lease.spec.permits > 1
-        && (deleted
-            || lease.metadata.deletion_timestamp.is_some()
-            || matches!(phase, Some(Phase::Released | Phase::Lost)))
+/// Whether a claim's permit, once it stops occupying it ([`occupies`]), is one the claims in
+/// line wait to be told about: on a target with permits above 1 (the head of the line polls
+/// only the permit that ends first), or one a holder that acts on its status blocked
+/// ([`blocks`]: nobody asks the store for it meanwhile). The release of an exclusive lease
+/// without such a holder wakes its waiters itself.
+pub(crate) fn watched_permit(lease: &TargetLease) -> bool {
+    lease.spec.permits > 1 || heartbeats(lease) || stopping(lease)
 }
 
 #[cfg(test)]
@@ -229,20 +249,74 @@ mod tests {
         assert_eq!(asking(&exclusive), ["x0"]);
     }
 
+    /// A claim whose holder acts on its Held status (it heartbeats), or whose ended tenure's
+    /// holder is not confirmed stopped, blocks its permit: nobody asks the store for it, since
+    /// the store may answer it free after an outage or a data loss. Other holders only occupy
+    /// theirs (the store decides), and the head of the line asks.
     #[test]
-    fn a_permit_is_freed_when_its_claim_leaves_held_or_goes() {
-        let with = |phase: Phase, permits: u32| {
-            let mut lease = (*claim("c", 0, None, Some(phase))).clone();
-            lease.spec.permits = permits;
+    fn a_holder_that_acts_on_its_status_blocks_its_permit() {
+        use crate::api::{Condition, HEARTBEAT_ANNOTATION, Reason};
+        let beating = |mut lease: TargetLease| {
+            lease.metadata.annotations =
+                Some([(HEARTBEAT_ANNOTATION.to_owned(), "1 ttl=30".to_owned())].into());
             lease
         };
-        assert!(frees_a_permit(&with(Phase::Released, 3), false));
-        assert!(frees_a_permit(&with(Phase::Lost, 3), false));
-        assert!(frees_a_permit(&with(Phase::Held, 3), true));
-        assert!(!frees_a_permit(&with(Phase::Held, 3), false));
-        assert!(!frees_a_permit(&with(Phase::Waiting, 3), false));
-        // The exclusive lease's release wakes its waiters itself: the head of line polls.
-        assert!(!frees_a_permit(&with(Phase::Released, 1), false));
+        let stopping = |phase: Phase| {
+            let mut lease = beating((*claim("h", -10, None, Some(phase))).clone());
+            if let Some(status) = lease.status.as_mut() {
+                status.conditions = vec![Condition {
+                    type_: "Held".into(),
+                    status: "False".into(),
+                    reason: Reason::Stopping.as_str().into(),
+                    message: String::new(),
+                    observed_generation: None,
+                    last_transition_time: Timestamp::UNIX_EPOCH,
+                }];
+            }
+            Arc::new(lease)
+        };
+        let plain_holder = claim("h", -10, None, Some(Phase::Held));
+        let run_holder = Arc::new(beating((*plain_holder).clone()));
+        let waiter = claim("w", 0, None, Some(Phase::Waiting));
+        assert!(occupies(&plain_holder) && !blocks(&plain_holder));
+        assert!(occupies(&run_holder) && blocks(&run_holder));
+        for phase in [Phase::Released, Phase::Lost] {
+            let ended = stopping(phase);
+            assert!(occupies(&ended) && blocks(&ended), "{phase:?}");
+            assert!(watched_permit(&ended));
+        }
+        let released = claim("h", -10, None, Some(Phase::Released));
+        assert!(!occupies(&released) && !blocks(&released));
+        // The head of the line asks behind a plain holder, not behind one that blocks.
+        assert_eq!(
+            names(ahead_of(&waiter, &[plain_holder.clone(), waiter.clone()])),
+            None
+        );
+        assert_eq!(
+            names(ahead_of(&waiter, &[run_holder.clone(), waiter.clone()])),
+            Some("h".into())
+        );
+        assert_eq!(
+            names(ahead_of(
+                &waiter,
+                &[stopping(Phase::Released), waiter.clone()]
+            )),
+            Some("h".into())
+        );
+        // Permits 2 with one blocked: the other permit is asked for.
+        let with_permits = |lease: &TargetLease| {
+            let mut lease = lease.clone();
+            lease.spec.permits = 2;
+            Arc::new(lease)
+        };
+        let (holder2, waiter2) = (with_permits(&run_holder), with_permits(&waiter));
+        assert_eq!(
+            names(ahead_of(&waiter2, &[holder2.clone(), waiter2.clone()])),
+            None
+        );
+        // Which permits the line waits to be told about when they free up.
+        assert!(watched_permit(&run_holder) && !watched_permit(&plain_holder));
+        assert!(watched_permit(&holder2));
     }
 
     #[test]

@@ -262,3 +262,161 @@ async fn a_claim_behind_in_line_asks_the_store_nothing() {
     assert!(fx.inspect("t").await.lease.is_none(), "the store was asked");
     fx.api.quiet().await;
 }
+
+/// `claim` as a `targetlease run` holds it: with its heartbeat.
+fn beating(mut lease: TargetLease) -> TargetLease {
+    lease.metadata.annotations = Some(
+        [(
+            crate::api::HEARTBEAT_ANNOTATION.to_owned(),
+            "1700000000000 ttl=1".to_owned(),
+        )]
+        .into(),
+    );
+    lease
+}
+
+fn deleting(lease: &TargetLease) -> TargetLease {
+    let mut deleting = lease.clone();
+    deleting.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+    );
+    deleting
+}
+
+fn held_reason(lease: &TargetLease) -> Option<String> {
+    lease
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Held")
+        .map(|c| c.reason.clone())
+}
+
+/// A deleted claim held by a `run` keeps its lease in the store (and its finalizer) until the
+/// run confirms that its command stopped: the status says Released with the Held condition
+/// `Stopping`, no waiter can take the target meanwhile, and the run's acknowledgment passes it
+/// on at once.
+#[tokio::test]
+async fn a_deleted_run_holder_keeps_the_lease_until_its_command_stopped() {
+    let mut fx = Fixture::new();
+    let spec = TargetLeaseSpec {
+        ttl_seconds: 1,
+        ..test_spec("t", "w")
+    };
+    let (held, token) = held(&mut fx, "a", spec).await;
+    let held = beating(held);
+    let gone = deleting(&held);
+    fx.cache(&gone);
+    let running = reconciling(&fx, &gone);
+    let stopping = fx.api.write_status(&gone).await;
+    assert_eq!(fx.api.event().await, "Released");
+    let error = running
+        .await
+        .expect("task")
+        .expect_err("waits for the holder");
+    assert!(error.stopping().is_some(), "{error}");
+    assert_eq!(
+        stopping.status.as_ref().map(|s| s.phase),
+        Some(Phase::Released)
+    );
+    assert_eq!(held_reason(&stopping).as_deref(), Some("Stopping"));
+    fx.api.quiet().await;
+    assert_eq!(
+        fx.inspect("t").await.lease.map(|l| l.token),
+        Some(token),
+        "released before the holder stopped"
+    );
+    // A waiter asks nothing meanwhile.
+    fx.cache(&stopping);
+    let waiter = claim("b", test_spec("t", "w2"));
+    fx.cache(&waiter);
+    let running = reconciling(&fx, &waiter);
+    let waiting = fx.api.write_status(&waiter).await;
+    running.await.expect("task").expect("reconcile");
+    assert_eq!(waiting.status.map(|s| s.phase), Some(Phase::Waiting));
+    // The run confirms: the target passes on.
+    let mut confirmed = stopping.clone();
+    confirmed
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            crate::api::heartbeat::STOPPED_ANNOTATION.into(),
+            token.to_string(),
+        );
+    fx.cache(&confirmed);
+    let running = reconciling(&fx, &confirmed);
+    let done = fx.api.write_status(&confirmed).await;
+    assert_eq!(held_reason(&done).as_deref(), Some("ReleaseRequested"));
+    fx.api.remove_finalizer(&confirmed).await;
+    running.await.expect("task").expect("reconcile");
+    assert!(fx.inspect("t").await.lease.is_none(), "not released");
+}
+
+/// A run that never answers (its node gone with it, say) is not waited for past the bound by
+/// which it has killed its command: half the TTL after the status left Held.
+#[tokio::test]
+async fn a_silent_run_holder_is_passed_on_at_the_bound() {
+    let mut fx = Fixture::new();
+    let spec = TargetLeaseSpec {
+        ttl_seconds: 1,
+        release: false,
+        ..test_spec("t", "w")
+    };
+    let (held, _) = held(&mut fx, "a", spec).await;
+    let mut released = beating(held);
+    released.spec.release = true;
+    fx.cache(&released);
+    let started = std::time::Instant::now();
+    let running = reconciling(&fx, &released);
+    let stopping = fx.api.write_status(&released).await;
+    assert_eq!(fx.api.event().await, "Released");
+    running.await.expect("task").expect("reconcile");
+    assert_eq!(held_reason(&stopping).as_deref(), Some("Stopping"));
+    fx.cache(&stopping);
+    // Before the bound: nothing passes on.
+    let running = reconciling(&fx, &stopping);
+    running.await.expect("task").expect("reconcile");
+    fx.api.quiet().await;
+    assert!(fx.inspect("t").await.lease.is_some());
+    // At the bound (half the 1 s TTL): passed on.
+    tokio::time::sleep(std::time::Duration::from_millis(600).saturating_sub(started.elapsed()))
+        .await;
+    let running = reconciling(&fx, &stopping);
+    let done = fx.api.write_status(&stopping).await;
+    running.await.expect("task").expect("reconcile");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(held_reason(&done).as_deref(), Some("ReleaseRequested"));
+    assert!(fx.inspect("t").await.lease.is_none());
+}
+
+/// After an outage longer than the TTL the store no longer holds a run holder's lease while
+/// its status still says Held (its run still working, its heartbeats confirmed): a waiter never
+/// asks the store then; the holder's own reconcile learns of the loss and waits for its run.
+#[tokio::test]
+async fn a_waiter_never_asks_while_a_run_holder_shows_held() {
+    let mut fx = Fixture::new();
+    let mut holder = beating(claim("a", test_spec("t", "w")));
+    holder.status = Some(crate::controller::decide::tests::held_since(0, 7));
+    holder.metadata.creation_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::from_second(1_800_000_000).expect("time"),
+        ));
+    fx.cache(&holder);
+    let waiter = claim("b", test_spec("t", "w2"));
+    fx.cache(&waiter);
+    assert!(fx.inspect("t").await.lease.is_none(), "the store lost it");
+    let running = reconciling(&fx, &waiter);
+    let written = fx.api.write_status(&waiter).await;
+    running.await.expect("task").expect("reconcile");
+    assert_eq!(written.status.map(|s| s.phase), Some(Phase::Waiting));
+    assert!(
+        fx.inspect("t").await.lease.is_none(),
+        "the waiter asked the store"
+    );
+}

@@ -38,6 +38,9 @@ pub struct Observed {
     /// Whether the lease may still be held: the controller could not renew it before its last
     /// known expiry, so it cannot say (the `Held` condition is `Unknown`).
     pub held_unknown: bool,
+    /// Whether the tenure ended and its holder has not been confirmed stopped yet: the `Held`
+    /// condition's reason is `Stopping` and the target is not passed on.
+    pub stopping: bool,
 }
 
 impl Observed {
@@ -66,6 +69,7 @@ impl Observed {
                 )
             },
             held_unknown: false,
+            stopping: false,
         }
     }
 
@@ -84,6 +88,7 @@ impl Observed {
             reason: Reason::Waiting,
             message: format!("target is held by {owner}"),
             held_unknown: false,
+            stopping: false,
         }
     }
 
@@ -143,6 +148,7 @@ impl Observed {
             reason,
             message,
             held_unknown: false,
+            stopping: false,
         }
     }
 
@@ -213,7 +219,23 @@ impl Observed {
             reason,
             message,
             held_unknown,
+            stopping: false,
         }
+    }
+
+    /// The tenure ended and its holder, which acts on the Held status, has not confirmed that its
+    /// command stopped (`until` says until when the target waits for it at the most): the
+    /// `Held` condition says `Stopping`, and the target is not passed on yet.
+    pub(crate) fn stopping(mut self, until: &str) -> Self {
+        if self.phase != Phase::Held {
+            self.stopping = true;
+            self.message = format!(
+                "{}; the target passes on once the holder's targetlease run confirms that its \
+                 command stopped, or {until}",
+                self.message
+            );
+        }
+        self
     }
 
     /// A Held claim whose holder pod could not be read (`why`): the lease is kept and renewed,
@@ -248,7 +270,13 @@ impl Observed {
             (
                 ConditionType::Held,
                 held_flag,
-                if held { Reason::Acquired } else { self.reason },
+                if held {
+                    Reason::Acquired
+                } else if self.stopping {
+                    Reason::Stopping
+                } else {
+                    self.reason
+                },
             ),
         ];
         // kstatus conventions: Reconciling while progressing, Stalled when a person must act.

@@ -16,6 +16,7 @@
 //! the store's clock per target is kept here too, for the token floor of the next acquire.
 
 pub(crate) mod clock;
+pub(crate) mod handover;
 mod schedule;
 
 use std::collections::{BTreeMap, HashMap};
@@ -130,6 +131,9 @@ struct Book {
     next_epoch: u64,
     /// The latest reading of the store's clock per target (any answer that carries it).
     clocks: HashMap<TargetRef, Reading>,
+    /// The tenures that ended and whose target is not passed on yet (see [`handover`]): the
+    /// ended tenure's token and since when it counts as ended.
+    endings: HashMap<ObjectRef<TargetLease>, (u64, Instant)>,
 }
 
 impl Book {
@@ -423,6 +427,27 @@ impl Tenures {
     /// Forgets the clock of a target no TargetLease names any more.
     pub(crate) fn forget_target(&self, target: &TargetRef) {
         self.book().clocks.remove(target);
+    }
+
+    /// Since when the tenure with `token` of `key` counts as ended (see [`handover`]): the first
+    /// instant this process recorded it, `now` if it never did.
+    pub(crate) fn ended_since(
+        &self,
+        key: &ObjectRef<TargetLease>,
+        token: u64,
+        now: Instant,
+    ) -> Instant {
+        let mut book = self.book();
+        let entry = book.endings.entry(key.clone()).or_insert((token, now));
+        if entry.0 != token {
+            *entry = (token, now);
+        }
+        entry.1
+    }
+
+    /// The target of `key`'s ended tenure was passed on: nothing more to wait for.
+    pub(crate) fn handed_over(&self, key: &ObjectRef<TargetLease>) {
+        self.book().endings.remove(key);
     }
 }
 

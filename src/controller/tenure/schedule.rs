@@ -113,6 +113,16 @@ fn sweep(shared: &Shared) {
         book.unschedule(key);
         book.kept.remove(key);
     }
+    // Endings of TargetLeases that left the cache: nothing waits for them any more.
+    let ended: Vec<_> = book
+        .endings
+        .keys()
+        .filter(|key| shared.leases.get(key).is_none())
+        .cloned()
+        .collect();
+    for key in &ended {
+        book.endings.remove(key);
+    }
     let kept = book.kept.len();
     drop(book);
     shared.metrics.kept_leases(kept);

@@ -70,6 +70,9 @@ enum Command {
     /// Internal: the guard `run` starts next to the command (see `targetlease run`).
     #[command(name = "__guard", hide = true)]
     Guard(run::GuardArgs),
+    /// Internal: becomes `run`'s command, tied to `run`'s life (see `targetlease run`).
+    #[command(name = "__exec", hide = true)]
+    Exec(run::ExecArgs),
 }
 
 impl Cli {
@@ -104,6 +107,7 @@ impl Cli {
             Command::Wait(args) => args.run().await,
             Command::Run(args) => args.run().await,
             Command::Guard(args) => args.run(),
+            Command::Exec(args) => args.run(),
             Command::Lease(command) => command.run().await,
         }
     }

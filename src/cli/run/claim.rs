@@ -17,8 +17,9 @@ use super::identity::{
     COMMAND_ANNOTATION, PROCESS_ANNOTATION, Predecessor, describe, kill_leftovers, predecessor,
 };
 use super::{RunArgs, api_code};
+use crate::api::heartbeat::Beat as HeartbeatValue;
 use crate::api::heartbeat::released_for_gone_holder;
-use crate::api::{HEARTBEAT_ANNOTATION, HolderRef, TargetLease, TargetLeaseSpec};
+use crate::api::{HEARTBEAT_ANNOTATION, HolderRef, MAX_TTL_SECONDS, TargetLease, TargetLeaseSpec};
 
 /// How claiming the TargetLease ended.
 pub(super) enum Claimed {
@@ -34,6 +35,15 @@ pub(super) enum Claimed {
 }
 
 /// A TargetLease the API server answered as ours, its heartbeat sent at `sent`.
+/// A heartbeat's value announcing `ttl_seconds` (see [`HeartbeatValue`]).
+fn beat_value(ttl_seconds: u32) -> String {
+    HeartbeatValue {
+        wall_ms: crate::time::wall_ms(),
+        ttl_seconds: Some(ttl_seconds.clamp(1, MAX_TTL_SECONDS)),
+    }
+    .value()
+}
+
 fn ours(lease: &TargetLease, sent: Instant) -> Result<Claimed, String> {
     let uid = lease
         .uid()
@@ -41,7 +51,7 @@ fn ours(lease: &TargetLease, sent: Instant) -> Result<Claimed, String> {
     Ok(Claimed::Ours {
         uid,
         sent,
-        ttl_seconds: lease.spec.ttl_seconds.max(1),
+        ttl_seconds: lease.spec.ttl_seconds.clamp(1, MAX_TTL_SECONDS),
     })
 }
 
@@ -83,7 +93,7 @@ impl RunArgs {
                     [
                         (
                             HEARTBEAT_ANNOTATION.to_owned(),
-                            crate::time::wall_ms().to_string(),
+                            beat_value(self.ttl_seconds()),
                         ),
                         (
                             PROCESS_ANNOTATION.to_owned(),
@@ -183,7 +193,7 @@ impl RunArgs {
                     "metadata": {
                         "resourceVersion": existing.resource_version(),
                         "annotations": {
-                            HEARTBEAT_ANNOTATION: crate::time::wall_ms().to_string(),
+                            HEARTBEAT_ANNOTATION: beat_value(existing.spec.ttl_seconds),
                             PROCESS_ANNOTATION: describe(std::process::id().cast_signed()),
                             COMMAND_ANNOTATION: null,
                         }

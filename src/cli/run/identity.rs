@@ -3,9 +3,8 @@
 //! judgement of a predecessor (dead only on proof), the cleanup of what a dead predecessor's
 //! command left running, and the TargetLease's name, the same for every incarnation.
 
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::kill;
 use nix::unistd::Pid;
-use tracing::warn;
 
 /// Annotation naming the `run` process that owns the TargetLease:
 /// `<boot id> <pid namespace> <pid> <start>`.
@@ -32,7 +31,7 @@ fn pid_namespace() -> String {
 
 /// The fields of /proc/PID/stat after the command name (which may hold spaces and parentheses:
 /// counted from the last ')'), so field N of the man page is index N - 3.
-fn stat_fields(pid: i32) -> Option<Vec<String>> {
+pub(super) fn stat_fields(pid: i32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     Some(rest.split_whitespace().map(str::to_owned).collect())
@@ -108,12 +107,21 @@ pub(super) fn predecessor(description: Option<&str>) -> Predecessor {
         Ok(process) => process,
         Err(why) => return Predecessor::Unknown(why),
     };
-    if start_time(process.pid) != Some(process.start) {
-        Predecessor::Dead
-    } else if process.pid == std::process::id().cast_signed() {
-        Predecessor::Me
-    } else {
-        Predecessor::Alive
+    if process.pid == std::process::id().cast_signed() {
+        return Predecessor::Me;
+    }
+    match start_time(process.pid) {
+        Some(start) if start == process.start => Predecessor::Alive,
+        // Another process under that pid: the recorded one ended.
+        Some(_) => Predecessor::Dead,
+        // Unreadable: a process that is not there (ESRCH) is proven gone; one that exists but
+        // cannot be read (hidepid, another user's, ProtectProc) proves nothing.
+        None => match kill(Pid::from_raw(process.pid), None) {
+            Err(nix::errno::Errno::ESRCH) => Predecessor::Dead,
+            _ => Predecessor::Unknown(
+                "its process exists but cannot be read here (another user's, or /proc hides it)",
+            ),
+        },
     }
 }
 
@@ -125,7 +133,7 @@ pub(super) fn describe_command(pgid: i32, token: u64) -> String {
 /// Whether process `pid` was started by a `run` of TargetLease `name` for the tenure `token`:
 /// the command and everything it started inherit both in their environment (a process that
 /// replaced its environment is not recognised, and is left alone).
-fn started_for(pid: i32, name: &str, token: &str) -> bool {
+pub(super) fn started_for(pid: i32, name: &str, token: &str) -> bool {
     let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
         return false;
     };
@@ -145,34 +153,9 @@ pub(super) fn kill_leftovers(description: &str, name: &str) {
     let Some(token) = group.rest.first().copied() else {
         return;
     };
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Some(fields) = stat_fields(pid) else {
-            continue;
-        };
-        let pgid = fields.get(2).and_then(|g| g.parse::<i32>().ok());
-        let start = fields.get(19).and_then(|s| s.parse::<u64>().ok());
-        if pgid == Some(group.pid)
-            && start.is_some_and(|s| s >= group.start)
-            && started_for(pid, name, token)
-        {
-            warn!(
-                pid,
-                pgid = group.pid,
-                "killing a process left by an earlier run's command"
-            );
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-    }
+    // In its group or not (a descendant that called setsid): what carries this TargetLease's
+    // name and the tenure's token and started after the command.
+    super::tree::kill_marked(name, token, group.start);
 }
 
 /// A DNS-1123 label fragment from a name.

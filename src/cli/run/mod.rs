@@ -32,6 +32,8 @@ mod claim;
 mod identity;
 mod monitor;
 mod supervise;
+mod tree;
+mod trust;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -47,10 +49,11 @@ use tracing::{info, warn};
 use self::claim::Claimed;
 use self::identity::{lease_name, parse_instance};
 use self::monitor::{Heard, Monitor, heartbeat, listen_for_signals};
-pub use self::supervise::GuardArgs;
+pub use self::supervise::{ExecArgs, GuardArgs};
+use self::trust::Trust;
 use super::watch::watch_one;
 use super::{Span, exit, lease_client, parse_duration};
-use crate::api::heartbeat::Windows;
+use crate::api::heartbeat::STOPPED_ANNOTATION;
 use crate::api::{MAX_TTL_SECONDS, Phase, TargetLease};
 
 /// Flags of `targetlease run`.
@@ -163,6 +166,8 @@ impl RunArgs {
     }
 
     async fn execute(self, signals: watch::Receiver<Option<Signal>>) -> Result<u8, String> {
+        // Orphans of the command are re-parented here, so nothing it started gets away.
+        tree::become_subreaper();
         let (client, namespace) = lease_client(self.namespace.clone()).await?;
         let host = hostname::get()
             .ok()
@@ -203,59 +208,70 @@ impl RunArgs {
             Claimed::Interrupted(signal) => return Ok(exit::interrupted(signal as i32)),
         };
         info!(%name, target = %self.target, "waiting for the lease");
-        // An adopted TargetLease keeps its spec: the controller counts with its TTL if shorter.
-        let ttl = Duration::from_secs(u64::from(self.ttl_seconds().min(ttl_seconds)));
-        let windows = Windows::new(ttl, self.grace);
-        if self.grace > windows.silent_grace() {
+        // The TTL counted with is the TargetLease's (an adopted one keeps its spec), announced
+        // in every heartbeat; an edit of it is followed (see `Trust`).
+        let ttl = Duration::from_secs(u64::from(ttl_seconds));
+        let trust = Trust::new(ttl, self.grace, sent);
+        if self.grace > trust.silent_grace() {
             info!(
                 grace = ?self.grace,
-                cut_to = ?windows.silent_grace(),
+                cut_to = ?trust.silent_grace(),
                 "if the API server stops confirming the lease, the grace is cut to fit within it"
             );
         }
-
         let (beats_tx, beats) = watch::channel(None);
+        let (ttl_tx, ttl_rx) = watch::channel(ttl);
         let heartbeat = tokio::spawn(heartbeat(
             api.clone(),
             name.clone(),
             uid.clone(),
-            windows.beat,
+            ttl_rx,
             sent,
             beats_tx,
         ));
-        let mut monitor = Monitor {
-            sightings: Box::pin(watch_one(api.clone(), &name)),
+        let mut session = Session {
+            monitor: Monitor {
+                sightings: Box::pin(watch_one(api.clone(), &name)),
+                uid: uid.clone(),
+                beats,
+                signals,
+                signalled: false,
+            },
+            name: name.clone(),
             uid: uid.clone(),
-            beats,
-            last_beat: sent,
-            signals,
-            signalled: false,
+            trust,
+            ttl: ttl_tx,
+            seen_token: None,
         };
-        let code = match self.wait_until_held(&mut monitor, &windows).await {
+        let (code, ran_under) = match self.wait_until_held(&mut session).await {
             Waited::Held(token, slot) => {
                 let held = Holding { token, slot };
-                self.run_command(&api, &name, &holder, held, &windows, monitor)
-                    .await
+                let ran = self.run_command(&api, &holder, held, &mut session).await?;
+                // Nothing to acknowledge while something it started may still run.
+                (ran.code, ran.all_gone.then_some(token))
             }
             Waited::TimedOut => {
                 eprintln!(
                     "targetlease run: lease on {} not obtained within {:?}",
                     self.target, self.wait_timeout
                 );
-                Ok(exit::NOT_ACQUIRED)
+                (exit::NOT_ACQUIRED, session.seen_token)
             }
             Waited::Deleted => {
                 eprintln!(
                     "targetlease run: TargetLease {namespace}/{name} was deleted while waiting"
                 );
-                Ok(exit::DELETED)
+                (exit::DELETED, session.seen_token)
             }
             Waited::Interrupted(signal) => {
                 info!(%name, ?signal, "interrupted while waiting");
-                Ok(exit::interrupted(signal as i32))
+                (exit::interrupted(signal as i32), session.seen_token)
             }
         };
         heartbeat.abort();
+        if let Some(token) = ran_under {
+            self.acknowledge(&api, &name, &uid, token).await;
+        }
         // Deleting the TargetLease releases the lease (through the controller's finalizer). It is
         // bounded: with the API server unreachable, the stopped heartbeat releases it instead.
         // Only our own object: one that replaced it under the same name is someone else's.
@@ -277,25 +293,62 @@ impl RunArgs {
                 warn!(%name, error = %refusal(&e), "could not delete the TargetLease; the controller releases it when the heartbeat stops")
             }
         }
-        code
+        Ok(code)
     }
 
-    async fn wait_until_held(&self, monitor: &mut Monitor, windows: &Windows) -> Waited {
+    /// Tells the controller that nothing started under the tenure `token` runs any more, so
+    /// that it passes the target on at once (see `targetlease.dev/stopped`): bounded, and only on
+    /// our own object. Without it, the controller waits out the bound by which this `run` must
+    /// have killed its command.
+    async fn acknowledge(&self, api: &Api<TargetLease>, name: &str, uid: &str, token: u64) {
+        let patch = serde_json::json!({"metadata": {
+            "uid": uid,
+            "annotations": {STOPPED_ANNOTATION: token.to_string()},
+        }});
+        let params = kube::api::PatchParams::default();
+        let patch = kube::api::Patch::Merge(&patch);
+        let sent = api.patch(name, &params, &patch);
+        let limit = self.ttl.0.min(Duration::from_secs(10));
+        match tokio::time::timeout(limit, sent).await {
+            Ok(Ok(_)) => info!(%name, token, "the command and everything it started are gone"),
+            Ok(Err(e)) if matches!(api_code(&e), Some(404 | 409)) => {}
+            Ok(Err(e)) => {
+                warn!(%name, error = %refusal(&e), "could not tell the controller that the command stopped; it waits out its bound instead")
+            }
+            Err(_) => {
+                warn!(%name, "the API server did not answer in time; the controller waits out its bound instead")
+            }
+        }
+    }
+
+    async fn wait_until_held(&self, session: &mut Session) -> Waited {
         let deadline = Instant::now() + self.wait_timeout;
         loop {
             tokio::select! {
                 _ = sleep_until(deadline) => return Waited::TimedOut,
-                heard = monitor.next() => match heard {
+                heard = session.monitor.next() => match heard {
                     Heard::Lease(lease) | Heard::Beat { lease, .. }
                         if lease.metadata.deletion_timestamp.is_some() =>
                     {
+                        session.saw(&lease);
                         return Waited::Deleted;
                     }
                     // Started only while a recent heartbeat stands: the command must be able to
                     // run until the next one is due. Otherwise the next reply decides.
-                    Heard::Lease(lease) | Heard::Beat { lease, .. } => {
+                    heard @ (Heard::Lease(_) | Heard::Beat { .. }) => {
+                        let lease = match heard {
+                            Heard::Beat { sent, ttl, lease } => {
+                                // Any applied heartbeat: the controller counts silence from it.
+                                session.trust.confirm(sent, ttl);
+                                lease
+                            }
+                            Heard::Lease(lease) => lease,
+                            _ => continue,
+                        };
+                        session.saw(&lease);
+                        session.follow(&lease);
                         if let Some((token, slot)) = held_token(&lease)
-                            && Instant::now() < monitor.last_beat + windows.term
+                            && Instant::now() < session.trust.term_at()
                         {
                             return Waited::Held(token, slot);
                         }
@@ -304,6 +357,38 @@ impl RunArgs {
                     Heard::Signal(signal) => return Waited::Interrupted(signal),
                 }
             }
+        }
+    }
+}
+
+/// One `run`'s hold on its TargetLease: what it hears, how far it trusts the lease, and the TTL
+/// its heartbeats announce.
+struct Session {
+    monitor: Monitor,
+    name: String,
+    uid: String,
+    trust: Trust,
+    ttl: watch::Sender<Duration>,
+    /// The token of the last Held status seen while no command ran.
+    seen_token: Option<u64>,
+}
+
+impl Session {
+    /// Follows the TTL the TargetLease's spec asks (see [`Trust::follow`]).
+    fn follow(&mut self, lease: &TargetLease) {
+        let seconds = lease.spec.ttl_seconds.clamp(1, MAX_TTL_SECONDS);
+        let wanted = Duration::from_secs(u64::from(seconds));
+        if *self.ttl.borrow() != wanted {
+            info!(name = %self.name, ttl = ?wanted, "ttlSeconds changed: following it");
+            self.trust.follow(wanted, Instant::now());
+            let _ = self.ttl.send(wanted);
+        }
+    }
+
+    /// Remembers the token of a Held status seen while waiting.
+    fn saw(&mut self, lease: &TargetLease) {
+        if let Some(status) = lease.status.as_ref().filter(|s| s.phase == Phase::Held) {
+            self.seen_token = status.fencing_token.or(self.seen_token);
         }
     }
 }

@@ -13,6 +13,7 @@ use tokio::time::{Instant, sleep_until};
 use tracing::warn;
 
 use super::refusal;
+use crate::api::heartbeat::{Beat as HeartbeatValue, Windows};
 use crate::api::{HEARTBEAT_ANNOTATION, TargetLease};
 use crate::cli::watch::Sighting;
 
@@ -42,10 +43,12 @@ pub(super) fn listen_for_signals() -> watch::Receiver<Option<Signal>> {
     rx
 }
 
-/// A heartbeat the API server applied: when `run` sent it, and the TargetLease the reply showed.
+/// A heartbeat the API server applied: when `run` sent it, the TTL it announced, and the
+/// TargetLease the reply showed.
 #[derive(Clone)]
 pub(super) struct Beat {
     sent: Instant,
+    ttl: Duration,
     lease: TargetLease,
 }
 
@@ -56,9 +59,6 @@ pub(super) struct Monitor {
     /// that replaced it) is not ours.
     pub(super) uid: String,
     pub(super) beats: watch::Receiver<Option<Beat>>,
-    /// When the newest heartbeat the API server applied was sent (at first the create or the
-    /// adoption, which wrote one): the controller cannot count its silence from any earlier.
-    pub(super) last_beat: Instant,
     pub(super) signals: watch::Receiver<Option<Signal>>,
     /// Whether the signal was reported already: it is reported once.
     pub(super) signalled: bool,
@@ -68,9 +68,10 @@ pub(super) struct Monitor {
 pub(super) enum Heard {
     /// A version of the TargetLease from the watch.
     Lease(Box<TargetLease>),
-    /// The reply to a heartbeat sent at `sent`.
+    /// The reply to a heartbeat sent at `sent`, which announced `ttl`.
     Beat {
         sent: Instant,
+        ttl: Duration,
         lease: Box<TargetLease>,
     },
     Gone,
@@ -97,8 +98,7 @@ impl Monitor {
                 },
                 changed = self.beats.changed() => match changed {
                     Ok(()) => if let Some(beat) = self.beats.borrow_and_update().clone() {
-                        self.last_beat = self.last_beat.max(beat.sent);
-                        return Heard::Beat { sent: beat.sent, lease: Box::new(beat.lease) };
+                        return Heard::Beat { sent: beat.sent, ttl: beat.ttl, lease: Box::new(beat.lease) };
                     },
                     // The heartbeat task ended: nothing confirms any more.
                     Err(_) => {
@@ -115,32 +115,53 @@ impl Monitor {
     }
 }
 
-/// Refreshes the heartbeat every `interval` after the one sent at `last` (counted from send to
-/// send, each request bounded by the interval; a create that took long is followed by a beat at
-/// once) and publishes each reply with the instant it was sent: it is also `run`'s confirmation
-/// that it holds the lease. It never waits for the reader, so heartbeats go on however busy `run`
-/// is. The patch names the uid: it fails on an object that replaced ours.
+/// Refreshes the heartbeat, announcing the TTL `ttl` holds, every sixth of it after the one
+/// sent at `last` (counted from send to send, each request bounded by the interval; a create
+/// that took long is followed by a beat at once, and so is a change of the TTL) and publishes
+/// each reply with the instant it was sent: it is also `run`'s confirmation that it holds the
+/// lease. It never waits for the reader, so heartbeats go on however busy `run` is. The patch
+/// names the uid: it fails on an object that replaced ours.
 pub(super) async fn heartbeat(
     api: Api<TargetLease>,
     name: String,
     uid: String,
-    interval: Duration,
+    mut ttl: watch::Receiver<Duration>,
     last: Instant,
     replies: watch::Sender<Option<Beat>>,
 ) {
-    let mut next = last + interval;
+    let interval = |ttl: Duration| Windows::new(ttl, Duration::ZERO).beat;
+    let mut next = last + interval(*ttl.borrow());
     loop {
-        sleep_until(next).await;
+        tokio::select! {
+            _ = sleep_until(next) => {}
+            changed = ttl.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+        let announced = *ttl.borrow_and_update();
         let sent = Instant::now();
-        next = sent + interval;
+        let every = interval(announced);
+        next = sent + every;
+        let value = HeartbeatValue {
+            wall_ms: crate::time::wall_ms(),
+            ttl_seconds: u32::try_from(announced.as_secs()).ok(),
+        }
+        .value();
         let beat = json!({"metadata": {
             "uid": uid,
-            "annotations": {HEARTBEAT_ANNOTATION: crate::time::wall_ms().to_string()},
+            "annotations": {HEARTBEAT_ANNOTATION: value},
         }});
         let (params, beat) = (PatchParams::default(), Patch::Merge(&beat));
-        match tokio::time::timeout(interval, api.patch(&name, &params, &beat)).await {
+        match tokio::time::timeout(every, api.patch(&name, &params, &beat)).await {
             Ok(Ok(lease)) => {
-                if replies.send(Some(Beat { sent, lease })).is_err() {
+                let reply = Beat {
+                    sent,
+                    ttl: announced,
+                    lease,
+                };
+                if replies.send(Some(reply)).is_err() {
                     return;
                 }
             }

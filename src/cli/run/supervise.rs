@@ -1,7 +1,10 @@
-//! Supervising the command: its own process group, the guard that kills the group when `run`
-//! ends in any way, SIGTERM and SIGKILL on a loss or a signal, the self-fencing bound, and the
-//! reaping of whatever the command left in its group.
+//! Supervising the command: started through `__exec` (which makes it die with `run`, even by
+//! SIGKILL: PR_SET_PDEATHSIG), in its own process group, with a guard that kills what it
+//! started when `run` ends in any way; SIGTERM and SIGKILL to its whole tree ([`Tree`]) on a
+//! loss or a signal and at the self-fencing bound ([`Trust`]); and, when it exits, the reaping
+//! of everything it started, wherever that went.
 
+use std::ffi::OsString;
 use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
@@ -15,11 +18,11 @@ use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{info, warn};
 
-use super::identity::{COMMAND_ANNOTATION, describe_command};
-use super::monitor::{Heard, Monitor};
-use super::{Holding, RunArgs, lost_because, refusal};
+use super::identity::{COMMAND_ANNOTATION, describe_command, stat_fields};
+use super::monitor::Heard;
+use super::tree::{Tree, kill_marked};
+use super::{Holding, RunArgs, Session, lost_because, refusal};
 use crate::api::TargetLease;
-use crate::api::heartbeat::Windows;
 use crate::cli::exit;
 
 /// Why the command was stopped.
@@ -32,19 +35,32 @@ pub(super) enum Stop {
 }
 
 /// The loss of a `run` whose heartbeats went unconfirmed for too long.
-pub(super) fn unconfirmed(windows: &Windows) -> Stop {
-    Stop::Lost(format!(
-        "no heartbeat confirmed for {:?}: past it the controller may count this run as gone",
-        windows.term
-    ))
+fn unconfirmed() -> Stop {
+    Stop::Lost(
+        "no heartbeat confirmed in time: past it the controller may count this run as gone".into(),
+    )
 }
 
-/// Starts the guard of process group `pgid` and returns the write end of its pipe (with the
-/// guard's handle): dropping it, or `run` ending, makes the guard kill the group.
-fn start_guard(pgid: i32) -> std::io::Result<(Child, tokio::process::ChildStdin)> {
+/// How the command ended.
+pub(super) struct Ran {
+    /// `run`'s exit status.
+    pub(super) code: u8,
+    /// Whether nothing it started runs any more (what may be acknowledged to the controller).
+    pub(super) all_gone: bool,
+}
+
+/// Starts the guard of the command (process group `pgid`, its processes marked with TargetLease
+/// `name` and `token`) and returns the write end of its pipe (with the guard's handle):
+/// dropping it, or `run` ending, makes the guard kill what the command started.
+fn start_guard(
+    pgid: i32,
+    name: &str,
+    token: u64,
+) -> std::io::Result<(Child, tokio::process::ChildStdin)> {
     let exe = std::env::current_exe()?;
     let mut guard = Command::new(exe)
-        .args(["__guard", "--group", &pgid.to_string()])
+        .args(["__guard", "--group", &pgid.to_string(), "--name", name])
+        .args(["--token", &token.to_string()])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit())
@@ -65,20 +81,70 @@ pub struct GuardArgs {
     /// The process group to kill when standard input closes.
     #[arg(long)]
     group: i32,
+    /// The TargetLease the command runs under (in its environment).
+    #[arg(long)]
+    name: String,
+    /// The token of the tenure it runs under (in its environment).
+    #[arg(long)]
+    token: u64,
 }
 
 impl GuardArgs {
     /// Blocks until standard input closes (`run` ended, however), then kills what is left of
-    /// the command's process group.
+    /// the command: its process group, and whatever carries its TargetLease and token and
+    /// started after it (a descendant that left the group).
     pub fn run(self) -> ExitCode {
         use std::io::Read;
+        // Named apart from `targetlease`, so that `pkill targetlease` does not take the guard
+        // down with `run`.
+        if let Ok(name) = std::ffi::CString::new("tl-guard") {
+            let _ = nix::sys::prctl::set_name(&name);
+        }
         // In a process group of its own, a Ctrl-C in the terminal does not reach it.
         let mut sink = [0u8; 64];
         while matches!(std::io::stdin().read(&mut sink), Ok(n) if n > 0) {}
-        if self.group > 1 && killpg(Pid::from_raw(self.group), None).is_ok() {
+        if self.group > 1 {
             let _ = killpg(Pid::from_raw(self.group), Signal::SIGKILL);
+            let started = stat_fields(self.group)
+                .and_then(|f| f.get(19)?.parse().ok())
+                .unwrap_or(0);
+            kill_marked(&self.name, &self.token.to_string(), started);
         }
         ExitCode::SUCCESS
+    }
+}
+
+/// Flags of the hidden `__exec` subcommand.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The process that must be alive: `run`.
+    #[arg(long)]
+    parent: i32,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<OsString>,
+}
+
+impl ExecArgs {
+    /// Becomes the command, set to be killed when `run` dies (PR_SET_PDEATHSIG survives exec).
+    pub fn run(self) -> ExitCode {
+        use std::os::unix::process::CommandExt;
+        if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+            eprintln!("targetlease run: cannot tie the command to run's life: {e}");
+        }
+        // `run` may have died before the tie was made: then nothing would kill the command.
+        if nix::unistd::getppid().as_raw() != self.parent {
+            return ExitCode::from(exit::interrupted(Signal::SIGKILL as i32));
+        }
+        let Some((program, args)) = self.command.split_first() else {
+            return ExitCode::from(exit::CANNOT_RUN);
+        };
+        let error = std::process::Command::new(program).args(args).exec();
+        eprintln!(
+            "targetlease run: cannot start {}: {error}",
+            program.to_string_lossy()
+        );
+        ExitCode::from(exit::CANNOT_RUN)
     }
 }
 
@@ -93,54 +159,70 @@ fn exit_code(status: ExitStatus) -> u8 {
 }
 
 impl RunArgs {
+    /// Runs the command under the tenure `held` until it exits, the lease is lost or a signal
+    /// comes; everything it started is gone when this returns, or as much as can be killed.
     pub(super) async fn run_command(
         &self,
         api: &Api<TargetLease>,
-        name: &str,
         holder: &str,
         held: Holding,
-        windows: &Windows,
-        mut monitor: Monitor,
-    ) -> Result<u8, String> {
+        session: &mut Session,
+    ) -> Result<Ran, String> {
         let Holding { token, slot } = held;
+        let name = session.name.clone();
         info!(%name, token, slot, "lease held; starting the command");
-        let (program, args) = self.command.split_first().ok_or("no command given")?;
-        let mut command = Command::new(program);
+        let exe = std::env::current_exe()
+            .map_err(|e| format!("cannot find this program to start the command: {e}"))?;
+        let parent = std::process::id().to_string();
+        let mut command = Command::new(exe);
         command
-            .args(args)
+            .args(["__exec", "--parent", &parent, "--"])
+            .args(&self.command)
             .env("TARGETLEASE_TOKEN", token.to_string())
             .env("TARGETLEASE_SLOT", slot.to_string())
             .env("TARGETLEASE_OWNER", holder)
             .env("TARGETLEASE_TARGET", &self.target)
-            .env("TARGETLEASE_NAME", name)
+            .env("TARGETLEASE_NAME", &name)
             // Its own group, so everything it starts can be signalled together.
             .process_group(0);
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(e) => {
-                eprintln!("targetlease run: cannot start {program}: {e}");
-                return Ok(exit::CANNOT_RUN);
+                eprintln!("targetlease run: cannot start the command: {e}");
+                return Ok(Ran {
+                    code: exit::CANNOT_RUN,
+                    all_gone: true,
+                });
             }
         };
         let Some(pgid) = child.id().and_then(|id| i32::try_from(id).ok()) else {
-            return Err(format!("{program} exited before it could be watched"));
+            return Err("the command exited before it could be watched".into());
         };
         let group = Pid::from_raw(pgid);
         // Held until `run` ends: its closing is the guard's signal.
-        let _guard = match start_guard(pgid) {
+        let guard = match start_guard(pgid, &name, token) {
             Ok(guard) => guard,
             Err(e) => {
                 let _ = killpg(group, Signal::SIGKILL);
                 return Err(format!("cannot start the guard of the command: {e}"));
             }
         };
+        let tree = Tree {
+            group,
+            except: guard
+                .0
+                .id()
+                .and_then(|id| i32::try_from(id).ok())
+                .into_iter()
+                .collect(),
+        };
         // Recorded for a restarted `run` to clean up after this one; in the background, so an
         // unreachable API server never delays watching the command.
         let record = json!({"metadata": {
-            "uid": monitor.uid,
+            "uid": session.uid,
             "annotations": {COMMAND_ANNOTATION: describe_command(pgid, token)},
         }});
-        let (records, recorded) = (api.clone(), name.to_owned());
+        let (records, recorded) = (api.clone(), name.clone());
         tokio::spawn(async move {
             if let Err(e) = records
                 .patch(&recorded, &PatchParams::default(), &Patch::Merge(&record))
@@ -150,57 +232,61 @@ impl RunArgs {
             }
         });
 
-        // The send of the newest heartbeat whose reply showed the lease Held with our token; the
-        // one the wait ended on, at first.
-        let mut confirmed = monitor.last_beat;
         let mut stop: Option<(Stop, Instant)> = None;
         let mut killed = false;
         let status = loop {
-            let kill_by = confirmed + windows.kill;
-            let term_at = confirmed + windows.term;
+            let kill_by = session.trust.kill_at();
+            let term_at = session.trust.term_at();
             let kill_at = stop
                 .as_ref()
                 .map_or(kill_by, |(_, graced)| (*graced).min(kill_by));
             let mut why = None;
             tokio::select! {
-                status = child.wait() => break status.map_err(|e| format!("waiting for {program}: {e}"))?,
-                heard = monitor.next() => match heard {
-                    Heard::Beat { sent, lease } => match lost_because(&lease, token) {
-                        None => confirmed = confirmed.max(sent),
-                        Some(reason) => why = Some(Stop::Lost(reason)),
-                    },
-                    Heard::Lease(lease) => why = lost_because(&lease, token).map(Stop::Lost),
+                status = child.wait() => break status.map_err(|e| format!("waiting for the command: {e}"))?,
+                heard = session.monitor.next() => match heard {
+                    Heard::Beat { sent, ttl, lease } => {
+                        session.follow(&lease);
+                        match lost_because(&lease, token) {
+                            None => session.trust.confirm(sent, ttl),
+                            Some(reason) => why = Some(Stop::Lost(reason)),
+                        }
+                    }
+                    Heard::Lease(lease) => {
+                        session.follow(&lease);
+                        why = lost_because(&lease, token).map(Stop::Lost);
+                    }
                     Heard::Gone => why = Some(Stop::Lost("the TargetLease was deleted".into())),
                     Heard::Signal(signal) => why = Some(Stop::Signal(signal)),
                 },
-                _ = sleep_until(term_at), if stop.is_none() => why = Some(unconfirmed(windows)),
+                _ = sleep_until(term_at), if stop.is_none() => why = Some(unconfirmed()),
                 _ = sleep_until(kill_at), if !killed => {
-                    warn!("killing the command's process group: its grace ended, or the lease can no longer be trusted");
-                    let _ = killpg(group, Signal::SIGKILL);
+                    warn!("killing the command and everything it started: its grace ended, or the lease can no longer be trusted");
+                    tree.signal(Signal::SIGKILL);
                     killed = true;
                     // The SIGTERM bound can come at the same instant (no grace): still a loss.
                     if stop.is_none() {
-                        stop = Some((unconfirmed(windows), Instant::now()));
+                        stop = Some((unconfirmed(), Instant::now()));
                     }
                 }
             }
             if let Some(why) = why
                 && stop.is_none()
             {
-                stop = Some((why.clone(), self.terminate(group, &why)));
+                stop = Some((why.clone(), self.terminate(&tree, &why)));
             }
         };
-        self.reap_group(group, &mut child, confirmed + windows.kill)
-            .await;
-        Ok(match stop {
+        let all_gone = self.reap(&tree, &mut child, session.trust.kill_at()).await;
+        drop(guard);
+        let code = match stop {
             Some((Stop::Lost(_), _)) => exit::LOST,
             Some((Stop::Signal(signal), _)) => exit::interrupted(signal as i32),
             None => exit_code(status),
-        })
+        };
+        Ok(Ran { code, all_gone })
     }
 
     /// Tells the command's group to stop; answers when its grace ends.
-    fn terminate(&self, group: Pid, why: &Stop) -> Instant {
+    fn terminate(&self, tree: &Tree, why: &Stop) -> Instant {
         let signal = match why {
             Stop::Lost(reason) => {
                 warn!("lease lost ({reason}); sending SIGTERM to the command");
@@ -211,27 +297,32 @@ impl RunArgs {
                 *signal
             }
         };
-        let _ = killpg(group, signal);
+        tree.signal(signal);
         Instant::now() + self.grace
     }
 
-    /// After the command exited: whatever it started and left in its group gets SIGTERM, and
+    /// After the command exited: whatever it started (in its group or not) gets SIGTERM, and
     /// SIGKILL after the grace, or at `kill_by` (the self-fencing bound) if that comes first.
-    /// Nothing it started survives `run`.
-    async fn reap_group(&self, group: Pid, child: &mut Child, kill_by: Instant) {
+    /// Answers whether nothing it started runs any more.
+    async fn reap(&self, tree: &Tree, child: &mut Child, kill_by: Instant) -> bool {
         let _ = child.try_wait();
-        if killpg(group, None).is_err() {
-            return;
+        if !tree.alive() {
+            return true;
         }
-        let _ = killpg(group, Signal::SIGTERM);
+        tree.signal(Signal::SIGTERM);
         let deadline = (Instant::now() + self.grace).min(kill_by);
         while Instant::now() < deadline {
-            if killpg(group, None).is_err() {
-                return;
+            if !tree.alive() {
+                return true;
             }
             sleep(Duration::from_millis(50)).await;
         }
         warn!("processes the command started are still running after the grace; killing them");
-        let _ = killpg(group, Signal::SIGKILL);
+        // Killed until none is left (a process may fork while it is being killed), for a while.
+        let give_up = Instant::now() + Duration::from_secs(5);
+        while tree.signal(Signal::SIGKILL) && Instant::now() < give_up {
+            sleep(Duration::from_millis(20)).await;
+        }
+        !tree.alive()
     }
 }

@@ -270,6 +270,11 @@ pub(crate) fn kept_step(claim: &Claim<'_>, view: &View) -> Step {
     let permits = view.handle.permits;
     let mut observed = Observed::held(&view.grant, permits, claim.holder());
     if shown {
+        // The tenure's start is the one the status published (the maxHoldSeconds bound counts
+        // from it).
+        if let Some(acquired) = claim.status.and_then(|s| s.acquired_at) {
+            observed.acquired_at = Some(acquired);
+        }
         // Renewals live in the store; the status is written when something else changed (a new
         // generation, recovery from a failure) or when the published expiry must move forward
         // to stay a promise of more than one TTL (every ninth renewal).
@@ -770,6 +775,18 @@ pub(crate) mod tests {
             granted.expires_at,
             Some(acquired + SignedDuration::from_secs(120))
         );
+    }
+
+    /// A renewal publishes the tenure's start as the status shows it (an operator may have set
+    /// it to bring the maxHoldSeconds bound forward): the bound counts from it.
+    #[test]
+    fn a_renewal_keeps_the_published_start() {
+        let lease = fixture(test_spec("t", "w"), Some(held_since(-29, 7)));
+        let claim = Claim::new(&lease).expect("claim");
+        let view = view_of(&claim, 7, State::Renewed);
+        let step = kept_step(&claim, &view);
+        assert_eq!(step.observed.acquired_at, Some(at(-29)));
+        assert!(step.event.is_none());
     }
 
     #[test]

@@ -73,8 +73,9 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
     };
     let key = ObjectRef::from_obj(lease);
     let holder = ctx.holders.facts(&claim).await;
+    let kept = |other: &TargetLease| ctx.tenures.keeps(&ObjectRef::from_obj(other));
     let facts = Facts {
-        in_line_after: ctx.line.in_line_after(&claim),
+        in_line_after: ctx.line.in_line_after(&claim, kept),
         shortest_ttl: ctx.shortest_ttl,
         kept: ctx.tenures.view(&key),
         holder,

@@ -487,11 +487,15 @@ enum Fault {
     LeaderLeaseDeleted,
     ValkeyFailoverToLaggingReplica,
     RunPartition,
+    RunDeleted,
+    RunReleased,
+    RunTtlEdited,
+    ControllerOutage,
     SentinelFailover,
     SentinelPrimaryKilled,
 }
 
-const FAULTS: [Fault; 11] = [
+const FAULTS: [Fault; 15] = [
     Fault::ControllerKill,
     Fault::LeaderChange,
     Fault::ValkeyRestartWithData,
@@ -503,18 +507,26 @@ const FAULTS: [Fault; 11] = [
     Fault::LeaderLeaseDeleted,
     Fault::ValkeyFailoverToLaggingReplica,
     Fault::RunPartition,
+    Fault::RunDeleted,
+    Fault::RunReleased,
+    Fault::RunTtlEdited,
+    Fault::ControllerOutage,
 ];
 
 /// The faults of the Sentinel trial: the Valkey faults act on the topology through Sentinel (the
 /// TCP proxy is not on the controllers' path there: the sentinels name the servers' own ports);
 /// the others are those that do not touch Valkey.
-const SENTINEL_FAULTS: [Fault; 8] = [
+const SENTINEL_FAULTS: [Fault; 12] = [
     Fault::ControllerKill,
     Fault::LeaderChange,
     Fault::ApiServerCrash,
     Fault::LeaderPartition,
     Fault::LeaderLeaseDeleted,
     Fault::RunPartition,
+    Fault::RunDeleted,
+    Fault::RunReleased,
+    Fault::RunTtlEdited,
+    Fault::ControllerOutage,
     Fault::SentinelFailover,
     Fault::SentinelPrimaryKilled,
 ];
@@ -680,6 +692,19 @@ impl World {
         }
     }
 
+    /// A `run` holder's TargetLease that shows Held now, chosen at random.
+    async fn run_holder(&self, rng: &mut impl Rng) -> Option<String> {
+        let leases = self.api().list(&ListParams::default()).await.ok()?.items;
+        let held: Vec<String> = leases
+            .iter()
+            .filter(|l| l.spec.target.starts_with("run-"))
+            .filter(|l| l.metadata.deletion_timestamp.is_none())
+            .filter(|l| l.status.as_ref().is_some_and(|s| s.phase == Phase::Held))
+            .map(|l| l.name_any())
+            .collect();
+        held.choose(rng).cloned()
+    }
+
     async fn leader(&self) -> Option<usize> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.ns);
         let lease = leases.get_opt("targetlease-controller").await.ok()??;
@@ -807,6 +832,71 @@ impl World {
                 proxy.set(Mode::Stall);
                 tokio::time::sleep(Duration::from_millis(rng.random_range(4000..8000))).await;
                 proxy.set(Mode::Pass);
+            }
+            Fault::RunDeleted | Fault::RunReleased | Fault::RunTtlEdited => {
+                // A `run` holder's TargetLease deleted (`kubectl delete`), released
+                // (`spec.release`) or its TTL edited while its command runs: the command must be
+                // dead before the target passes on, however it ignores SIGTERM.
+                let Some(name) = self.run_holder(rng).await else {
+                    return false;
+                };
+                let patch = |spec: serde_json::Value| serde_json::json!({"spec": spec});
+                let result = match fault {
+                    Fault::RunDeleted => self
+                        .api()
+                        .delete(&name, &DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                    Fault::RunReleased => self
+                        .api()
+                        .patch(
+                            &name,
+                            &kube::api::PatchParams::default(),
+                            &kube::api::Patch::Merge(&patch(serde_json::json!({"release": true}))),
+                        )
+                        .await
+                        .map(|_| ()),
+                    _ => {
+                        let ttl = [TTL_SECONDS, TTL_SECONDS * 2, TTL_SECONDS * 3]
+                            .choose(rng)
+                            .copied()
+                            .unwrap_or(TTL_SECONDS);
+                        eprintln!("    ttlSeconds of {name} -> {ttl}");
+                        self.api()
+                            .patch(
+                                &name,
+                                &kube::api::PatchParams::default(),
+                                &kube::api::Patch::Merge(&patch(
+                                    serde_json::json!({"ttlSeconds": ttl}),
+                                )),
+                            )
+                            .await
+                            .map(|_| ())
+                    }
+                };
+                if let Err(e) = result {
+                    eprintln!("    {fault:?} of {name} failed: {e}");
+                    return false;
+                }
+                eprintln!("    {fault:?}: {name}");
+            }
+            Fault::ControllerOutage => {
+                // Every replica down for longer than the TTL (a scale to zero, a node drain):
+                // the store's leases expire while the `run` holders' heartbeats are still
+                // confirmed by the API server against their Held statuses.
+                for replica in self.replicas.iter_mut() {
+                    if let Some(mut p) = replica.take() {
+                        p.kill();
+                    }
+                }
+                let out = Duration::from_millis(
+                    rng.random_range((TTL_SECONDS * 1300)..(TTL_SECONDS * 2200)),
+                );
+                eprintln!("    no controller for {out:?}");
+                tokio::time::sleep(out).await;
+                for i in 0..self.replicas.len() {
+                    self.replicas[i] = Some(self.replica(i));
+                }
             }
             Fault::LeaderPartition => {
                 // The leader loses the API server (its requests hang), not Valkey; longer than
@@ -1093,8 +1183,16 @@ async fn run_holders(
             let kubeconfig = cluster.kubeconfig_via(proxy.port);
             let file = dir.join(format!("run-{target}-{serial}.log"));
             let ticks = rng.random_range(40..200);
+            // Half of the commands ignore SIGTERM for their whole grace (they are killed): the
+            // hand-over must wait for them all the same.
+            let deaf = if rng.random_bool(0.5) {
+                "trap '' TERM; "
+            } else {
+                ""
+            };
+            let grace = format!("{}ms", rng.random_range(500..3000));
             let script = format!(
-                "echo \"token $TARGETLEASE_TOKEN\" >> {f}; echo \"slot $TARGETLEASE_SLOT\" >> {f}; n=0; while [ $n -lt {ticks} ]; do date +%s%N >> {f}; sleep 0.05; n=$((n+1)); done",
+                "{deaf}echo \"token $TARGETLEASE_TOKEN\" >> {f}; echo \"slot $TARGETLEASE_SLOT\" >> {f}; n=0; while [ $n -lt {ticks} ]; do date +%s%N >> {f}; sleep 0.05; n=$((n+1)); done",
                 f = file.display()
             );
             // Each `run` in a UTS namespace of its own, named like a pod of its own: one host
@@ -1130,7 +1228,7 @@ async fn run_holders(
                 .args(instance.iter().flat_map(|i| ["--instance", i.as_str()]))
                 .args([
                     "--grace",
-                    "1s",
+                    grace.as_str(),
                     "--wait-timeout",
                     "120s",
                     "--",
@@ -1230,11 +1328,11 @@ fn commands_ran(dir: &std::path::Path) -> BTreeMap<usize, Vec<Ran>> {
 ///   slot was last seen running, with a larger token (one writer per slot);
 /// - at no moment do more than N commands run (checked at every start).
 ///
-/// The bound is zero: all times come from the commands themselves on one clock, and a stopped
-/// command writes nothing, so any measured overlap is a real one. After a fault that lost Valkey
-/// data (the new holder's grant cannot see the old lease), the old holder runs on until its next
-/// renewal finds the lease gone: such an overlap is allowed up to [`DATA_LOSS_OVERLAP`], with a
-/// larger token.
+/// The bound is zero, with no excuse: all times come from the commands themselves on one clock,
+/// and a stopped command writes nothing, so any measured overlap is a real one. A data loss
+/// excuses nothing: a `run`'s command starts only once its Held status is published, and a
+/// target whose holder heartbeats passes on only when that holder stopped (the hand-over rule),
+/// whatever the store says after losing the old lease.
 fn check_commands(
     checker: &Checker,
     dir: &std::path::Path,
@@ -1276,14 +1374,9 @@ fn check_commands(
             // Running when `later` starts: at most permits - 1 others, but for an old holder
             // left running by a data loss, for a bounded time.
             let beside: Vec<&Ran> = ran[..i].iter().filter(|e| e.last >= later.first).collect();
-            let lingering = |e: &&Ran| {
-                after_loss(later.first)
-                    && Duration::from_nanos((e.last - later.first) as u64) <= DATA_LOSS_OVERLAP
-            };
             let peak = peaks.entry(target).or_default();
             *peak = (*peak).max(beside.len() + 1);
-            let unexcused = beside.iter().filter(|e| !lingering(e)).count();
-            if unexcused + 1 > permits as usize {
+            if beside.len() + 1 > permits as usize {
                 let names: Vec<String> = beside
                     .iter()
                     .map(|e| format!("{} (slot {}, token {})", e.file, e.slot, e.token))
@@ -1308,7 +1401,7 @@ fn check_commands(
                 }
                 let overlap = Duration::from_nanos((earlier.last - later.first) as u64);
                 let lost = after_loss(later.first);
-                if !(lost && overlap <= DATA_LOSS_OVERLAP) {
+                {
                     checker.violation(format!(
                         "run-{target}: {} (token {}) started in slot {} while {} (token {}) ran in it: {overlap:?} together{}",
                         later.file,
@@ -1324,11 +1417,6 @@ fn check_commands(
     }
     (count, peaks)
 }
-
-/// How long an old holder's command may run beside the next one after Valkey lost the old
-/// lease: until the controller's next renewal finds it gone (a third of the TTL), the call's
-/// deadline (1 s), the status write and `run`'s watch seeing it (1 s), and the command's SIGTERM.
-const DATA_LOSS_OVERLAP: Duration = Duration::from_secs(TTL_SECONDS / 3 + 3);
 
 /// How long more resources than a target's permits, or two in one slot, may show Held: the new
 /// holder's grant wakes the old one, whose renewal finds it lost; a few reconciles under load.

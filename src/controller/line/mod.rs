@@ -18,6 +18,7 @@ use tracing::warn;
 
 use self::index::TargetIndex;
 use super::claim::Claim;
+use crate::api::heartbeat::heartbeats;
 use crate::api::{Phase, TargetLease};
 use crate::store::{MAX_FLOOR_LEAD_MICROS, MAX_TOKEN, TargetRef};
 
@@ -111,11 +112,21 @@ impl Line {
         self.leases_on(claim.target.namespace(), claim.target.target())
     }
 
-    /// Why this claim must wait its turn (see [`queue`]), when it must.
-    pub(crate) fn in_line_after(&self, claim: &Claim<'_>) -> Option<Behind> {
+    /// Why this claim must wait its turn (see [`queue`]), when it must; `kept` says which claims
+    /// hold their target through this process whatever the cache shows yet.
+    pub(crate) fn in_line_after(
+        &self,
+        claim: &Claim<'_>,
+        kept: impl Fn(&TargetLease) -> bool,
+    ) -> Option<Behind> {
         let on_target = self.on_target(claim);
-        let ahead = queue::ahead_of(claim.lease, &on_target, |l| self.targets.seen_order(l))?;
-        if queue::blocks(&ahead) {
+        let ahead = queue::ahead_of(
+            claim.lease,
+            &on_target,
+            |l| self.targets.seen_order(l),
+            &kept,
+        )?;
+        if queue::blocks(&ahead) || (heartbeats(&ahead) && kept(&ahead)) {
             return Some(Behind {
                 ahead: ahead.name_any(),
                 holder: ahead.spec.holder.clone(),

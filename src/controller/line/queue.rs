@@ -81,15 +81,18 @@ pub(crate) fn blocks(lease: &TargetLease) -> bool {
 /// The head of the line before `me` on the same target when `me` must wait its turn: as many
 /// claims are in line before it as there are free permits (see the module's doc), or more.
 /// `seen` gives each claim's place in the order the controller first saw them.
+/// `kept` says which claims hold their target through this process whatever the cache shows
+/// yet (a grant whose Held status is in flight): one whose holder heartbeats blocks its permit.
 pub(crate) fn ahead_of(
     me: &TargetLease,
     on_target: &[Arc<TargetLease>],
     seen: impl Fn(&TargetLease) -> u64,
+    kept: impl Fn(&TargetLease) -> bool,
 ) -> Option<Arc<TargetLease>> {
     let others = || on_target.iter().filter(|other| other.uid() != me.uid());
     let permits = usize::try_from(me.spec.permits).unwrap_or(usize::MAX);
     // Every permit blocked until the controller frees it: nobody asks the store.
-    let mut blocking = others().filter(|other| blocks(other));
+    let mut blocking = others().filter(|other| blocks(other) || (heartbeats(other) && kept(other)));
     if let Some(first) = blocking.next()
         && 1 + blocking.count() >= permits
     {
@@ -173,7 +176,7 @@ mod tests {
     }
 
     fn ahead_of(me: &TargetLease, all: &[Arc<TargetLease>]) -> Option<Arc<TargetLease>> {
-        super::ahead_of(me, all, |_| 0)
+        super::ahead_of(me, all, |_| 0, |_| false)
     }
 
     #[test]
@@ -189,9 +192,12 @@ mod tests {
         let twin = claim("a-twin", 1, None, Some(Phase::Waiting));
         let both = [mid.clone(), twin.clone()];
         let mid_first = seen_in(&["mid", "a-twin"]);
-        assert_eq!(names(super::ahead_of(&mid, &both, &mid_first)), None);
         assert_eq!(
-            names(super::ahead_of(&twin, &both, &mid_first)),
+            names(super::ahead_of(&mid, &both, &mid_first, |_| false)),
+            None
+        );
+        assert_eq!(
+            names(super::ahead_of(&twin, &both, &mid_first, |_| false)),
             Some("mid".into())
         );
         // Seen in the same place (not seen at all): by name.
@@ -202,7 +208,8 @@ mod tests {
             names(super::ahead_of(
                 &mid,
                 &[old.clone(), mid.clone()],
-                &late_seen
+                &late_seen,
+                |_| false
             )),
             Some("old".into())
         );
@@ -313,6 +320,21 @@ mod tests {
         assert_eq!(
             names(ahead_of(&waiter2, &[holder2.clone(), waiter2.clone()])),
             None
+        );
+        // A grant this process made to a run holder whose Held status the cache does not show
+        // yet blocks all the same.
+        let granted = Arc::new(beating(
+            (*claim("h", -10, None, Some(Phase::Waiting))).clone(),
+        ));
+        let kept = |l: &TargetLease| l.name_any() == "h";
+        assert_eq!(
+            names(super::ahead_of(
+                &waiter,
+                &[granted.clone(), waiter.clone()],
+                |_| 0,
+                kept
+            )),
+            Some("h".into())
         );
         // Which permits the line waits to be told about when they free up.
         assert!(watched_permit(&run_holder) && !watched_permit(&plain_holder));

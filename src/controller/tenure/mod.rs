@@ -357,6 +357,15 @@ impl Tenures {
         }
     }
 
+    /// Whether a tenure of `key` is kept and not lost: its target is held through this process
+    /// (whether or not the cache shows it yet).
+    pub(crate) fn keeps(&self, key: &ObjectRef<TargetLease>) -> bool {
+        self.book()
+            .kept
+            .get(key)
+            .is_some_and(|k| !matches!(k.state, State::Lost(_)))
+    }
+
     /// What is kept for `key`, if anything.
     pub(crate) fn view(&self, key: &ObjectRef<TargetLease>) -> Option<View> {
         self.book().view(key, Instant::now())

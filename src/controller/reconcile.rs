@@ -259,11 +259,19 @@ async fn judge(
             write_step(claim, ctx, decide::kept_step(claim, &view), holder_unknown).await
         }
         State::Lost(_) => {
-            let next =
-                write_step(claim, ctx, decide::kept_step(claim, &view), holder_unknown).await?;
-            // Written Lost: the next reconcile claims the target again.
+            // The store says the tenure ended: its holder is waited for, like every other end.
+            let step = decide::kept_step(claim, &view);
+            let (observed, ending) = ending(claim, step.observed, Some(holder));
+            settle(claim, ctx, observed, step.event).await?;
             ctx.tenures.stop(&key);
-            Ok(next)
+            match ending {
+                Some(token) => {
+                    let since = ctx.tenures.ended_since(&key, token, Instant::now());
+                    Ok(until_handover(claim, holder, since).unwrap_or(step.next))
+                }
+                // Written Lost: the next reconcile claims the target again.
+                None => Ok(step.next),
+            }
         }
     }
 }
@@ -407,7 +415,10 @@ fn ending(
     holder: Option<&HolderFacts>,
 ) -> (Observed, Option<u64>) {
     let now = Instant::now();
-    match handover::handover(&holder_of(claim, holder, now), now, now) {
+    let known = holder_of(claim, holder, now);
+    let rule = handover::handover(&known, now, now);
+    debug!(lease = %claim.lease.name_any(), holder = ?known, ?rule, "the tenure ends");
+    match rule {
         Handover::Now => (observed, None),
         Handover::At(at) => {
             let bound = at.saturating_duration_since(now);

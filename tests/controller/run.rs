@@ -919,6 +919,172 @@ pub fn suite(args: &Arguments) -> Conclusion {
         run_replaces_a_dead_twins_lease_once_released,
         controller_restart_keeps_a_live_run_and_frees_a_dead_one,
         runs_with_permits_never_exceed_them,
+        deleted_holder_is_dead_before_the_target_passes_on,
+        released_holder_is_dead_before_the_target_passes_on,
+        ttl_edit_never_hands_over_a_running_command,
+        controller_outage_longer_than_the_ttl_never_overlaps,
     ];
     run_scenarios(args, scenarios.to_vec())
+}
+
+// The workload edge: every end of a `run`'s tenure waits for its command. Each scenario runs a
+// holder whose command ignores SIGTERM (it is killed at the end of its grace) and a second
+// `run` waiting for the same target, ends the first one's tenure one way, and asserts that the
+// second command started only after the first one ended (the overlap, if any, is printed).
+
+/// The first `run` on `target`, whose command ignores SIGTERM, with `ttl` and `grace`; once it
+/// holds, the second one waits behind it. Answers both, the first's TargetLease and when its
+/// command ends.
+async fn holder_and_waiter(
+    s: &Scenario,
+    target: &str,
+    ttl: &str,
+    grace: &str,
+    dir: &Path,
+) -> (
+    Child,
+    Child,
+    TargetLease,
+    tokio::task::JoinHandle<SystemTime>,
+) {
+    let first = s
+        .run_command(
+            target,
+            &["--ttl", ttl, "--grace", grace],
+            &recording_script(dir, "first", true),
+        )
+        .spawn()
+        .expect("run");
+    let lease = s.run_lease(target, 30 * SEC, held).await;
+    let first_pid = pid_in(&dir.join("first.pid")).await;
+    let second = second_run(s, target, ttl, dir).await;
+    (first, second, lease, death_of(first_pid))
+}
+
+/// Ends the test's `run`s.
+async fn stop_both(mut first: Child, mut second: Child) {
+    for run in [&mut first, &mut second] {
+        if let Ok(None) = run.try_wait() {
+            signal(run, Signal::SIGTERM);
+        }
+        let _ = exits(run, 20 * SEC).await;
+    }
+}
+
+// 12a. `kubectl delete` of a running `run`'s TargetLease: the target passes on only once the
+//      command (which ignores SIGTERM for its 3 s grace) is dead.
+async fn deleted_holder_is_dead_before_the_target_passes_on(s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    let (first, second, lease, ended) =
+        holder_and_waiter(&s, "edge-delete", "6s", "3s", dir.path()).await;
+    let at = SystemTime::now();
+    s.delete(&lease.name_any()).await;
+    assert_handed_over_after(
+        "delete (TTL 6 s, grace 3 s)",
+        at,
+        dir.path(),
+        30 * SEC,
+        ended,
+    )
+    .await;
+    stop_both(first, second).await;
+}
+
+// 12b. `spec.release: true` on a running `run`'s TargetLease.
+async fn released_holder_is_dead_before_the_target_passes_on(s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    let (first, second, lease, ended) =
+        holder_and_waiter(&s, "edge-release", "6s", "3s", dir.path()).await;
+    let at = SystemTime::now();
+    let patch = serde_json::json!({"spec": {"release": true}});
+    s.api()
+        .patch(
+            &lease.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("release");
+    assert_handed_over_after(
+        "spec.release (TTL 6 s, grace 3 s)",
+        at,
+        dir.path(),
+        30 * SEC,
+        ended,
+    )
+    .await;
+    stop_both(first, second).await;
+}
+
+// 12c. `spec.ttlSeconds` cut from 30 to 6 under a running `run` (heartbeat every 5 s): the
+//      controller must not judge the old heartbeat by the new TTL, and the target never passes
+//      on while the command runs; deleted afterwards, it passes on once the command is dead.
+async fn ttl_edit_never_hands_over_a_running_command(s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    let (first, second, lease, ended) =
+        holder_and_waiter(&s, "edge-ttl", "30s", "10s", dir.path()).await;
+    let patch = serde_json::json!({"spec": {"ttlSeconds": 6}});
+    s.api()
+        .patch(
+            &lease.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("edit ttlSeconds");
+    // Two of the old heartbeat intervals, four times the new silence bound.
+    tokio::time::sleep(12 * SEC).await;
+    let now = s.get(&lease.name_any()).await;
+    assert_eq!(
+        phase_of(&now),
+        Some(Phase::Held),
+        "the holder lost its lease to a TTL edit while its run was alive: {:?}",
+        now.status
+    );
+    assert!(
+        !dir.path().join("second.start").exists(),
+        "the second command started after a TTL edit while the first ran"
+    );
+    let at = SystemTime::now();
+    s.delete(&lease.name_any()).await;
+    assert_handed_over_after(
+        "delete after a TTL edit 30 s -> 6 s",
+        at,
+        dir.path(),
+        40 * SEC,
+        ended,
+    )
+    .await;
+    stop_both(first, second).await;
+}
+
+// 12d. No controller for two TTLs (scaled to zero, a node drained): the store's lease expires
+//      while the `run` goes on (the API server confirms its heartbeats against its Held status).
+//      When a controller comes back, the waiter is granted only once the first command is dead.
+async fn controller_outage_longer_than_the_ttl_never_overlaps(mut s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    let (first, second, _, ended) =
+        holder_and_waiter(&s, "edge-outage", "6s", "3s", dir.path()).await;
+    s.controller = None;
+    tokio::time::sleep(12 * SEC).await;
+    let at = SystemTime::now();
+    s.controller = Some(s.start_controller(&[]));
+    let second_started = started_at(dir.path(), "second", 40 * SEC).await;
+    let first_ended = tokio::time::timeout(30 * SEC, ended)
+        .await
+        .expect("the first command never ended")
+        .expect("watch");
+    eprintln!(
+        "a controller back after 12 s (TTL 6 s, grace 3 s): first command ended {:.2} s after it, \
+         second started {:.2} s after it",
+        secs_between(at, first_ended),
+        secs_between(at, second_started)
+    );
+    assert!(
+        second_started > first_ended,
+        "both commands ran for {:.2} s; controller log:\n{}",
+        secs_between(second_started, first_ended),
+        s.controller().logs()
+    );
+    stop_both(first, second).await;
 }

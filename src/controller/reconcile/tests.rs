@@ -420,3 +420,39 @@ async fn a_waiter_never_asks_while_a_run_holder_shows_held() {
         "the waiter asked the store"
     );
 }
+
+/// The store lost a run holder's lease (a data loss, an outage longer than the TTL): its status
+/// goes Lost with the Held condition `Stopping`, so that no waiter is granted the target before
+/// the run stopped its command.
+#[tokio::test]
+async fn a_lost_tenure_of_a_run_holder_waits_for_it() {
+    let mut fx = Fixture::new();
+    let (held, token) = held(&mut fx, "a", test_spec("t", "w")).await;
+    let held = beating(held);
+    fx.cache(&held);
+    fx.store.forget_everything();
+    let key = kube::runtime::reflector::ObjectRef::from_obj(&held);
+    fx.ctx.tenures.renew_now_for_tests(&key).await;
+    let running = reconciling(&fx, &held);
+    let lost = fx.api.write_status(&held).await;
+    assert_eq!(fx.api.event().await, "Expired");
+    running.await.expect("task").expect("reconcile");
+    assert_eq!(lost.status.as_ref().map(|s| s.phase), Some(Phase::Lost));
+    assert_eq!(held_reason(&lost).as_deref(), Some("Stopping"));
+    assert_eq!(
+        lost.status.as_ref().and_then(|s| s.fencing_token),
+        Some(token)
+    );
+    // A waiter asks nothing while it stops.
+    fx.cache(&lost);
+    let waiter = claim("b", test_spec("t", "w2"));
+    fx.cache(&waiter);
+    let running = reconciling(&fx, &waiter);
+    let waiting = fx.api.write_status(&waiter).await;
+    running.await.expect("task").expect("reconcile");
+    assert_eq!(waiting.status.map(|s| s.phase), Some(Phase::Waiting));
+    assert!(
+        fx.inspect("t").await.lease.is_none(),
+        "the waiter was granted"
+    );
+}

@@ -16,7 +16,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use self::budget::{Priority, StatusBudget, is_overload};
 pub use self::observed::Observed;
@@ -121,6 +121,12 @@ impl StatusWriter {
         );
         let written = result?;
         let phase_name = format!("{:?}", new.phase);
+        let held = new
+            .conditions
+            .iter()
+            .find(|c| c.type_ == crate::api::ConditionType::Held.as_str())
+            .map(|c| c.reason.as_str());
+        debug!(lease = %lease.name_any(), phase = %phase_name, held = ?held, token = ?new.fencing_token, "status written");
         self.metrics
             .status_written(phase_changed.then_some(phase_name.as_str()));
         Ok(Written::Wrote(Box::new(written)))

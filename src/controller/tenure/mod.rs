@@ -366,6 +366,12 @@ impl Tenures {
             .is_some_and(|k| !matches!(k.state, State::Lost(_)))
     }
 
+    /// Renews the tenure kept for `key` now, in this task (tests run no scheduler).
+    #[cfg(test)]
+    pub(crate) async fn renew_now_for_tests(&self, key: &ObjectRef<TargetLease>) {
+        schedule::renew_now_here(&self.shared, key).await;
+    }
+
     /// What is kept for `key`, if anything.
     pub(crate) fn view(&self, key: &ObjectRef<TargetLease>) -> Option<View> {
         self.book().view(key, Instant::now())

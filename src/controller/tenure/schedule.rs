@@ -155,6 +155,25 @@ fn take_due(shared: &Shared) -> Option<Due> {
     })
 }
 
+/// Renews the tenure kept for `key` now, in this task (for tests that run no scheduler).
+#[cfg(test)]
+pub(super) async fn renew_now_here(shared: &Shared, key: &ObjectRef<TargetLease>) {
+    let due = {
+        let book = shared.book();
+        let Some(kept) = book.kept.get(key) else {
+            return;
+        };
+        Due {
+            key: key.clone(),
+            handle: kept.handle.clone(),
+            ttl: kept.ttl,
+            epoch: kept.epoch,
+            due: Instant::now(),
+        }
+    };
+    renew_one(shared, due).await;
+}
+
 /// Renews one tenure and records the answer; wakes the reconcile when the answer needs a status
 /// write.
 async fn renew_one(shared: &Shared, due: Due) {

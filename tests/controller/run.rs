@@ -923,6 +923,8 @@ pub fn suite(args: &Arguments) -> Conclusion {
         released_holder_is_dead_before_the_target_passes_on,
         ttl_edit_never_hands_over_a_running_command,
         controller_outage_longer_than_the_ttl_never_overlaps,
+        a_hidden_live_run_is_not_taken_for_dead,
+        nothing_the_command_started_survives_run,
     ];
     run_scenarios(args, scenarios.to_vec())
 }
@@ -1087,4 +1089,165 @@ async fn controller_outage_longer_than_the_ttl_never_overlaps(mut s: Scenario) {
         s.controller().logs()
     );
     stop_both(first, second).await;
+}
+
+// 12e. A second `run` of the same target on the same host, as another user whose /proc hides
+//      the first (`hidepid=2`): it cannot read the first one's process, which proves nothing of
+//      its death. It must neither adopt the TargetLease nor start its command beside the first.
+async fn a_hidden_live_run_is_not_taken_for_dead(s: Scenario) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let mut first = s
+        .run_command(
+            "edge-hidden",
+            &[],
+            &recording_script(dir.path(), "first", false),
+        )
+        .spawn()
+        .expect("run");
+    let lease = s.run_lease("edge-hidden", 30 * SEC, held).await;
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::copy(s.cluster.kubeconfig(), &kubeconfig).expect("kubeconfig");
+    std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    // The binary where the other user can run it (and its guard and command starter with it).
+    let binary = dir.path().join("targetlease");
+    std::fs::copy(env!("CARGO_BIN_EXE_targetlease"), &binary).expect("copy the binary");
+    let mut second = Command::new("unshare");
+    second
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=65534 --regid=65534 \
+             --clear-groups \"$@\"",
+        )
+        .arg("sh")
+        .arg(&binary)
+        .args(["run", "-n", &s.ns, "--target", "edge-hidden"])
+        .args(["--wait-timeout", "6s", "--"])
+        .args(["sh", "-c"])
+        .arg(format!(
+            "date +%s%N > {}/second.start",
+            dir.path().display()
+        ))
+        .envs(s.cluster.envs())
+        .env("KUBECONFIG", &kubeconfig)
+        .env("HOME", dir.path())
+        .env_remove("POD_NAME")
+        .env_remove("POD_UID")
+        .env_remove("POD_NAMESPACE")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let mut second = second.spawn().expect("unshare");
+    let code = exits(&mut second, 30 * SEC).await;
+    assert!(
+        !dir.path().join("second.start").exists(),
+        "a run that could not read the first one's process adopted its TargetLease and ran beside it"
+    );
+    assert_eq!(code, Some(75), "not refused by its wait timeout");
+    let now = s.get(&lease.name_any()).await;
+    assert_eq!(now.uid(), lease.uid(), "the TargetLease was replaced");
+    assert_eq!(phase_of(&now), Some(Phase::Held));
+    assert!(
+        alive(pid_in(&dir.path().join("first.pid")).await),
+        "the first command was stopped"
+    );
+    signal(&first, Signal::SIGTERM);
+    let _ = exits(&mut first, 20 * SEC).await;
+}
+
+/// The pids of the processes named `targetlease` in the process tree of `root` (itself
+/// included).
+fn named_targetlease_in_tree(root: i32) -> Vec<i32> {
+    let mut pids = Vec::new();
+    let mut next = vec![root];
+    let entries: Vec<(i32, i32, String)> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let name = stat[stat.find('(')? + 1..stat.rfind(')')?].to_owned();
+            let ppid = stat[stat.rfind(')')? + 1..]
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((pid, ppid, name))
+        })
+        .collect();
+    while let Some(pid) = next.pop() {
+        if let Some((_, _, name)) = entries.iter().find(|(p, _, _)| *p == pid)
+            && name == "targetlease"
+        {
+            pids.push(pid);
+        }
+        next.extend(
+            entries
+                .iter()
+                .filter(|(_, pp, _)| *pp == pid)
+                .map(|(p, _, _)| *p),
+        );
+    }
+    pids
+}
+
+/// A command that records its pid, starts a writer that leaves its process group (`setsid`) and
+/// ignores SIGTERM, records that one's pid, and then exits or loops (`then`).
+fn escaping_script(dir: &Path, then: &str) -> String {
+    format!(
+        "echo $$ > {d}/command.pid; setsid sh -c 'trap \"\" TERM; while :; do date +%s%N >> {d}/escaped.beat; sleep 0.05; done' </dev/null >/dev/null 2>&1 & echo $! > {d}/escaped.pid; {then}",
+        d = dir.display()
+    )
+}
+
+// 12f. Nothing the command started survives `run`: a writer that left the command's process
+//      group (`setsid`) and ignores SIGTERM is killed when the command exits, and when every
+//      process named `targetlease` of this `run` (run itself; its guard is named apart) is
+//      killed with SIGKILL, the command dies with `run` and the writer with it.
+async fn nothing_the_command_started_survives_run(s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    // The command exits at once, its writer left behind.
+    let mut run = s
+        .run_command(
+            "edge-escape",
+            &["--grace", "1s"],
+            &escaping_script(
+                dir.path(),
+                &format!(
+                    "while [ ! -s {d}/escaped.beat ]; do sleep 0.01; done; exit 0",
+                    d = dir.path().display()
+                ),
+            ),
+        )
+        .spawn()
+        .expect("run");
+    let escaped = pid_in(&dir.path().join("escaped.pid")).await;
+    assert_eq!(exits(&mut run, 30 * SEC).await, Some(0));
+    all_gone(&[escaped], 2 * SEC, "the setsid writer after run exited").await;
+
+    // `pkill -9 targetlease`, for this `run`: its command and the writer die with it.
+    let dir = tempfile::tempdir().expect("dir");
+    let mut run = s
+        .run_command(
+            "edge-escape",
+            &["--grace", "1s"],
+            &escaping_script(dir.path(), "while :; do sleep 0.05; done"),
+        )
+        .spawn()
+        .expect("run");
+    let command = pid_in(&dir.path().join("command.pid")).await;
+    let escaped = pid_in(&dir.path().join("escaped.pid")).await;
+    let run_pid = run.id().and_then(|p| i32::try_from(p).ok()).expect("pid");
+    let named = named_targetlease_in_tree(run_pid);
+    assert!(named.contains(&run_pid), "{named:?}");
+    for pid in &named {
+        let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+    }
+    let _ = exits(&mut run, 10 * SEC).await;
+    all_gone(
+        &[command, escaped],
+        2 * SEC,
+        "the command and its setsid writer after run and every process named targetlease got SIGKILL",
+    )
+    .await;
 }

@@ -67,6 +67,12 @@ enum Command {
     /// Talk to the lease store directly: for operators debugging a target, and for tests.
     #[command(subcommand)]
     Lease(lease::LeaseCommand),
+    /// Copy this binary to DIR/targetlease (an init container's job: an application image that
+    /// lacks the binary gets it in a shared volume, to run under `targetlease run`).
+    CopyBinary {
+        /// The folder to copy it to.
+        dir: std::path::PathBuf,
+    },
     /// Internal: the guard `run` starts next to the command (see `targetlease run`).
     #[command(name = "__guard", hide = true)]
     Guard(run::GuardArgs),
@@ -108,7 +114,27 @@ impl Cli {
             Command::Run(args) => args.run().await,
             Command::Guard(args) => args.run(),
             Command::Exec(args) => args.run(),
+            Command::CopyBinary { dir } => copy_binary(&dir),
             Command::Lease(command) => command.run().await,
+        }
+    }
+}
+
+/// `targetlease copy-binary DIR`: this binary as DIR/targetlease, executable by everyone.
+fn copy_binary(dir: &std::path::Path) -> ExitCode {
+    use std::os::unix::fs::PermissionsExt;
+    let to = dir.join("targetlease");
+    let copied = std::env::current_exe()
+        .and_then(|exe| std::fs::copy(exe, &to))
+        .and_then(|_| std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)));
+    match copied {
+        Ok(()) => {
+            println!("copied to {}", to.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cannot copy this binary to {}: {e}", to.display());
+            ExitCode::FAILURE
         }
     }
 }

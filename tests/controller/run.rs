@@ -925,6 +925,7 @@ pub fn suite(args: &Arguments) -> Conclusion {
         controller_outage_longer_than_the_ttl_never_overlaps,
         a_hidden_live_run_is_not_taken_for_dead,
         nothing_the_command_started_survives_run,
+        wait_follow_keeps_a_token_file_true,
     ];
     run_scenarios(args, scenarios.to_vec())
 }
@@ -1250,4 +1251,64 @@ async fn nothing_the_command_started_survives_run(s: Scenario) {
         "the command and its setsid writer after run and every process named targetlease got SIGKILL",
     )
     .await;
+}
+
+/// The token `file` holds (`TARGETLEASE_TOKEN=...`), once `want` holds for it (`None`: the file
+/// is absent), polled every 10 ms; answers how long that took.
+async fn token_file_becomes(
+    file: &Path,
+    want: impl Fn(Option<u64>) -> bool,
+    limit: Duration,
+    what: &str,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let token = std::fs::read_to_string(file).ok().and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("TARGETLEASE_TOKEN="))
+                .and_then(|t| t.parse().ok())
+        });
+        if want(token) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{what}: the token file still says {token:?} after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// 13. A long-running application that only fences follows its lease: `wait --follow` keeps a
+//     token file true (the token while Held, no file otherwise) across a release, a new tenure
+//     with a larger token and a deletion, until SIGTERM.
+async fn wait_follow_keeps_a_token_file_true(s: Scenario) {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("lease");
+    let mut follow = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        .args(["wait", "follower", "-n", &s.ns, "--follow", "--token-file"])
+        .arg(&file)
+        .envs(s.cluster.envs())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("wait --follow");
+    tokio::time::sleep(SEC).await;
+    assert!(!file.exists(), "a token before there is a TargetLease");
+    s.apply("follower", "follow-target", "app", "");
+    let first = token_of(&s.wait_phase("follower", Phase::Held, 30 * SEC).await);
+    let took = token_file_becomes(&file, |t| t == Some(first), 10 * SEC, "Held").await;
+    eprintln!("token file written {took:?} after Held was seen");
+    s.apply("follower", "follow-target", "app", "release: true");
+    let took = token_file_becomes(&file, |t| t.is_none(), 10 * SEC, "released").await;
+    eprintln!("token file removed {took:?} after the release was applied");
+    s.apply("follower", "follow-target", "app", "release: false");
+    let second = token_of(&s.wait_phase("follower", Phase::Held, 30 * SEC).await);
+    assert!(second > first);
+    token_file_becomes(&file, |t| t == Some(second), 10 * SEC, "held again").await;
+    s.delete("follower").await;
+    token_file_becomes(&file, |t| t.is_none(), 10 * SEC, "deleted").await;
+    signal(&follow, Signal::SIGTERM);
+    assert_eq!(exits(&mut follow, 10 * SEC).await, Some(EXIT_SIGTERM));
+    assert!(!file.exists());
 }

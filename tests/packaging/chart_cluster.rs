@@ -770,7 +770,7 @@ async fn workload_rbac_example_runs_run_and_wait(world: &World) {
     // The workload examples are valid for the API server (no kubelet runs them here).
     for file in [
         "job-run.yaml",
-        "deployment-wait.yaml",
+        "deployment-follow.yaml",
         "deployment-standby.yaml",
     ] {
         let path = examples.join(file).display().to_string();

@@ -220,7 +220,11 @@ fn app_image(cluster: &Cluster, controller: &Layout) -> PathBuf {
     let programs = [
         (
             "app/reports-writer",
-            "#!/bin/sh\n# The Deployment example's application: shows the token it was started with.\necho \"reports-writer: token=$TARGETLEASE_TOKEN\"\nexec sleep 3600\n",
+            "#!/bin/sh\n# The follow example's application: shows the token file's token whenever it changes.\nlast=none\nwhile :; do\n  token=$(sed -n 's/^TARGETLEASE_TOKEN=//p' \"$TARGETLEASE_TOKEN_FILE\" 2>/dev/null)\n  [ -n \"$token\" ] || token=none\n  if [ \"$token\" != \"$last\" ]; then echo \"reports-writer: token=$token\"; last=$token; fi\n  sleep 0.05\ndone\n",
+        ),
+        (
+            "app/scheduler",
+            "#!/bin/sh\n# The standby example's application: its token once, then a tick every 100 ms until stopped.\ntrap 'exit 0' TERM\necho \"scheduler: start token=$TARGETLEASE_TOKEN\"\nwhile :; do echo tick; sleep 0.1; done\n",
         ),
         (
             "app/report",
@@ -357,66 +361,323 @@ fn lease_held_through_the_pod_controller() {
     );
 }
 
-/// examples/deployment-wait.yaml: the init container (the controller image, `targetlease wait`)
-/// holds the application back until the lease is Held, then the application starts and gets
-/// the token of the status.
-fn deployment_waits_for_its_lease() {
+/// The names of the pods `selector` selects in the examples' namespace.
+fn pods_of(w: &World, selector: &str) -> Vec<String> {
+    let pods = w.kubectl_json(&["get", "pods", "-n", APP_NS, "-l", selector]);
+    pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The last token line (`PREFIX<token>`) in a container's log, if any (`None` for `none`).
+fn last_token(w: &World, pod: &str, container: &str, prefix: &str) -> Option<u64> {
+    let out = w
+        .cluster
+        .kubectl(&["logs", "-n", APP_NS, pod, "-c", container]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .next_back()
+        .and_then(|t| t.trim().parse().ok())
+}
+
+/// examples/deployment-follow.yaml: two replicas share the target; each one's sidecar (the
+/// controller image: `targetlease run` around `targetlease wait --follow`) keeps a token file,
+/// which the application reads. Only the holder's application has a token; when its pod is
+/// deleted, the other replica's application gets the new, larger token.
+fn deployment_follows_its_lease() {
     let w = &*world();
-    w.cluster.apply(&w.example("deployment-wait.yaml"));
+    w.cluster.apply(&w.example("deployment-follow.yaml"));
     let selector = "app=reports-writer";
-    // Without its TargetLease the pod stays in its init container.
-    w.until(
-        "the reports-writer pod waiting in its init container",
+    let prefix = "reports-writer: token=";
+    let (holder, token) = w.until(
+        "a reports-writer application with a token",
         APP_NS,
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         || {
-            let pods = w.kubectl_json(&["get", "pods", "-n", APP_NS, "-l", selector]);
-            let pod = pods["items"].get(0)?.clone();
-            let init = &pod["status"]["initContainerStatuses"][0];
-            (init["state"]["running"].is_object()).then_some(())
+            let pods = pods_of(w, selector);
+            (pods.len() == 2).then_some(())?;
+            pods.iter()
+                .find_map(|pod| Some((pod.clone(), last_token(w, pod, "writer", prefix)?)))
         },
     );
-    std::thread::sleep(Duration::from_secs(3));
-    let pods = w.kubectl_json(&["get", "pods", "-n", APP_NS, "-l", selector]);
-    let pod = &pods["items"][0];
-    assert!(
-        pod["status"]["initContainerStatuses"][0]["state"]["running"].is_object(),
-        "the init container did not wait: {}",
-        pod["status"]
+    let status_token = w.lease_of_pod(&holder).expect("lease")["status"]["fencingToken"]
+        .as_u64()
+        .expect("token");
+    assert_eq!(
+        token, status_token,
+        "the application's token is not its status's"
     );
-    assert!(
-        pod["status"]["containerStatuses"][0]["state"]["waiting"].is_object(),
-        "the application started before its lease was Held: {}",
-        pod["status"]
+    let other = pods_of(w, selector)
+        .into_iter()
+        .find(|p| *p != holder)
+        .expect("the other replica");
+    assert_eq!(
+        last_token(w, &other, "writer", prefix),
+        None,
+        "two replicas' applications had a token at once"
     );
-    let lease_file = repo().join("examples/gitops/leases/reports-writer.yaml");
+    let started = Instant::now();
+    w.cluster
+        .kubectl_ok(&["delete", "pod", &holder, "-n", APP_NS, "--wait=false"]);
+    let next = w.until(
+        "the other replica's application with a new token",
+        APP_NS,
+        Duration::from_secs(60),
+        || last_token(w, &other, "writer", prefix).filter(|t| *t > token),
+    );
+    support::suite::measured(
+        "follow: holder pod deleted -> the other replica's application has the new token",
+        started.elapsed(),
+    );
+    assert!(next > token);
     w.cluster.kubectl_ok(&[
-        "apply",
+        "delete",
         "-n",
         APP_NS,
         "-f",
-        &lease_file.display().to_string(),
+        &repo()
+            .join("examples/deployment-follow.yaml")
+            .display()
+            .to_string(),
+        "--wait=false",
     ]);
+}
+
+/// The host pid of the first process of `pod`'s container, when it is the `targetlease run`
+/// of that pod (its environment names the pod).
+fn container_run_pid(pod: &str) -> Option<i32> {
+    let want = format!("POD_NAME={pod}");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            if comm.trim() != "targetlease" {
+                return None;
+            }
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            let named = environ.split(|b| *b == 0).any(|v| v == want.as_bytes());
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let first = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|ids| ids.split_whitespace().next_back())
+                == Some("1");
+            (named && first).then_some(pid)
+        })
+}
+
+/// Follows the timestamped log of `pod`'s scheduler container (every container of it, across
+/// restarts) into a file of `dir`, until the returned flag is set.
+fn follow_scheduler_logs(
+    w: &World,
+    pod: &str,
+    dir: &std::path::Path,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<()>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (pod, file, stopping) = (pod.to_owned(), dir.join(format!("{pod}.log")), stop.clone());
+    let envs = w.cluster.envs();
+    let handle = std::thread::spawn(move || {
+        let mut seen = 0usize;
+        while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            // The whole log of the current container, then of any earlier one: every tick
+            // line is kept once (by its timestamp), whatever restarts happen.
+            for previous in [false, true] {
+                let mut args = vec![
+                    "logs",
+                    "-n",
+                    APP_NS,
+                    &pod,
+                    "-c",
+                    "scheduler",
+                    "--timestamps",
+                ];
+                if previous {
+                    args.push("--previous");
+                }
+                let out = std::process::Command::new("kubectl")
+                    .args(&args)
+                    .envs(envs.iter().cloned())
+                    .output();
+                if let Ok(out) = out
+                    && out.status.success()
+                {
+                    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                    let mut known = std::fs::read_to_string(&file).unwrap_or_default();
+                    let mut lines: std::collections::BTreeSet<String> =
+                        known.lines().map(str::to_owned).collect();
+                    lines.extend(text.lines().map(str::to_owned));
+                    if lines.len() != seen {
+                        seen = lines.len();
+                        known = lines.into_iter().collect::<Vec<_>>().join("\n");
+                        let _ = std::fs::write(&file, known);
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    (stop, handle)
+}
+
+/// Each container run's ticks in a followed log: `(first, last, token)`, split where a `start`
+/// line begins a new run.
+fn runs_in(file: &std::path::Path) -> Vec<(jiff::Timestamp, jiff::Timestamp, u64)> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let mut runs: Vec<(jiff::Timestamp, jiff::Timestamp, u64)> = Vec::new();
+    for line in text.lines() {
+        let Some((stamp, message)) = line.split_once(' ') else {
+            continue;
+        };
+        let Ok(at) = stamp.parse::<jiff::Timestamp>() else {
+            continue;
+        };
+        if let Some(token) = message.strip_prefix("scheduler: start token=") {
+            runs.push((at, at, token.trim().parse().unwrap_or(0)));
+        } else if message == "tick"
+            && let Some(run) = runs.last_mut()
+        {
+            run.1 = run.1.max(at);
+        }
+    }
+    runs
+}
+
+/// examples/deployment-standby.yaml: two replicas, each application under `targetlease run`
+/// (copied in by an init container). The holder pod deleted, then the new holder's node-local
+/// `run` killed with SIGKILL: the applications never work at once (their ticks, timestamped by
+/// the container runtime), and each new holder's application starts with a larger token.
+fn standby_replicas_never_work_at_once() {
+    let w = &*world();
+    w.cluster.apply(&w.example("deployment-standby.yaml"));
+    let selector = "app=payouts-scheduler";
+    let prefix = "scheduler: start token=";
+    let logs = tempfile::tempdir().expect("dir");
+    let mut followers = Vec::new();
+    let mut followed = std::collections::BTreeSet::new();
+    let mut follow = |w: &World, followers: &mut Vec<_>| {
+        for pod in pods_of(w, selector) {
+            if followed.insert(pod.clone()) {
+                followers.push(follow_scheduler_logs(w, &pod, logs.path()));
+            }
+        }
+    };
+    let (first, token) = w.until(
+        "a payouts-scheduler application started",
+        APP_NS,
+        Duration::from_secs(120),
+        || {
+            let pods = pods_of(w, selector);
+            (pods.len() == 2).then_some(())?;
+            pods.iter()
+                .find_map(|pod| Some((pod.clone(), last_token(w, pod, "scheduler", prefix)?)))
+        },
+    );
+    follow(w, &mut followers);
+    let second = pods_of(w, selector)
+        .into_iter()
+        .find(|p| *p != first)
+        .expect("the other replica");
+    std::thread::sleep(Duration::from_secs(2));
+    // The holder pod deleted (with its grace): its `run` stops the application and confirms.
     let started = Instant::now();
-    let line = w.until(
-        "the application's token line",
+    w.cluster
+        .kubectl_ok(&["delete", "pod", &first, "-n", APP_NS, "--wait=false"]);
+    let next = w.until(
+        "the standby's application started",
+        APP_NS,
+        Duration::from_secs(60),
+        || last_token(w, &second, "scheduler", prefix).filter(|t| *t > token),
+    );
+    support::suite::measured(
+        "standby: holder pod deleted -> standby's application started",
+        started.elapsed(),
+    );
+    follow(w, &mut followers);
+    std::thread::sleep(Duration::from_secs(2));
+    // The new holder's `run`, its container's first process, killed with SIGKILL on the node.
+    let pid = w.until(
+        "the holder's run on the node",
+        APP_NS,
+        Duration::from_secs(10),
+        || container_run_pid(&second),
+    );
+    let started = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("SIGKILL");
+    let third = w.until(
+        "another application started after the holder's run was killed",
         APP_NS,
         Duration::from_secs(90),
         || {
-            let out = w
-                .cluster
-                .kubectl(&["logs", "-n", APP_NS, "-l", selector, "-c", "writer"]);
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            text.lines()
-                .find(|l| l.starts_with("reports-writer: token="))
-                .map(str::to_owned)
+            follow(w, &mut followers);
+            pods_of(w, selector).into_iter().find_map(|pod| {
+                let t = last_token(w, &pod, "scheduler", prefix)?;
+                (t > next).then_some(t)
+            })
         },
     );
-    support::suite::measured("Held to application start", started.elapsed());
-    let token = w.lease("reports-writer").expect("lease")["status"]["fencingToken"]
-        .as_u64()
-        .expect("token");
-    assert_eq!(line, format!("reports-writer: token={token}"));
+    support::suite::measured(
+        "standby: holder's run SIGKILLed -> another application started",
+        started.elapsed(),
+    );
+    assert!(third > next);
+    std::thread::sleep(Duration::from_secs(3));
+    for (stop, _) in &followers {
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    for (_, handle) in followers {
+        let _ = handle.join();
+    }
+    let mut all: Vec<(jiff::Timestamp, jiff::Timestamp, u64, String)> = Vec::new();
+    for entry in std::fs::read_dir(logs.path()).expect("logs").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        for (from, to, token) in runs_in(&entry.path()) {
+            all.push((from, to, token, name.clone()));
+        }
+    }
+    all.sort();
+    assert!(
+        all.len() >= 3,
+        "fewer application runs than hand-overs: {all:?}"
+    );
+    for pair in all.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert!(
+            b.0 > a.1,
+            "two applications worked at once: {} (token {}) until {}, {} (token {}) from {}",
+            a.3,
+            a.2,
+            a.1,
+            b.3,
+            b.2,
+            b.0
+        );
+        assert!(b.2 > a.2, "tokens went down: {all:?}");
+    }
+    w.cluster.kubectl_ok(&[
+        "delete",
+        "-n",
+        APP_NS,
+        "-f",
+        &repo()
+            .join("examples/deployment-standby.yaml")
+            .display()
+            .to_string(),
+        "--wait=false",
+    ]);
 }
 
 /// Runs the Job example under `name`, with the application image of the suite.
@@ -894,9 +1155,10 @@ pub fn suite(args: &Arguments) -> Conclusion {
             "lease_held_through_the_pod_controller",
             lease_held_through_the_pod_controller,
         ),
+        test("deployment_follows_its_lease", deployment_follows_its_lease),
         test(
-            "deployment_waits_for_its_lease",
-            deployment_waits_for_its_lease,
+            "standby_replicas_never_work_at_once",
+            standby_replicas_never_work_at_once,
         ),
         test("job_runs_under_its_lease", job_runs_under_its_lease),
         test(

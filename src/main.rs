@@ -1,3 +1,5 @@
+//! The `targetlease` binary: parses the command line and runs the subcommand ([`targetlease::cli`]).
+
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -1,3 +1,6 @@
+//! The controller's one error type: what can go wrong in a reconcile, each with the
+//! low-cardinality label its metrics carry (a store failure's is its [`ErrorKind`]).
+
 use thiserror::Error;
 
 use crate::api::Reason;

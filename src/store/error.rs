@@ -1,3 +1,6 @@
+//! The store's one error type, [`StoreError`], and its [`ErrorKind`] labels: what went wrong
+//! in a call that produced no outcome, and whether a retry can help.
+
 use thiserror::Error;
 
 /// A failure of the store: the call did not produce an outcome.

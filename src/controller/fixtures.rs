@@ -64,13 +64,42 @@ impl Sent {
     }
 }
 
-/// The API server the test plays.
-pub(crate) struct ApiServer(Handle<Request<Body>, Response<Body>>);
+/// The API server the test plays. Events are published in tasks of their own, so they may come
+/// before or after the requests that follow their status write: the server answers each Event
+/// when it comes and keeps its reason for [`ApiServer::event`].
+pub(crate) struct ApiServer {
+    handle: Handle<Request<Body>, Response<Body>>,
+    events: std::collections::VecDeque<String>,
+    /// Requests that came while the test waited for an Event, in their order.
+    pending: std::collections::VecDeque<Sent>,
+}
 
 impl ApiServer {
-    /// The next request the reconcile sends.
+    /// The next request the reconcile sends, Events aside.
     pub(crate) async fn next(&mut self) -> Sent {
-        let (request, reply) = tokio::time::timeout(PATIENCE, self.0.next_request())
+        if let Some(sent) = self.pending.pop_front() {
+            return sent;
+        }
+        loop {
+            let sent = self.any().await;
+            if sent.method == Method::POST && sent.uri.contains("/events") {
+                self.answer_event(sent);
+                continue;
+            }
+            return sent;
+        }
+    }
+
+    fn answer_event(&mut self, sent: Sent) {
+        let reason = sent.body["reason"].as_str().unwrap_or_default().to_owned();
+        let body = sent.body.clone();
+        sent.answer(StatusCode::CREATED, &body);
+        self.events.push_back(reason);
+    }
+
+    /// The next request of any kind.
+    async fn any(&mut self) -> Sent {
+        let (request, reply) = tokio::time::timeout(PATIENCE, self.handle.next_request())
             .await
             .expect("no request to the API server in time")
             .expect("the client is gone");
@@ -139,15 +168,20 @@ impl ApiServer {
         written
     }
 
-    /// The next request is an Event: answered as created; its reason.
+    /// The reason of the oldest Event not yet asked for (each answered as created when it came);
+    /// other requests that come meanwhile wait for [`ApiServer::next`].
     pub(crate) async fn event(&mut self) -> String {
-        let sent = self.next().await;
-        assert_eq!(sent.method, Method::POST, "{}", sent.uri);
-        assert!(sent.uri.contains("/events"), "not an Event: {}", sent.uri);
-        let reason = sent.body["reason"].as_str().unwrap_or_default().to_owned();
-        let body = sent.body.clone();
-        sent.answer(StatusCode::CREATED, &body);
-        reason
+        loop {
+            if let Some(reason) = self.events.pop_front() {
+                return reason;
+            }
+            let sent = self.any().await;
+            if sent.method == Method::POST && sent.uri.contains("/events") {
+                self.answer_event(sent);
+            } else {
+                self.pending.push_back(sent);
+            }
+        }
     }
 
     /// The next request is the removal of `lease`'s finalizer: answered as applied.
@@ -171,9 +205,18 @@ impl ApiServer {
         sent.answer(StatusCode::OK, &serde_json::to_value(&gone).expect("JSON"));
     }
 
-    /// Nothing more is sent for a while.
+    /// Nothing more is sent for a while, and no Event was left unasked for.
     pub(crate) async fn quiet(&mut self) {
-        let next = tokio::time::timeout(Duration::from_millis(200), self.0.next_request()).await;
+        assert!(
+            self.events.is_empty(),
+            "unexpected Events: {:?}",
+            self.events
+        );
+        if let Some(sent) = self.pending.front() {
+            panic!("unexpected request: {} {}", sent.method, sent.uri);
+        }
+        let next =
+            tokio::time::timeout(Duration::from_millis(200), self.handle.next_request()).await;
         if let Ok(Some((request, _))) = next {
             panic!("unexpected request: {} {}", request.method(), request.uri());
         }
@@ -231,7 +274,11 @@ impl Fixture {
         });
         Self {
             ctx: Arc::new(ctx),
-            api: ApiServer(handle),
+            api: ApiServer {
+                handle,
+                events: std::collections::VecDeque::new(),
+                pending: std::collections::VecDeque::new(),
+            },
             store,
             cache,
             woken,

@@ -41,7 +41,7 @@ pub(crate) enum Written {
 pub(crate) struct StatusWriter {
     client: Client,
     recorder: Recorder,
-    budget: StatusBudget,
+    budget: Arc<StatusBudget>,
     metrics: Arc<Metrics>,
     leadership: Leadership,
 }
@@ -57,7 +57,7 @@ impl StatusWriter {
         Self {
             client,
             recorder,
-            budget: StatusBudget::default(),
+            budget: Arc::new(StatusBudget::default()),
             metrics,
             leadership,
         }
@@ -73,7 +73,7 @@ impl StatusWriter {
     ) -> Result<Written, Error> {
         let written = self.write(lease, observed).await?;
         if let (Written::Wrote(_), Some((reason, note))) = (&written, event) {
-            self.publish(lease, reason, note).await;
+            self.publish(lease, reason, note);
         }
         Ok(written)
     }
@@ -132,12 +132,11 @@ impl StatusWriter {
         Ok(Written::Wrote(Box::new(written)))
     }
 
-    /// Publishes an Event about `lease`, if the budget has room for it (Events go last).
-    pub(crate) async fn publish(&self, lease: &TargetLease, reason: Reason, note: String) {
-        let Some(admitted) = self.budget.admit(Priority::Event, Instant::now()) else {
-            self.metrics.shed("event");
-            return;
-        };
+    /// Publishes an Event about `lease`, if the budget has room for it (Events go last), in a
+    /// task of its own: an Event is a report, never a step of a hand-over, so the reconcile goes
+    /// on (to the release in the store, to the next claim's grant) without waiting for the two
+    /// requests an Event costs the API server.
+    pub(crate) fn publish(&self, lease: &TargetLease, reason: Reason, note: String) {
         let type_ = if matches!(reason, Reason::Lost | Reason::Expired) {
             EventType::Warning
         } else {
@@ -150,13 +149,26 @@ impl StatusWriter {
             action: reason.as_str().to_owned(),
             secondary: None,
         };
-        let result = self.recorder.publish(&event, &lease.object_ref(&())).await;
-        admitted.done(
-            Instant::now(),
-            result.as_ref().err().is_some_and(is_overload),
+        let reference = lease.object_ref(&());
+        let name = lease.name_any();
+        let (budget, recorder, metrics) = (
+            Arc::clone(&self.budget),
+            self.recorder.clone(),
+            Arc::clone(&self.metrics),
         );
-        if let Err(e) = result {
-            warn!(error = %e, lease = %lease.name_any(), "could not publish event");
-        }
+        tokio::spawn(async move {
+            let Some(admitted) = budget.admit(Priority::Event, Instant::now()) else {
+                metrics.shed("event");
+                return;
+            };
+            let result = recorder.publish(&event, &reference).await;
+            admitted.done(
+                Instant::now(),
+                result.as_ref().err().is_some_and(is_overload),
+            );
+            if let Err(e) = result {
+                warn!(error = %e, lease = %name, "could not publish event");
+            }
+        });
     }
 }

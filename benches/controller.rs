@@ -106,6 +106,8 @@ struct Seen {
     expires_at: Option<jiff::Timestamp>,
     /// The `Ready` condition's reason: why a lease is Lost.
     reason: String,
+    /// Whether it has a deletion timestamp (deleted, its finalizer not yet removed).
+    deleting: bool,
     at: Instant,
 }
 
@@ -133,6 +135,7 @@ fn watch_phases(client: &Client, ns: &str, labels: &str) -> mpsc::UnboundedRecei
                         expires_at: status.and_then(|s| s.expires_at),
                         reason: condition(&obj, "Ready")
                             .map_or_else(String::new, |c| c.reason.clone()),
+                        deleting: obj.metadata.deletion_timestamp.is_some(),
                         at: Instant::now(),
                     };
                     if tx.send(seen).is_err() {
@@ -168,6 +171,10 @@ struct Phases {
     rx: mpsc::UnboundedReceiver<Seen>,
     now: HashMap<String, Seen>,
     losses: Vec<Loss>,
+    /// When the watch first saw each name being deleted.
+    deleting_seen: HashMap<String, Instant>,
+    /// When the watch first saw each name Released.
+    released_seen: HashMap<String, Instant>,
 }
 
 impl Phases {
@@ -176,6 +183,8 @@ impl Phases {
             rx,
             now: HashMap::new(),
             losses: Vec::new(),
+            deleting_seen: HashMap::new(),
+            released_seen: HashMap::new(),
         }
     }
 
@@ -188,6 +197,16 @@ impl Phases {
                 at: seen.at,
                 kind: LossKind::Lost(seen.reason.clone()),
             });
+        }
+        if seen.deleting {
+            self.deleting_seen
+                .entry(seen.name.clone())
+                .or_insert(seen.at);
+        }
+        if seen.phase == Some(Phase::Released) {
+            self.released_seen
+                .entry(seen.name.clone())
+                .or_insert(seen.at);
         }
         let old_token = before.and_then(|b| b.token);
         if seen.phase == Some(Phase::Held) && old_token.is_some() && seen.token != old_token {
@@ -549,6 +568,102 @@ async fn valkey_counts(conn: &mut redis::aio::MultiplexedConnection) -> (u64, u6
         }
     }
     (total, evalsha)
+}
+
+/// Valkey's EVALSHA calls and the microseconds it spent in them (`INFO commandstats`).
+async fn evalsha_stats(conn: &mut redis::aio::MultiplexedConnection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO commandstats");
+    let field = |line: &str, key: &str| {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix("cmdstat_evalsha:"))
+        .map_or((0, 0), |l| (field(l, "calls="), field(l, "usec=")))
+}
+
+/// The steps of each hand-over, in ms, from the instants the benchmark saw: its delete sent and
+/// answered, the holder seen deleted and seen Released by its watch, the waiter seen Held.
+#[derive(Default)]
+struct Steps {
+    /// The delete request, sent to answered.
+    delete: Vec<f64>,
+    /// The delete answered to the watch showing it: one watch delay.
+    watch: Vec<f64>,
+    /// Shown deleted to shown Released: the controller's watch delay, the holder's reconcile
+    /// and its status write, the watch delay back.
+    released: Vec<f64>,
+    /// Shown Released to the waiter shown Held: the release in the store, the wake, the
+    /// waiter's reconcile, its acquire and its status write, the watch delay back.
+    held: Vec<f64>,
+}
+
+impl Steps {
+    fn record(
+        &mut self,
+        start: Instant,
+        deleted: Instant,
+        deleting: Option<Instant>,
+        released: Option<Instant>,
+        held: Instant,
+    ) {
+        let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1000.0;
+        self.delete.push(ms(start, deleted));
+        if let (Some(deleting), Some(released)) = (deleting, released) {
+            self.watch.push(ms(deleted, deleting));
+            self.released.push(ms(deleting, released));
+            self.held.push(ms(released, held));
+        }
+    }
+
+    fn rows(&self) -> [(&'static str, &Vec<f64>); 4] {
+        [
+            ("delete request (sent -> answered)", &self.delete),
+            ("watch shows the delete (answered -> seen)", &self.watch),
+            (
+                "holder Released (seen deleted -> seen Released: controller watch, reconcile, status write)",
+                &self.released,
+            ),
+            (
+                "waiter Held (seen Released -> seen Held: release, wake, acquire, status write)",
+                &self.held,
+            ),
+        ]
+    }
+
+    fn table(&self) -> String {
+        let mut out = String::from(
+            "  | step | count | p50 ms | p90 ms | p99 ms |\n  |---|---|---|---|---|\n",
+        );
+        for (name, samples) in self.rows() {
+            let mut sorted: Vec<u64> = samples.iter().map(|ms| (ms * 1000.0) as u64).collect();
+            sorted.sort_unstable();
+            let q = |p: f64| common::quantile(&sorted, p) as f64 / 1000.0;
+            let _ = writeln!(
+                out,
+                "  | {name} | {} | {:.1} | {:.1} | {:.1} |",
+                sorted.len(),
+                q(0.5),
+                q(0.9),
+                q(0.99)
+            );
+        }
+        out
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        for (name, samples) in self.rows() {
+            out.insert(name.to_owned(), serde_json::json!(samples));
+        }
+        serde_json::Value::Object(out)
+    }
 }
 
 /// CPU seconds of the controller, kube-apiserver, etcd and valkey, for one phase's window.
@@ -1131,7 +1246,10 @@ impl Bench {
         }
         let load_before = loadavg();
         let mut latencies = Vec::with_capacity(pairs);
+        let mut steps = Steps::default();
         let mut missed = 0;
+        let api_before = api_counts(&self.client).await;
+        let store_before = evalsha_stats(&mut self.valkey_conn).await;
         for i in 0..pairs {
             let holder = format!("{label}-h-{i:04}");
             let waiter = format!("{label}-w-{i:04}");
@@ -1141,14 +1259,27 @@ impl Bench {
                 missed += 1;
                 continue;
             }
+            let deleted = Instant::now();
             match phases.wait_one(&waiter, Phase::Held, HANDOVER_LIMIT).await {
-                Some(at) => latencies.push((at - start).as_secs_f64() * 1000.0),
+                Some(at) => {
+                    latencies.push((at - start).as_secs_f64() * 1000.0);
+                    phases.drain();
+                    steps.record(
+                        start,
+                        deleted,
+                        phases.deleting_seen.get(&holder).copied(),
+                        phases.released_seen.get(&holder).copied(),
+                        at,
+                    );
+                }
                 None => {
                     eprintln!("{waiter} was not Held within {HANDOVER_LIMIT:?}");
                     missed += 1;
                 }
             }
         }
+        let api_delta = api_delta(&api_before, &api_counts(&self.client).await);
+        let store_after = evalsha_stats(&mut self.valkey_conn).await;
         let mut sorted: Vec<u64> = latencies.iter().map(|ms| (ms * 1000.0) as u64).collect();
         sorted.sort_unstable();
         let q = |p: f64| quantile(&sorted, p) as f64 / 1000.0;
@@ -1162,6 +1293,19 @@ impl Bench {
             q(0.99),
             q(0.0),
             loadavg()
+        ));
+        let per = latencies.len().max(1) as f64;
+        let store_calls = store_after.0.saturating_sub(store_before.0);
+        let store_usec = store_after.1.saturating_sub(store_before.1);
+        self.say(&format!(
+            "  step by step (each hand-over's instants as this benchmark saw them; the waiter's \
+             side is the release in the store, the wake, the waiter's acquire and its status \
+             write):\n{}  store: {:.2} script calls per hand-over, {:.0} µs each in Valkey\n  API \
+             requests during these hand-overs, per hand-over:\n{}\n",
+            steps.table(),
+            store_calls as f64 / per,
+            store_usec as f64 / store_calls.max(1) as f64,
+            api_table(&api_delta, per, "hand-over"),
         ));
         let svg = self.out.join(format!("handover-{label}.svg"));
         let title = format!(
@@ -1179,6 +1323,9 @@ impl Bench {
                 "missed": missed,
                 "p50Ms": q(0.5), "p90Ms": q(0.9), "p99Ms": q(0.99), "maxMs": max,
                 "samplesMs": latencies,
+                "steps": steps.json(),
+                "storeCallsPerHandover": store_calls as f64 / per,
+                "storeMicrosPerCall": store_usec as f64 / store_calls.max(1) as f64,
                 "loadBefore": load_before,
                 "loadAfter": loadavg(),
             }),

@@ -15,9 +15,9 @@ command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 command -v ss >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v jq >/dev/null 2>&1 || need_apt+=(jq)
 command -v sqlite3 >/dev/null 2>&1 || need_apt+=(sqlite3)
-# The controller image (scripts/image.sh) carries Debian's Mozilla CA set; tests/image.rs runs it.
+# The controller image (scripts/image.sh) carries Debian's Mozilla CA set; tests/packaging/image.rs runs it.
 [[ -d /usr/share/ca-certificates/mozilla ]] || need_apt+=(ca-certificates)
-# The shell of the node suite's application image (tests/node.rs): one static binary.
+# The shell of the node suite's application image (tests/packaging/node.rs): one static binary.
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt+=(busybox-static)
 # The e2e node (`e2e/cluster up --node`): the OCI runtime containerd's shim runs, the CNI plugins
 # (bridge, host-local, loopback, portmap in /usr/lib/cni), iptables for kube-proxy and the

@@ -1,4 +1,4 @@
-//! What the chart's suites share (`tests/chart.rs`, static; `tests/chart_cluster.rs`, on a
+//! What the chart's suites share (`tests/packaging/chart.rs`, static; `tests/packaging/chart_cluster.rs`, on a
 //! control plane): the release they work with, helm/kubectl/kstatus from the e2e build, YAML
 //! helpers, the RBAC rules the chart must grant, and the Argo CD health check run with Lua 5.1.
 

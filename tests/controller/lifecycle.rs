@@ -485,7 +485,7 @@ async fn holder_pod_gone_releases(s: Scenario) {
 // works, keeps a holderRef lease Held (its holder is not tracked), and never asks for a pod. The
 // same account with the default scope does ask and is refused: the control that shows the log
 // would tell. (--holder-pod-namespaces is the same switch per namespace: unit tests of
-// holders::PodScope, and the chart's Roles in tests/chart.rs.)
+// holders::PodScope, and the chart's Roles in tests/packaging/chart.rs.)
 async fn holder_pods_narrowed_need_no_pod_access(mut s: Scenario) {
     let ns = s.ns.clone();
     s.cluster.apply(&format!(

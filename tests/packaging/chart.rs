@@ -1,7 +1,7 @@
 //! The Helm chart (`charts/targetlease`), the GitOps health checks and the examples, checked
 //! without a cluster: helm (lint, template, the values schema), Lua 5.1 (the Argo CD health
 //! check) and kstatus on sample statuses the controller's own code makes. The chart on a real
-//! control plane is `tests/chart_cluster.rs`. A missing tool fails the suite; it never skips.
+//! control plane is `tests/packaging/chart_cluster.rs`. A missing tool fails the suite; it never skips.
 
 use targetlease_test_support as support;
 
@@ -1026,7 +1026,7 @@ fn anchor(heading: &str) -> String {
 /// severity, a summary, a description and a runbook_url whose anchor is a heading of
 /// docs/operations.md; the rule's labels and selector follow the values; the dashboard is
 /// files/dashboard.json unchanged, with the sidecar's label. (Their metric names are checked
-/// against a running controller in tests/controller.rs.)
+/// against a running controller in tests/controller/lifecycle.rs.)
 fn alerts_and_dashboard_render_when_asked(tools: &Tools) {
     let docs = tools.render_ok(&[]);
     assert!(of_kind(&docs, "PrometheusRule").is_empty());

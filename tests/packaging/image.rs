@@ -157,7 +157,7 @@ fn dockerfile_build_context_is_complete() {
     // [header comments, the build stage, the final stage]
     let build_stage = text.split("\nFROM ").nth(1).expect("a build stage");
     // The context has no .git: build.rs reads the commit and the date from these build
-    // arguments (tests/release.rs runs it without a checkout).
+    // arguments (tests/packaging/release.rs runs it without a checkout).
     for arg in ["TARGETLEASE_BUILD_COMMIT", "SOURCE_DATE_EPOCH"] {
         assert!(
             build_stage

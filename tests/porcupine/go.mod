@@ -1,4 +1,4 @@
-// The independent linearizability checker of tests/linearizability.rs (Porcupine).
+// The independent linearizability checker of tests/store/linearizability.rs (Porcupine).
 module targetlease.invalid/tests/porcupine
 
 go 1.26.0

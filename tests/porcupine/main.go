@@ -1,6 +1,6 @@
 // Command linearize checks a history of lease-store calls for linearizability against a
 // sequential model of the lease protocol, with Porcupine: the independent checker of
-// tests/linearizability.rs, which records the history on a real server with clients killed
+// tests/store/linearizability.rs, which records the history on a real server with clients killed
 // mid-call. It shares no code with the store it checks.
 //
 //	linearize HISTORY.json [VISUALIZATION.html]
@@ -65,7 +65,7 @@ import (
 // that Porcupine can compare states with ==.
 const maxSlots = 4
 
-// Call is one recorded call, as tests/linearizability.rs writes it. Times are nanoseconds on
+// Call is one recorded call, as tests/store/linearizability.rs writes it. Times are nanoseconds on
 // the recorder's monotonic clock.
 type Call struct {
 	Client int    `json:"client"`

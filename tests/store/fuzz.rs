@@ -373,7 +373,7 @@ fn hostile_arguments_are_refused_cleanly() {
             let lease_id = |s: &str| LeaseId::new(s.to_owned()).expect("lease id");
             // Hostile values go through the protocol's types, as they would from a flag or a
             // status: those refuse what no store accepts (the scripts check again, see
-            // tests/adversarial.rs), and the refusal must be an invalid request too.
+            // tests/store/adversarial.rs), and the refusal must be an invalid request too.
             let handle =
                 |token: u64, owner: &str, lease: &str| -> Result<LeaseHandle, StoreError> {
                     Ok(LeaseHandle {

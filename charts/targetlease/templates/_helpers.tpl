@@ -146,7 +146,7 @@ app.kubernetes.io/part-of: targetlease
 {{/* Fails, saying what to do, when a block of values lacks a key it cannot render without: what
 `helm upgrade --reuse-values` from a release without that block gives (Helm then applies the
 older chart's defaults, not this one's), which would render a test or an alert with empty
-settings. Only keys whose absence breaks the output are listed; tests/chart.rs renders every
+settings. Only keys whose absence breaks the output are listed; tests/packaging/chart.rs renders every
 other key of the block absent. A key added in a later release must not be listed (a
 `--reuse-values` upgrade from this one would leave it unset): give it a default in the template.
 Call: include "targetlease.requireKeys" (list .Values.helmTest "helmTest" (list "ttlSeconds")). */}}

@@ -1,6 +1,6 @@
 //! The lease-store contract: one set of test bodies that every backend must pass. The suites
-//! run them against the in-memory store and plain servers (`tests/contract.rs`), as an ACL user,
-//! over TLS and mTLS (`tests/operations.rs`) and on a Valkey Cluster (`tests/cluster.rs`).
+//! run them against the in-memory store and plain servers (`tests/store/contract.rs`), as an ACL user,
+//! over TLS and mTLS (`tests/store/operations.rs`) and on a Valkey Cluster (`tests/store/cluster.rs`).
 //!
 //! A suite describes each backend as a [`Variant`]: a factory for a fresh [`Harness`] per test
 //! and what the harness offers beyond the store (an administrator connection, a plaintext port

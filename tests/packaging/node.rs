@@ -220,7 +220,7 @@ fn app_image(cluster: &Cluster, controller: &Layout) -> PathBuf {
     let programs = [
         (
             "app/reports-writer",
-            "#!/bin/sh\n# The follow example's application: shows the token file's token whenever it changes.\nlast=none\nwhile :; do\n  token=$(sed -n 's/^TARGETLEASE_TOKEN=//p' \"$TARGETLEASE_TOKEN_FILE\" 2>/dev/null)\n  [ -n \"$token\" ] || token=none\n  if [ \"$token\" != \"$last\" ]; then echo \"reports-writer: token=$token\"; last=$token; fi\n  sleep 0.05\ndone\n",
+            "#!/bin/sh\n# The follow example's application: shows the token file's token whenever it changes.\ntrap 'exit 0' TERM\nlast=none\nwhile :; do\n  token=$(sed -n 's/^TARGETLEASE_TOKEN=//p' \"$TARGETLEASE_TOKEN_FILE\" 2>/dev/null)\n  [ -n \"$token\" ] || token=none\n  if [ \"$token\" != \"$last\" ]; then echo \"reports-writer: token=$token\"; last=$token; fi\n  sleep 0.05\ndone\n",
         ),
         (
             "app/scheduler",
@@ -552,10 +552,22 @@ fn runs_in(file: &std::path::Path) -> Vec<(jiff::Timestamp, jiff::Timestamp, u64
     runs
 }
 
+/// How often `pod`'s containers restarted.
+fn restarts(w: &World, pod: &str) -> u64 {
+    let pod = w.kubectl_json(&["get", "pod", pod, "-n", APP_NS]);
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["restartCount"].as_u64())
+        .sum()
+}
+
 /// examples/deployment-standby.yaml: two replicas, each application under `targetlease run`
 /// (copied in by an init container). The holder pod deleted, then the new holder's node-local
 /// `run` killed with SIGKILL: the applications never work at once (their ticks, timestamped by
-/// the container runtime), and each new holder's application starts with a larger token.
+/// the container runtime), a standby's application starts with a larger token, and a restarted
+/// container's (its `run` adopting the pod's lease) with its own.
 fn standby_replicas_never_work_at_once() {
     let w = &*world();
     w.cluster.apply(&w.example("deployment-standby.yaml"));
@@ -617,23 +629,26 @@ fn standby_replicas_never_work_at_once() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("SIGKILL");
+    // Its container dies with it and restarts: the new `run` adopts the pod's own TargetLease
+    // (the killed one is provably gone, and its application with it) and starts the application
+    // again under the same token; or a standby takes over with a larger one.
     let third = w.until(
-        "another application started after the holder's run was killed",
+        "an application started after the holder's run was killed",
         APP_NS,
         Duration::from_secs(90),
         || {
             follow(w, &mut followers);
             pods_of(w, selector).into_iter().find_map(|pod| {
                 let t = last_token(w, &pod, "scheduler", prefix)?;
-                (t > next).then_some(t)
+                (t > next || (pod == second && restarts(w, &pod) > 0)).then_some(t)
             })
         },
     );
     support::suite::measured(
-        "standby: holder's run SIGKILLed -> another application started",
+        "standby: holder's run SIGKILLed -> an application started again",
         started.elapsed(),
     );
-    assert!(third > next);
+    assert!(third >= next, "tokens went down: {third} after {next}");
     std::thread::sleep(Duration::from_secs(3));
     for (stop, _) in &followers {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -665,7 +680,12 @@ fn standby_replicas_never_work_at_once() {
             b.2,
             b.0
         );
-        assert!(b.2 > a.2, "tokens went down: {all:?}");
+        // A token passes to another pod only larger; a pod whose container restarted keeps its
+        // own tenure's token.
+        assert!(
+            b.2 > a.2 || (b.2 == a.2 && b.3 == a.3),
+            "a token went down or passed to another pod: {all:?}"
+        );
     }
     w.cluster.kubectl_ok(&[
         "delete",

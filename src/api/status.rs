@@ -86,11 +86,14 @@ pub enum Reason {
     /// status (`targetlease run`), has not confirmed yet that its command stopped: the target
     /// is passed on once it does, or at the bound by which it must have (the message names it).
     Stopping,
+    /// Another installation of targetlease acts in this namespace (`InstallationConflict`,
+    /// written by the installation that leaves the TargetLease alone).
+    OtherInstallation,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 22] = [
         Reason::Acquired,
         Reason::Waiting,
         Reason::ReleaseRequested,
@@ -112,6 +115,7 @@ impl Reason {
         Reason::HolderUnknown,
         Reason::PermitsConflict,
         Reason::Stopping,
+        Reason::OtherInstallation,
     ];
 
     /// The reason a condition names, if it is one of these.
@@ -143,6 +147,7 @@ impl Reason {
             Reason::HolderUnknown => "HolderUnknown",
             Reason::PermitsConflict => "PermitsConflict",
             Reason::Stopping => "Stopping",
+            Reason::OtherInstallation => "OtherInstallation",
         }
     }
 }
@@ -164,6 +169,9 @@ pub enum ConditionType {
     Reconciling,
     /// A person must act (kstatus).
     Stalled,
+    /// Another installation of targetlease, whose scope overlaps this one's, leaves this
+    /// TargetLease to the installation that acts in its namespace (written by the former).
+    InstallationConflict,
 }
 
 impl ConditionType {
@@ -174,8 +182,17 @@ impl ConditionType {
             ConditionType::Held => "Held",
             ConditionType::Reconciling => "Reconciling",
             ConditionType::Stalled => "Stalled",
+            ConditionType::InstallationConflict => "InstallationConflict",
         }
     }
+
+    /// The types the installation that acts on a TargetLease writes (the rest are another's).
+    pub const OWN: [ConditionType; 4] = [
+        ConditionType::Ready,
+        ConditionType::Held,
+        ConditionType::Reconciling,
+        ConditionType::Stalled,
+    ];
 }
 
 /// Observed state of a TargetLease.
@@ -238,7 +255,8 @@ pub struct TargetLeaseStatus {
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     // The field checks are metav1.Condition's, so tools that read conditions can rely on them.
-    /// `Ready`, `Held`, `Reconciling` or `Stalled`.
+    /// `Ready`, `Held`, `Reconciling`, `Stalled`, or `InstallationConflict` (written by another
+    /// installation of targetlease that leaves this TargetLease alone).
     #[serde(rename = "type")]
     #[schemars(
         length(min = 1, max = 316),

@@ -80,7 +80,10 @@ pub struct ControllerArgs {
     identity: Option<String>,
     /// This installation's identity (the chart sets `<namespace>/<release>`): the controller
     /// claims the Valkey key prefix for it and refuses to work on a prefix that another
-    /// installation claimed, so two installations never share leases by accident.
+    /// installation claimed, so two installations never share leases by accident; and it acts
+    /// only in namespaces whose Lease `targetlease-installation` names it (it creates the Lease
+    /// where there is none), so two installations never act on one TargetLease. Without it, the
+    /// store's name stands in (`unnamed (Valkey key prefix tl)`).
     #[arg(long, env = "TARGETLEASE_INSTALLATION_ID")]
     installation_id: Option<String>,
     /// Reconciles running at once, at most (each makes at most one store call and one status
@@ -103,6 +106,19 @@ impl ControllerArgs {
                 config.validate()?;
                 Ok(Arc::new(ValkeyStore::new_lazy(config)?))
             }
+        }
+    }
+
+    /// This installation's id: `--installation-id`, else a name for the store it uses (two
+    /// controllers on one Valkey key prefix are one installation; the chart always sets an id).
+    fn installation(&self) -> String {
+        match (&self.installation_id, self.backend) {
+            (Some(id), _) if !id.is_empty() => id.clone(),
+            (_, Backend::Memory) => controller::installation::default_id("memory"),
+            (_, Backend::Valkey) => controller::installation::default_id(&format!(
+                "Valkey key prefix {}",
+                self.valkey.valkey_key_prefix
+            )),
         }
     }
 
@@ -235,6 +251,7 @@ impl ControllerArgs {
             shortest_ttl: controller::shortest_ttl(self.valkey.valkey_timeout.0, election.as_ref()),
             reconcile_concurrency: self.reconcile_concurrency,
             renewal_concurrency: usize::from(self.renewal_concurrency),
+            installation: self.installation(),
         };
         info!(
             shortest_ttl_seconds = settings.shortest_ttl.as_secs(),

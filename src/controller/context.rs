@@ -9,6 +9,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
 use super::holders::Holders;
+use super::installation::Installations;
 use super::line::Line;
 use super::metrics::Metrics;
 use super::status::StatusWriter;
@@ -27,6 +28,8 @@ pub(crate) struct Context {
     pub(crate) tenures: Tenures,
     /// The claims on each target, and who waits for it.
     pub(crate) line: Line,
+    /// The namespaces this installation acts in.
+    pub(crate) installations: Installations,
     /// Holder pods and heartbeats.
     pub(crate) holders: Holders,
     /// Status writes and Events, within the write budget.
@@ -48,6 +51,7 @@ pub(crate) struct Parts {
     pub(crate) store: Arc<dyn LeaseStore>,
     pub(crate) tenures: Tenures,
     pub(crate) line: Line,
+    pub(crate) installations: Installations,
     pub(crate) holders: Holders,
     pub(crate) status: StatusWriter,
     pub(crate) leadership: Leadership,
@@ -63,6 +67,7 @@ impl Context {
             store,
             tenures,
             line,
+            installations,
             holders,
             status,
             leadership,
@@ -74,6 +79,7 @@ impl Context {
             store,
             tenures,
             line,
+            installations,
             holders,
             status,
             leadership,

@@ -19,6 +19,7 @@ use tower_test::mock::{Handle, SendResponse};
 
 use super::context::{Context, Parts};
 use super::holders::{Holders, PodScope};
+use super::installation::Installations;
 use super::line::Line;
 use super::metrics::Metrics;
 use super::status::StatusWriter;
@@ -265,6 +266,7 @@ impl Fixture {
             ),
             holders: Holders::new(client.clone(), PodScope::Watched, wake.clone()),
             line: Line::new(leases, wake),
+            installations: Installations::acting_in(client.clone(), "test", &["ns"]),
             client,
             store: store.clone(),
             tenures,

@@ -10,6 +10,7 @@ pub mod finalizer;
 mod fixtures;
 mod holders;
 pub mod http;
+pub mod installation;
 mod line;
 pub mod metrics;
 mod reconcile;
@@ -35,6 +36,7 @@ use self::context::{Context, Parts};
 pub use self::error::Error;
 use self::holders::Holders;
 pub(crate) use self::holders::PodScope;
+use self::installation::Installations;
 use self::line::Line;
 use self::metrics::Metrics;
 use self::status::StatusWriter;
@@ -59,6 +61,9 @@ pub(crate) struct Settings {
     pub(crate) reconcile_concurrency: u16,
     /// Renewals in flight at once, at most.
     pub(crate) renewal_concurrency: usize,
+    /// This installation's id: the namespaces it acts in are marked with it
+    /// ([`installation`]).
+    pub(crate) installation: String,
 }
 
 /// Reconciles running at once by default. Each makes at most one store call and one status
@@ -209,6 +214,7 @@ pub(crate) async fn run(
             metrics.clone(),
             leadership.clone(),
         ),
+        installations: Installations::new(client.clone(), settings.installation.clone()),
         client,
         store,
         tenures,

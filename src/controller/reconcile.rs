@@ -19,6 +19,7 @@ use super::context::Context;
 use super::decide::{self, Facts, Plan, Step};
 use super::finalizer::finalizer;
 use super::holders::HolderFacts;
+use super::installation::Standing;
 use super::status::{Observed, Written};
 use super::tenure::clock::Reading;
 use super::tenure::{State, View, renew_interval};
@@ -50,6 +51,16 @@ async fn reconcile_once(lease: Arc<TargetLease>, ctx: &Context) -> Result<Action
     let ns = lease
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
+    if let Standing::Theirs(owner) = ctx.installations.standing(&ns).await? {
+        // Another installation acts here: nothing of this one touches the claim, its
+        // finalizer included, but for one condition that says so.
+        ctx.installations.warn_once(&ns, &owner);
+        ctx.tenures.stop(&ObjectRef::from_obj(&*lease));
+        ctx.status
+            .report_conflict(&lease, ctx.installations.id(), &owner)
+            .await;
+        return Ok(Action::await_change());
+    }
     let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
     finalizer(&api, FINALIZER, lease, |event| async {
         match event {

@@ -1407,6 +1407,8 @@ fn controller_account_with(
          - {{apiGroups: [targetlease.dev], resources: [targetleases], verbs: [list, watch, patch]}}\n\
          - {{apiGroups: [targetlease.dev], resources: [targetleases/status], verbs: {status_verbs}}}\n\
          - {{apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}}\n\
+         - {{apiGroups: [coordination.k8s.io], resources: [leases], verbs: [create]}}\n\
+         - {{apiGroups: [coordination.k8s.io], resources: [leases], resourceNames: [targetlease-installation], verbs: [get]}}\n\
          {pod_rule}---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {name}, namespace: {ns}}}\n\
          roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {name}}}\n\
@@ -2737,10 +2739,149 @@ fn promql_names(expr: &str) -> PromqlNames {
     named
 }
 
+// Two installations whose scopes overlap (as two teams' Helm releases would be): the second
+// controller, on its own key prefix with its own installation id, watches the namespace where
+// the first already acts. It never acts on the namespace's TargetLeases: never two Held on the
+// target, the holder's token never moves, nothing of it in its store; every TargetLease says so
+// (InstallationConflict, naming both installations), its log says so, and the namespace's marker
+// names the first. When the holder is deleted, the first hands over as before. (Without the
+// marker, the two granted the holder again from their own stores, its token moving 44 times in
+// 20 s.)
+async fn overlapping_installations_never_both_act(s: Scenario) {
+    s.apply("first", "shared", "team-a-1", "ttlSeconds: 6");
+    let first = s.wait_phase("first", Phase::Held, 30 * SEC).await;
+    let token = token_of(&first);
+    s.apply("second", "shared", "team-a-2", "ttlSeconds: 6");
+    s.wait_phase("second", Phase::Waiting, 30 * SEC).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = never_more_held_than(&s, "shared", 1, stop.clone());
+    let mut other =
+        s.start_controller(&["--valkey-key-prefix", "tl2", "--installation-id", "team-b"]);
+    // Both TargetLeases say that team-b leaves them to the installation that acts here.
+    for name in ["first", "second"] {
+        let lease = s
+            .wait(name, "InstallationConflict", 30 * SEC, |l| {
+                condition(l, "InstallationConflict").is_some_and(|c| c.status == "True")
+            })
+            .await;
+        let said = condition(&lease, "InstallationConflict").expect("condition");
+        assert_eq!(said.reason, "OtherInstallation");
+        assert!(
+            said.message.contains("\"team-b\"")
+                && said.message.contains("unnamed (Valkey key prefix tl)"),
+            "{}",
+            said.message
+        );
+    }
+    // Two renewal periods and more with both running: the holder keeps its token, the waiter waits.
+    let until = Instant::now() + 8 * SEC;
+    while Instant::now() < until {
+        let first = s.get("first").await;
+        assert_eq!(phase_of(&first), Some(Phase::Held));
+        assert_eq!(token_of(&first), token, "the holder's token moved");
+        assert_eq!(phase_of(&s.get("second").await), Some(Phase::Waiting));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let logs = other.logs();
+    assert!(
+        logs.contains("another installation acts on the TargetLeases of this namespace"),
+        "{logs}"
+    );
+    let admin = Admin::single(&s.valkey.url(), None).await;
+    // Its installation's claim on its key prefix (tl2:installation), and no lease.
+    let theirs = admin.cmd(&["KEYS", "tl2:{*"]).await;
+    assert_eq!(
+        theirs,
+        redis::Value::Array(Vec::new()),
+        "the other installation wrote to its store"
+    );
+    let markers: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(s.client.clone(), &s.ns);
+    let marker = markers
+        .get("targetlease-installation")
+        .await
+        .expect("the marker");
+    assert_eq!(
+        marker.spec.and_then(|m| m.holder_identity).as_deref(),
+        Some("unnamed (Valkey key prefix tl)")
+    );
+    // The installation that acts here hands over as before; the other still does nothing.
+    s.delete("first").await;
+    let second = s.wait_phase("second", Phase::Held, 10 * SEC).await;
+    assert!(token_of(&second) > token);
+    tokio::time::sleep(2 * SEC).await;
+    assert_eq!(token_of(&s.get("second").await), token_of(&second));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(watcher.await.expect("watcher"), 1);
+    other.terminate();
+}
+
+// The same two installations starting at once, before any claim: exactly one marker, and the
+// claims on one target are never Held twice, nor their tokens moved.
+async fn installations_starting_together_pick_one(mut s: Scenario) {
+    s.controller().terminate();
+    let mut a = s.start_controller(&["--installation-id", "team-a"]);
+    let mut b = s.start_controller(&["--valkey-key-prefix", "tl2", "--installation-id", "team-b"]);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = never_more_held_than(&s, "together", 1, stop.clone());
+    for i in 0..4 {
+        s.apply(
+            &format!("claim-{i}"),
+            "together",
+            &format!("holder-{i}"),
+            "ttlSeconds: 6",
+        );
+    }
+    // Whichever installation won the namespace serves the line: one Held, its token fixed.
+    let deadline = Instant::now() + 30 * SEC;
+    let (holder, token) = loop {
+        let all = s.api().list(&Default::default()).await.expect("list").items;
+        if let Some(l) = all.iter().find(|l| phase_of(l) == Some(Phase::Held)) {
+            break (l.name_any(), token_of(l));
+        }
+        assert!(Instant::now() < deadline, "nothing Held");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let until = Instant::now() + 6 * SEC;
+    while Instant::now() < until {
+        assert_eq!(
+            token_of(&s.get(&holder).await),
+            token,
+            "the holder's token moved"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let markers: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(s.client.clone(), &s.ns);
+    let winner = markers
+        .get("targetlease-installation")
+        .await
+        .expect("the marker")
+        .spec
+        .and_then(|m| m.holder_identity)
+        .expect("a holder");
+    let (loser, loser_logs) = if winner == "team-a" {
+        ("team-b", b.logs())
+    } else {
+        assert_eq!(winner, "team-b");
+        ("team-a", a.logs())
+    };
+    assert!(
+        loser_logs.contains("another installation acts on the TargetLeases of this namespace"),
+        "{loser} did not say so:\n{loser_logs}"
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(watcher.await.expect("watcher"), 1);
+    a.terminate();
+    b.terminate();
+}
+
 /// The suite's scenarios, one at a time on one control plane.
 pub fn suite(args: &Arguments) -> Conclusion {
     let scenarios = scenarios![
         apply_leads_to_held,
+        overlapping_installations_never_both_act,
+        installations_starting_together_pick_one,
         handover_on_delete,
         stale_cleanup_touches_only_its_own_object,
         invalid_resources_are_refused,

@@ -687,6 +687,8 @@ fn service_account_is_least_privilege(world: &World) {
         .collect();
     let expected: BTreeSet<String> = [
         "events.events.k8s.io [] [] [create patch]",
+        "leases.coordination.k8s.io [] [] [create]",
+        "leases.coordination.k8s.io [] [targetlease-installation] [get]",
         "pods [] [] [get list watch]",
         "targetleases.targetlease.dev/status [] [] [patch]",
         "targetleases.targetlease.dev [] [] [list watch patch]",

@@ -149,12 +149,15 @@ mod tests {
     #[test]
     fn a_descendant_that_left_the_group_is_found_and_killed() {
         become_subreaper();
+        // A marker of this run alone: a process left by an earlier, interrupted run of this test
+        // carries another.
+        let name = format!("tree-test-{}", std::process::id());
         let mut child = std::process::Command::new("sh")
             .args([
                 "-c",
                 "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!; exit 0",
             ])
-            .env("TARGETLEASE_NAME", "tree-test-0123456789")
+            .env("TARGETLEASE_NAME", &name)
             .env("TARGETLEASE_TOKEN", "7")
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -172,8 +175,8 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert!(!started_for(orphan, "tree-test-0123456789", "8"));
-        let killed = kill_marked("tree-test-0123456789", "7", 0);
+        assert!(!started_for(orphan, &name, "8"));
+        let killed = kill_marked(&name, "7", 0);
         assert_eq!(killed, 1);
         while !is_zombie(orphan) && stat_fields(orphan).is_some() {
             assert!(Instant::now() < deadline, "not killed");

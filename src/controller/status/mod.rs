@@ -22,8 +22,9 @@ use self::budget::{Priority, StatusBudget, is_overload};
 pub use self::observed::Observed;
 pub(crate) use self::observed::{priority, published_expiry};
 use super::Error;
+use super::installation::MARKER;
 use super::metrics::Metrics;
-use crate::api::{FIELD_MANAGER, Reason, TargetLease};
+use crate::api::{Condition, ConditionType, FIELD_MANAGER, Reason, TargetLease};
 use crate::election::Leadership;
 
 /// What became of a status write.
@@ -42,6 +43,8 @@ pub(crate) struct StatusWriter {
     client: Client,
     recorder: Recorder,
     budget: Arc<StatusBudget>,
+    /// The TargetLeases this process reported another installation on.
+    reported: std::sync::Mutex<std::collections::HashSet<String>>,
     metrics: Arc<Metrics>,
     leadership: Leadership,
 }
@@ -58,6 +61,7 @@ impl StatusWriter {
             client,
             recorder,
             budget: Arc::new(StatusBudget::default()),
+            reported: std::sync::Mutex::default(),
             metrics,
             leadership,
         }
@@ -130,6 +134,67 @@ impl StatusWriter {
         self.metrics
             .status_written(phase_changed.then_some(phase_name.as_str()));
         Ok(Written::Wrote(Box::new(written)))
+    }
+
+    /// Says on `lease`, with an `InstallationConflict` condition, that this installation
+    /// (`ours`) leaves it alone because another (`owner`) acts in its namespace. Written once
+    /// per TargetLease and process, under a field manager of its own, without a
+    /// resourceVersion: it owns that one condition and nothing of what the acting
+    /// installation writes. A TargetLease without a status yet gets it at a later reconcile.
+    pub(crate) async fn report_conflict(&self, lease: &TargetLease, ours: &str, owner: &str) {
+        let Some(uid) = lease.uid() else { return };
+        let already = lease.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == ConditionType::InstallationConflict.as_str())
+        });
+        if already
+            || lease.status.is_none()
+            || !self
+                .reported
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(uid.clone())
+        {
+            return;
+        }
+        let message = format!(
+            "the targetlease installation {ours:?} also watches this namespace and leaves this \
+             TargetLease to {owner:?}, which acts here (the Lease {MARKER} of this namespace \
+             names it): give the two installations scopes that do not overlap"
+        );
+        let condition = Condition {
+            type_: ConditionType::InstallationConflict.as_str().to_owned(),
+            status: "True".to_owned(),
+            reason: Reason::OtherInstallation.as_str().to_owned(),
+            message,
+            observed_generation: lease.metadata.generation,
+            last_transition_time: Timestamp::now(),
+        };
+        let patch = json!({
+            "apiVersion": TargetLease::api_version(&()),
+            "kind": "TargetLease",
+            "status": {"conditions": [condition]},
+        });
+        let Some(namespace) = lease.namespace() else {
+            return;
+        };
+        let api: Api<TargetLease> = Api::namespaced(self.client.clone(), &namespace);
+        let manager = format!("{FIELD_MANAGER}-other-installation");
+        if let Err(e) = api
+            .patch_status(
+                &lease.name_any(),
+                &PatchParams::apply(&manager),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            self.reported
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&uid);
+            warn!(error = %e, lease = %lease.name_any(), "could not report the other installation on the TargetLease");
+        }
     }
 
     /// Publishes an Event about `lease`, if the budget has room for it (Events go last), in a

@@ -373,10 +373,13 @@ fn says_the_same(old: &TargetLeaseStatus, new: &TargetLeaseStatus) -> bool {
             s.max_hold_spent_generation,
         )
     };
+    // Only the conditions this installation writes: another's (InstallationConflict) is not
+    // this status's to repeat or remove.
     let conditions = |s: &TargetLeaseStatus| {
         let mut c: Vec<_> = s
             .conditions
             .iter()
+            .filter(|c| ConditionType::OWN.iter().any(|t| t.as_str() == c.type_))
             .map(|c| {
                 (
                     c.type_.clone(),
@@ -475,6 +478,26 @@ mod tests {
         let new_generation =
             Observed::held(&grant(7), Permits::ONE, "w").into_status(Some(2), Some(&first), now);
         assert!(priority(Some(&first), &new_generation).is_some());
+    }
+
+    /// Another installation's condition on the status (InstallationConflict) is not this
+    /// installation's to write again or remove: it never makes a status write due.
+    #[test]
+    fn another_installations_condition_is_no_change() {
+        let now = Timestamp::UNIX_EPOCH;
+        let mut old = Observed::held(&grant(7), Permits::ONE, "w").into_status(Some(1), None, now);
+        old.conditions.push(Condition {
+            type_: ConditionType::InstallationConflict.as_str().to_owned(),
+            status: "True".to_owned(),
+            reason: Reason::OtherInstallation.as_str().to_owned(),
+            message: "another installation".to_owned(),
+            observed_generation: Some(1),
+            last_transition_time: now,
+        });
+        let again =
+            Observed::held(&grant(7), Permits::ONE, "w").into_status(Some(1), Some(&old), now);
+        assert!(priority(Some(&old), &again).is_none());
+        assert!(condition(&again, "InstallationConflict").is_none());
     }
 
     #[test]

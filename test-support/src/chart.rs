@@ -130,6 +130,8 @@ pub fn controller_rules() -> Value {
         {"apiGroups": ["targetlease.dev"], "resources": ["targetleases/status"], "verbs": ["patch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["targetlease-installation"], "verbs": ["get"]},
     ])
 }
 

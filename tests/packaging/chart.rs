@@ -146,10 +146,53 @@ fn default_render_is_hardened_and_least_privilege(tools: &Tools) {
     let election = object(&docs, "Role", &format!("{FULLNAME}-leader-election"));
     assert_eq!(election["metadata"]["namespace"], RELEASE_NS);
     assert_eq!(election["rules"], election_rules(ELECTION_LEASE));
+    // Beside the controller's: the rights aggregated into the built-in view, edit and admin
+    // roles (never the status), and the workload ClusterRole, whose rules are examples/rbac.yaml's.
+    let prefix = format!("{FULLNAME}-{RELEASE_NS}");
+    let names: BTreeSet<String> = of_kind(&docs, "ClusterRole")
+        .iter()
+        .filter_map(|r| r["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    let expected: BTreeSet<String> = [
+        cluster_role(),
+        format!("{prefix}-view"),
+        format!("{prefix}-edit"),
+        format!("{prefix}-workload"),
+    ]
+    .into();
+    assert_eq!(names, expected);
+    let view = object(&docs, "ClusterRole", &format!("{prefix}-view"));
+    for role in ["view", "edit", "admin"] {
+        assert_eq!(
+            view["metadata"]["labels"][format!("rbac.authorization.k8s.io/aggregate-to-{role}")],
+            "true"
+        );
+    }
     assert_eq!(
-        of_kind(&docs, "ClusterRole").len(),
+        view["rules"],
+        json!([{"apiGroups": ["targetlease.dev"], "resources": ["targetleases", "targetleases/status"], "verbs": ["get", "list", "watch"]}])
+    );
+    let edit = object(&docs, "ClusterRole", &format!("{prefix}-edit"));
+    assert!(edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"].is_null());
+    assert!(
+        !edit["rules"].to_string().contains("status"),
+        "edit may write the status: {}",
+        edit["rules"]
+    );
+    assert_eq!(
+        object(&docs, "ClusterRole", &format!("{prefix}-workload"))["rules"],
+        workload_rules()
+    );
+    let off = tools.render_ok(&[
+        "--set",
+        "rbac.aggregateToDefaultRoles=false",
+        "--set",
+        "rbac.workloadClusterRole=false",
+    ]);
+    assert_eq!(
+        of_kind(&off, "ClusterRole").len(),
         1,
-        "only one ClusterRole"
+        "only the controller's ClusterRole"
     );
     for doc in &docs {
         let rules = doc["rules"].as_array().cloned().unwrap_or_default();

@@ -630,6 +630,78 @@ fn documented_can_i_checks() -> Vec<(bool, Vec<String>)> {
         .collect()
 }
 
+/// Kubernetes' built-in roles reach TargetLeases through the chart's aggregated ClusterRoles: a
+/// user bound to `view` in a namespace lists them (`kubectl get all` included, the CRD being in
+/// the `all` category) and changes none; one bound to `edit` creates and deletes them; neither
+/// writes a status. The workload ClusterRole, bound in a namespace, is what `run` needs.
+fn default_roles_reach_targetleases(world: &World) {
+    let ns = world.namespace("roles");
+    for (user, role) in [("viewer", "view"), ("editor", "edit")] {
+        world.cluster.kubectl_ok(&[
+            "create",
+            "rolebinding",
+            user,
+            "-n",
+            &ns,
+            "--clusterrole",
+            role,
+            "--user",
+            user,
+        ]);
+    }
+    let as_user = |user: &str, args: &[&str]| -> bool {
+        let mut all = vec!["auth", "can-i"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-n", &ns, "--as", user]);
+        stdout(&world.cluster.kubectl(&all)).trim() == "yes"
+    };
+    let tl = "targetleases.targetlease.dev";
+    // The aggregation controller fills the built-in roles in shortly after the install.
+    poll(Duration::from_secs(30), "view reaches TargetLeases", || {
+        as_user("viewer", &["list", tl]).then_some(())
+    });
+    for verb in ["get", "list", "watch"] {
+        assert!(as_user("viewer", &[verb, tl]), "view cannot {verb}");
+    }
+    for verb in ["create", "patch", "delete"] {
+        assert!(!as_user("viewer", &[verb, tl]), "view may {verb}");
+        assert!(as_user("editor", &[verb, tl]), "edit cannot {verb}");
+    }
+    for user in ["viewer", "editor"] {
+        assert!(
+            !as_user(user, &["patch", tl, "--subresource=status"]),
+            "{user} may write a status"
+        );
+    }
+    let all = world
+        .cluster
+        .kubectl(&["get", "all", "-n", &ns, "--as", "viewer"]);
+    assert!(
+        all.status.success(),
+        "kubectl get all as a viewer: {}",
+        stderr(&all)
+    );
+    let workload = format!("{}-{RELEASE_NS}-workload", fullname(RELEASE));
+    world.cluster.kubectl_ok(&[
+        "create",
+        "rolebinding",
+        "worker",
+        "-n",
+        &ns,
+        "--clusterrole",
+        &workload,
+        "--user",
+        "worker",
+    ]);
+    for verb in ["create", "get", "list", "watch", "patch", "delete"] {
+        assert!(
+            as_user("worker", &[verb, tl]),
+            "the workload role cannot {verb}"
+        );
+    }
+    assert!(!as_user("worker", &["patch", tl, "--subresource=status"]));
+}
+
 fn service_account_is_least_privilege(world: &World) {
     let checks = documented_can_i_checks();
     let allowed = checks.iter().filter(|(want, _)| *want).count();
@@ -1527,6 +1599,11 @@ pub fn suite(args: &Arguments) -> Conclusion {
             shared,
             "service_account_is_least_privilege",
             |world, tools| service_account_is_least_privilege(world)
+        ),
+        on_world!(
+            shared,
+            "default_roles_reach_targetleases",
+            |world, tools| default_roles_reach_targetleases(world)
         ),
         on_world!(shared, "gitops_status_of_real_objects", |world, tools| {
             gitops_status_of_real_objects(world, tools).await

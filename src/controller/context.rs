@@ -8,6 +8,7 @@ use kube::Client;
 use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
+use super::finalizer::Removed;
 use super::holders::Holders;
 use super::installation::Installations;
 use super::line::Line;
@@ -40,6 +41,8 @@ pub(crate) struct Context {
     pub(crate) metrics: Arc<Metrics>,
     /// The shortest `ttlSeconds` this controller accepts.
     pub(crate) shortest_ttl: Duration,
+    /// The deleted objects whose finalizer this process removed: nothing is left to do for them.
+    pub(crate) removed: Arc<Removed>,
     /// Objects whose reconciles fail, each with when its run of failures began (for the
     /// backoff); removed at its next reconcile that succeeds.
     failures: Mutex<HashMap<ObjectRef<TargetLease>, Instant>>,
@@ -57,6 +60,7 @@ pub(crate) struct Parts {
     pub(crate) leadership: Leadership,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) shortest_ttl: Duration,
+    pub(crate) removed: Arc<Removed>,
 }
 
 impl Context {
@@ -73,6 +77,7 @@ impl Context {
             leadership,
             metrics,
             shortest_ttl,
+            removed,
         } = parts;
         Self {
             client,
@@ -85,6 +90,7 @@ impl Context {
             leadership,
             metrics,
             shortest_ttl,
+            removed,
             failures: Mutex::default(),
         }
     }

@@ -10,8 +10,9 @@
 //! before the finalizer came back would have skipped its cleanup, its lease left in the store
 //! until its TTL ran out.
 
+use std::collections::HashSet;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, RemoveOperation, TestOperation};
@@ -22,6 +23,40 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::Value;
 
 use crate::api::TargetLease;
+
+/// The objects whose finalizer this process removed, by uid, until the watch says they are gone.
+/// A cleanup's own status write queues one more reconcile of its object, which runs on the
+/// cached, deleting copy after the finalizer went: with nothing left to do, it would still ask
+/// the store what the lease id holds and patch a finalizer that is no longer there (a request
+/// refused with 404, at the moment the next claim's grant is being written).
+#[derive(Default)]
+pub(crate) struct Removed(Mutex<HashSet<String>>);
+
+impl Removed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether this process removed the finalizer of the object with `uid`.
+    pub(crate) fn contains(&self, uid: &str) -> bool {
+        self.lock().contains(uid)
+    }
+
+    /// The finalizer of the object with `uid` was removed.
+    pub(crate) fn mark(&self, uid: &str) {
+        self.lock().insert(uid.to_owned());
+    }
+
+    /// The watch says the object with `uid` is gone.
+    pub(crate) fn forget(&self, uid: &str) {
+        self.lock().remove(uid);
+    }
+
+    /// A relist: only the objects still there are kept.
+    pub(crate) fn retain(&self, listed: &HashSet<String>) {
+        self.lock().retain(|uid| listed.contains(uid));
+    }
+}
 
 /// Runs `reconcile` as [`kube::runtime::finalizer::finalizer`] does: `Apply` once the object
 /// carries `finalizer_name`, which is first added; `Cleanup` once it is being deleted, after which

@@ -273,6 +273,7 @@ impl Fixture {
             leadership,
             metrics,
             shortest_ttl: Duration::from_secs(1),
+            removed: Arc::default(),
         });
         Self {
             ctx: Arc::new(ctx),

@@ -171,14 +171,27 @@ pub(crate) async fn run(
         concurrency: settings.renewal_concurrency,
         leases: leases.clone(),
     });
+    let removed = Arc::new(finalizer::Removed::default());
     let stream = {
         let (leases, line, tenures) = (leases.clone(), line.clone(), tenures.clone());
+        let removed = removed.clone();
         let started = leadership.clone();
         watcher(api, watcher::Config::default().any_semantic())
             .modify(slim)
             .reflect(writer)
             .inspect_ok(move |event| {
                 line.observe(event);
+                match event {
+                    watcher::Event::Delete(lease) => {
+                        if let Some(uid) = lease.uid() {
+                            removed.forget(&uid);
+                        }
+                    }
+                    watcher::Event::InitDone => {
+                        removed.retain(&leases.state().iter().filter_map(|l| l.uid()).collect())
+                    }
+                    _ => {}
+                }
                 // The cache is whole: reconciles can start. A leader renews its Lease only
                 // once this has happened (or not for long).
                 if matches!(event, watcher::Event::InitDone) {
@@ -223,6 +236,7 @@ pub(crate) async fn run(
         leadership,
         metrics,
         shortest_ttl: settings.shortest_ttl,
+        removed,
     }));
     let woken = futures::stream::unfold(woken, |mut rx| async move {
         rx.recv().await.map(|obj| (obj, rx))

@@ -61,15 +61,27 @@ async fn reconcile_once(lease: Arc<TargetLease>, ctx: &Context) -> Result<Action
             .await;
         return Ok(Action::await_change());
     }
+    let uid = lease.uid().ok_or(Error::MissingField("metadata.uid"))?;
+    let deleting = lease.metadata.deletion_timestamp.is_some();
+    if deleting && ctx.removed.contains(&uid) {
+        // Its cleanup is done and its finalizer gone: this is the cached copy of an object on
+        // its way out.
+        return Ok(Action::await_change());
+    }
+    let ours = lease.finalizers().iter().any(|f| f == FINALIZER);
     let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, lease, |event| async {
+    let action = finalizer(&api, FINALIZER, lease, |event| async {
         match event {
             Finalizer::Apply(lease) => apply(&lease, ctx).await,
             Finalizer::Cleanup(lease) => cleanup(&lease, ctx).await,
         }
     })
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
+    .map_err(|e| Error::Finalizer(Box::new(e)))?;
+    if deleting && ours {
+        ctx.removed.mark(&uid);
+    }
+    Ok(action)
 }
 
 async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {

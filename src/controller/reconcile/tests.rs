@@ -456,3 +456,29 @@ async fn a_lost_tenure_of_a_run_holder_waits_for_it() {
         "the waiter was granted"
     );
 }
+
+/// A deleted holder whose cleanup removed its finalizer: the reconcile its own status write
+/// queued runs on the cached copy, still deleting and still carrying the finalizer, and sends
+/// nothing. (Before, it asked the store what the lease id held and patched the finalizer again:
+/// a request refused with 404, made while the next claim's grant was being written.)
+#[tokio::test]
+async fn a_finished_cleanup_is_not_done_twice() {
+    let mut fx = Fixture::new();
+    let (held, _) = held(&mut fx, "a", test_spec("t", "w")).await;
+    let mut deleting = held.clone();
+    deleting.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+    );
+    fx.cache(&deleting);
+    let running = reconciling(&fx, &deleting);
+    let written = fx.api.write_status(&deleting).await;
+    fx.api.remove_finalizer(&deleting).await;
+    running.await.expect("task").expect("reconcile");
+    assert_eq!(fx.api.event().await, "Released");
+    fx.cache(&written);
+    reconciling(&fx, &written)
+        .await
+        .expect("task")
+        .expect("reconcile");
+    fx.api.quiet().await;
+}

@@ -14,11 +14,13 @@ export TARGETLEASE_E2E_BIN_ROOT="${TARGETLEASE_E2E_BIN_ROOT:-$TARGETLEASE_CACHE_
 # Release builds for the target: the image's static binary (scripts/image.sh), the release kit
 # and the upgrade suite's build of the previous release use the same flags, so a cold machine
 # compiles the dependencies in release once. glibc is linked statically (the image has no libc),
-# symbols are stripped, and this machine's paths are left out of the binary. The flags apply to the target only: build scripts
-# and proc macros stay dynamic (`--target` keeps them apart).
+# symbols are stripped, and cargo's registry is named /cargo in the binary (the checkout's own
+# sources are named relative to it already). No flag names the checkout, so a build from another
+# folder reuses the cached dependencies. The flags apply to the target only: build scripts and
+# proc macros stay dynamic (`--target` keeps them apart).
 export TARGETLEASE_TARGET=x86_64-unknown-linux-gnu
 static_cargo() { # [auditable] SUBCOMMAND [ARGS...]: cargo [auditable] SUBCOMMAND --target TARGETLEASE_TARGET ARGS...
-  local sub="$1" repo cargo=(cargo)
+  local sub="$1" cargo=(cargo)
   shift
   # `auditable build`: the pinned cargo-auditable's wrapper around `cargo build` (the release
   # binary), run by its path: `cargo auditable` would run the first cargo-auditable cargo finds
@@ -28,10 +30,9 @@ static_cargo() { # [auditable] SUBCOMMAND [ARGS...]: cargo [auditable] SUBCOMMAN
     sub="$1"
     shift
   fi
-  repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
   # RUSTFLAGS or CARGO_ENCODED_RUSTFLAGS (a CI may set them) would silently replace the
   # target's flags and give a dynamic binary: they are left out here.
   env -u RUSTFLAGS -u CARGO_ENCODED_RUSTFLAGS \
-    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}/registry/src=/cargo --remap-path-prefix=$repo=/src" \
+    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}/registry/src=/cargo" \
     "${cargo[@]}" "$sub" --target "$TARGETLEASE_TARGET" "$@"
 }

@@ -65,6 +65,9 @@ cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 
+step "no import cycle among the files of src/ (scripts/import_cycles.py)"
+python3 scripts/import_cycles.py
+
 step "build every test and benchmark (test profile)"
 # The executables are then run directly: `cargo test` holds the build folder's lock while its
 # tests run, which would put the lanes below one after the other.

@@ -24,7 +24,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-pub use heartbeat::HEARTBEAT_ANNOTATION;
 pub use status::{Condition, ConditionType, Phase, Reason, TargetLeaseStatus};
 
 /// API group.

@@ -193,7 +193,7 @@ impl ControllerArgs {
         // A rolling upgrade onto a CRD that does not serve this version (crds.enabled=false
         // with the previous release's CRD) stops here: the new pods never get Ready, so the
         // rollout waits and the running controller keeps the leases.
-        super::ensure_served(&client).await?;
+        super::client::ensure_served(&client).await?;
         let store = self.open_store().map_err(|e| e.to_string())?;
         if let Err(e) = store.health().await {
             // Not fatal: the controller starts, reports not ready, and retries per object. Not
@@ -268,7 +268,7 @@ impl ControllerArgs {
             )
         };
         if let Some(election) = election {
-            election::lead(
+            election::elector::lead(
                 client.clone(),
                 election,
                 stop.clone(),
@@ -310,7 +310,7 @@ pub async fn wait_for_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::Span;
+    use crate::cli::flags::Span;
     use crate::store::valkey::{DEFAULT_CALL_TIMEOUT, DEFAULT_PREFIX};
 
     /// An empty identity (an empty POD_NAME) would read as a free leader Lease to the others.

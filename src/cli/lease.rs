@@ -13,8 +13,9 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::exit;
+use super::flags::Span;
 use super::valkey_args::ValkeyArgs;
-use super::{Span, exit};
 use crate::store::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, GuardedKey,
     LeaseHandle, LeaseId, LeaseStore, Owner, Permits, ReleaseOutcome, ReleaseRequest, RenewOutcome,

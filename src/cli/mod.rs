@@ -1,17 +1,20 @@
 //! The command line: one binary, one subcommand per use.
 
+mod client;
 mod controller;
 pub mod exit;
+mod flags;
 mod lease;
 mod run;
 mod valkey_args;
 mod wait;
 mod watch;
 
+use self::client::kube_client;
+pub use self::flags::{Span, parse_duration};
 pub use valkey_args::{PASSWORD_ENV, ValkeyArgs};
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -177,139 +180,5 @@ async fn migrate_storage(rewrite_all: bool) -> ExitCode {
             eprintln!("{e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// A Kubernetes client and the namespace to use: `namespace`, else the kubeconfig's (or the
-/// pod's) default.
-pub async fn kube_client(namespace: Option<String>) -> Result<(kube::Client, String), String> {
-    let client = kube::Client::try_default()
-        .await
-        .map_err(|e| format!("cannot configure the Kubernetes client: {e}"))?;
-    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
-    Ok((client, namespace))
-}
-
-/// [`kube_client`] for `run` and `wait`, after [`ensure_served`]: without it every call would
-/// fail with a bare 404, and a workload image newer than the installed chart is the likely
-/// cause.
-pub async fn lease_client(namespace: Option<String>) -> Result<(kube::Client, String), String> {
-    let (client, namespace) = kube_client(namespace).await?;
-    ensure_served(&client).await?;
-    Ok((client, namespace))
-}
-
-/// Checks that the API server serves the TargetLease version this binary speaks; the error says
-/// to upgrade the chart (or the CRD) first.
-pub async fn ensure_served(client: &kube::Client) -> Result<(), String> {
-    use kube::Resource as _;
-    let group_version = format!("{}/{}", crate::api::GROUP, crate::api::VERSION);
-    let plural = crate::api::TargetLease::plural(&());
-    // A CRD that was just updated is served a moment later: asked again for a few seconds.
-    let deadline = tokio::time::Instant::now() + ENSURE_SERVED_PATIENCE;
-    loop {
-        let served = match client.list_api_group_resources(&group_version).await {
-            Ok(list) => list.resources.iter().any(|r| r.name == plural),
-            Err(kube::Error::Api(status)) if status.code == 404 => false,
-            // Anything else (unreachable, forbidden) surfaces at the first real call.
-            Err(_) => true,
-        };
-        if served {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    Err(format!(
-        "the API server does not serve {group_version} TargetLeases: install or upgrade the \
-             targetlease chart (it serves {group_version} from 0.2.0 on; with crds.enabled=false, \
-             apply this release's crds/ file) before this targetlease runs; see \
-             docs/install.md, \"Upgrading\""
-    ))
-}
-
-/// How long [`ensure_served`] waits for the API version to be served.
-const ENSURE_SERVED_PATIENCE: Duration = Duration::from_secs(5);
-
-/// A duration as flags write it (`30s`, `500ms`, `2m`), parsed by [`parse_duration`] and shown
-/// the same way, so a flag's default is written once, as the `Duration` constant the rest of the
-/// code uses (`default_value_t = Span(CONSTANT)`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Span(pub Duration);
-
-impl std::str::FromStr for Span {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        parse_duration(text).map(Span)
-    }
-}
-
-impl std::fmt::Display for Span {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let d = self.0;
-        if d.subsec_nanos() == 0 {
-            write!(f, "{}s", d.as_secs())
-        } else if d.subsec_nanos().is_multiple_of(1_000_000) {
-            write!(f, "{}ms", d.as_millis())
-        } else {
-            write!(f, "{}s", d.as_secs_f64())
-        }
-    }
-}
-
-/// Parses a duration: a plain number is seconds; otherwise a number with `ms`, `s`, `m` or `h`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (try 30, 30s, 500ms, 2m)"))?;
-    let seconds = match unit {
-        "" | "s" => value,
-        "ms" => value / 1000.0,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => {
-            return Err(format!(
-                "{text:?}: unknown unit {unit:?} (use ms, s, m or h)"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is out of range"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn spans_read_back_what_they_show() {
-        for d in [
-            Duration::from_secs(2),
-            Duration::from_millis(50),
-            Duration::from_millis(1500),
-            Duration::from_secs(60),
-            Duration::from_micros(1500),
-        ] {
-            let shown = Span(d).to_string();
-            assert_eq!(shown.parse::<Span>(), Ok(Span(d)), "{shown}");
-        }
-        assert_eq!(Span(Duration::from_millis(50)).to_string(), "50ms");
-        assert_eq!(Span(Duration::from_secs(2)).to_string(), "2s");
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert!(parse_duration("5 parsecs").is_err());
-        assert!(parse_duration("").is_err());
     }
 }

@@ -14,7 +14,7 @@ use clap::builder::TypedValueParser;
 use clap::error::ErrorKind as ClapErrorKind;
 use clap::{Arg, Args, Command};
 
-use super::Span;
+use super::flags::Span;
 use crate::redact::{Secret, SecretUrl};
 use crate::store::valkey::{
     ClientCertificate, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,

@@ -17,8 +17,10 @@ use kube::Api;
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 
+use super::client::lease_client;
+use super::exit;
+use super::flags::parse_duration;
 use super::watch::{Sighting, watch_one};
-use super::{exit, lease_client, parse_duration};
 use crate::api::{Phase, TargetLease};
 
 /// Flags of `targetlease wait`.

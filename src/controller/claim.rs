@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 
-use super::Error;
+use super::error::Error;
 use crate::api::{Phase, TargetLease, TargetLeaseStatus};
 use crate::store::{LeaseHandle, LeaseId, Owner, Permits, Slot, TargetRef, Token, Ttl};
 

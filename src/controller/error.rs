@@ -23,7 +23,7 @@ pub enum Error {
     MissingField(&'static str),
     /// This replica may not act: its leadership lapsed.
     #[error(transparent)]
-    NotLeading(#[from] super::election::NotLeading),
+    NotLeading(#[from] crate::election::NotLeading),
     /// The reconcile did not finish in time (an API server that does not answer).
     #[error("the reconcile did not finish within {0:?}")]
     TimedOut(std::time::Duration),

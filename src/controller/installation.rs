@@ -23,7 +23,7 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use tracing::{info, warn};
 
-use super::Error;
+use super::error::Error;
 
 /// The name of the Lease that says which installation acts in its namespace.
 pub const MARKER: &str = "targetlease-installation";

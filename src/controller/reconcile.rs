@@ -13,20 +13,20 @@ use kube::{Api, ResourceExt};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use self::end::{cleanup, ending, give_up, pass_on, until_handover};
+use self::calls::{settle, store_call};
+use self::end::{cleanup, ending, fail, give_up, pass_on, record_failure, until_handover};
 use super::claim::Claim;
 use super::context::Context;
 use super::decide::{self, Facts, Plan, Step};
+use super::error::Error;
 use super::finalizer::finalizer;
 use super::holders::HolderFacts;
 use super::installation::Standing;
-use super::status::{Observed, Written};
-use super::tenure::clock::Reading;
+use super::line;
+use super::status::Observed;
 use super::tenure::{State, View, renew_interval};
-use super::{Error, line};
-use crate::api::{FINALIZER, Phase, Reason, TargetLease};
+use crate::api::{FINALIZER, TargetLease};
 use crate::store::{AcquireOutcome, AcquireRequest, LeaseHandle, RequestId, StoreError, Token};
-use crate::time::ms_of;
 
 /// The longest one reconcile may take. Its store calls are bounded by the store's call timeout,
 /// but the Kubernetes client has no deadline of its own: a request to an API server that cannot
@@ -137,25 +137,6 @@ async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {
     )))
 }
 
-/// Writes the status `observed` describes when it says something new, with `event`; tells the
-/// tenure layer the `expiresAt` a Held status published.
-async fn settle(
-    claim: &Claim<'_>,
-    ctx: &Context,
-    observed: Observed,
-    event: Option<(Reason, String)>,
-) -> Result<Written, Error> {
-    let written = ctx.status.settle(claim.lease, observed, event).await?;
-    if let Written::Wrote(lease) = &written
-        && let Some(status) = lease.status.as_ref().filter(|s| s.phase == Phase::Held)
-        && let (Some(token), Some(expires)) = (status.fencing_token, status.expires_at)
-    {
-        ctx.tenures
-            .published(&ObjectRef::from_obj(claim.lease), token, ms_of(expires));
-    }
-    Ok(written)
-}
-
 /// Writes a step's status (with the holder's unknown fate, when it is) and answers its next look.
 async fn write_step(
     claim: &Claim<'_>,
@@ -168,41 +149,6 @@ async fn write_step(
     Ok(step.next)
 }
 
-/// Records a store failure in the status (once) and returns it as the reconcile's error.
-async fn fail(claim: &Claim<'_>, ctx: &Context, error: StoreError) -> Error {
-    record_failure(claim, ctx, &error).await;
-    Error::Store(error)
-}
-
-/// Records a store failure in the status (once); answers whether the status still says Held (it
-/// does while the lease is known valid, see `Observed::store_failed`).
-async fn record_failure(claim: &Claim<'_>, ctx: &Context, error: &StoreError) -> bool {
-    let key = ObjectRef::from_obj(claim.lease);
-    let kept = ctx.tenures.view(&key);
-    let valid_for = decide::valid_for(claim, kept.as_ref());
-    let observed = Observed::store_failed(claim.status, error, valid_for);
-    let held = observed.phase == Phase::Held;
-    // A Held status that leaves Held ends the tenure: its holder is waited for.
-    let leaves_held = !held && claim.held_handle().is_some();
-    let (observed, ending) = if leaves_held {
-        ending(claim, observed, None)
-    } else {
-        (observed, None)
-    };
-    match settle(claim, ctx, observed, None).await {
-        Ok(_) => {
-            if let Some(token) = ending {
-                ctx.tenures.ended_since(&key, token, Instant::now());
-            }
-            held
-        }
-        Err(e) => {
-            warn!(error = %e, "could not record the store failure in the status");
-            claim.status.is_some_and(|s| s.phase == Phase::Held)
-        }
-    }
-}
-
 /// A TargetLease the store cannot take (a target or namespace it refuses) gets a Failed status
 /// that says why, rather than no status at all.
 async fn refuse_claim(lease: &TargetLease, ctx: &Context, error: StoreError) -> Error {
@@ -212,45 +158,6 @@ async fn refuse_claim(lease: &TargetLease, ctx: &Context, error: StoreError) -> 
         warn!(error = %e, lease = %lease.name_any(), "could not record the refusal in the status");
     }
     Error::Store(error)
-}
-
-/// The store's answer to one call, with when it was sent and answered on this process's
-/// monotonic clock.
-struct Answer<T> {
-    result: Result<T, StoreError>,
-    sent: Instant,
-    answered: Instant,
-}
-
-impl<T> Answer<T> {
-    /// The store's clock `server_ms` in this answer, placed on this process's clock.
-    fn reading(&self, server_ms: u64) -> Reading {
-        Reading {
-            sent: self.sent,
-            answered: self.answered,
-            server_ms,
-        }
-    }
-}
-
-/// Makes one store call, if this replica may still act, and times it for the metrics. The outer
-/// error is the refusal to act; the inner result is the store's answer.
-async fn store_call<T>(
-    ctx: &Context,
-    op: &'static str,
-    call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<Answer<T>, Error> {
-    ctx.leadership.check()?;
-    let sent = Instant::now();
-    let result = call.await;
-    let answered = Instant::now();
-    let kind = result.as_ref().err().map(|e| e.kind().as_str());
-    ctx.metrics.store_call(op, answered - sent, kind);
-    Ok(Answer {
-        result,
-        sent,
-        answered,
-    })
 }
 
 /// Writes what the tenure layer last heard of the tenure the status records; answers when to
@@ -382,6 +289,7 @@ async fn acquire(
     Ok(next)
 }
 
+mod calls;
 mod end;
 #[cfg(test)]
 mod tests;

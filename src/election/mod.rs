@@ -30,9 +30,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::warn;
 
-mod elector;
-
-pub use self::elector::lead;
+/// The election's moves and the Lease's reads and writes; a controller starts it with
+/// [`elector::lead`].
+pub(crate) mod elector;
 
 /// How long a leader's claim lasts without renewal unless configured otherwise, in seconds
 /// (`--leader-election-seconds`, the chart's `controller.leaderElection.leaseDurationSeconds`).
@@ -102,7 +102,7 @@ impl Election {
     }
 
     #[cfg(test)]
-    /// The longest from SIGTERM to the end of [`lead`]: the work's grace (never past the
+    /// The longest from SIGTERM to the end of [`lead`](elector::lead): the work's grace (never past the
     /// leadership deadline), then the release of the Lease.
     pub fn stop_bound(&self) -> Duration {
         STOP_GRACE.min(self.acting()) + self.release_bound()

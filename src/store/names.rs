@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// Longest accepted target name; the CRD enforces the same bound.
 pub const MAX_TARGET_LEN: usize = 200;

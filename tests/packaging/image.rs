@@ -305,6 +305,23 @@ fn binary_is_static_and_alone() {
     );
     let elf = std::fs::read(unpacked.path().join("targetlease")).expect("binary");
     assert_eq!(&elf[..4], b"\x7fELF");
+    // No path of the machine that built it: not the checkout (its sources are named relative to
+    // it), not cargo's registry (remapped to /cargo). So the binary does not depend on where the
+    // sources were, and neither do the release build's flags, nor its cache.
+    let cargo_home = std::env::var("CARGO_HOME")
+        .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").unwrap_or_default()));
+    for machine_path in [repo().display().to_string(), cargo_home] {
+        assert!(
+            !elf.windows(machine_path.len())
+                .any(|w| w == machine_path.as_bytes()),
+            "the binary holds the path {machine_path}"
+        );
+    }
+    assert!(
+        elf.windows(b"src/controller/".len())
+            .any(|w| w == b"src/controller/"),
+        "the binary names its own sources as src/...: the check above would pass on anything"
+    );
     let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
     let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().expect("8 bytes")) as usize;
     let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));

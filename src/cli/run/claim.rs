@@ -13,13 +13,15 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
 use tracing::{info, warn};
 
+use super::args::RunArgs;
 use super::identity::{
     COMMAND_ANNOTATION, PROCESS_ANNOTATION, Predecessor, describe, kill_leftovers, predecessor,
 };
-use super::{RunArgs, api_code};
 use crate::api::heartbeat::Beat as HeartbeatValue;
+use crate::api::heartbeat::HEARTBEAT_ANNOTATION;
 use crate::api::heartbeat::released_for_gone_holder;
-use crate::api::{HEARTBEAT_ANNOTATION, HolderRef, MAX_TTL_SECONDS, TargetLease, TargetLeaseSpec};
+use crate::api::{HolderRef, MAX_TTL_SECONDS, TargetLease, TargetLeaseSpec};
+use crate::cli::client::api_code;
 
 /// How claiming the TargetLease ended.
 pub(super) enum Claimed {

@@ -28,9 +28,12 @@
 //!   the TargetLease; while the command runs they are passed to its group, with the same grace
 //!   and SIGKILL, and heartbeats go on meanwhile. `run` then exits with 128 + the signal.
 
+mod args;
 mod claim;
 mod identity;
 mod monitor;
+mod procfs;
+mod session;
 mod supervise;
 mod tree;
 mod trust;
@@ -38,7 +41,6 @@ mod trust;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Args;
 use kube::Api;
 use kube::api::{DeleteParams, Preconditions};
 use nix::sys::signal::Signal;
@@ -46,69 +48,18 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 use tracing::{info, warn};
 
+pub use self::args::RunArgs;
 use self::claim::Claimed;
-use self::identity::{lease_name, parse_instance};
+use self::identity::lease_name;
 use self::monitor::{Heard, Monitor, heartbeat, listen_for_signals};
+use self::session::{Holding, Session, held_token};
 pub use self::supervise::{ExecArgs, GuardArgs};
 use self::trust::Trust;
+use super::client::{api_code, lease_client, refusal};
+use super::exit;
 use super::watch::watch_one;
-use super::{Span, exit, lease_client, parse_duration};
 use crate::api::heartbeat::STOPPED_ANNOTATION;
-use crate::api::{MAX_TTL_SECONDS, Phase, TargetLease};
-
-/// Flags of `targetlease run`.
-#[derive(Debug, Args)]
-pub struct RunArgs {
-    /// The target to lease.
-    #[arg(long)]
-    target: String,
-    /// Who holds it, as `spec.holder` shows it (default: the pod name, else the host name).
-    /// Names the holder only; the pod is --pod-name.
-    #[arg(long)]
-    holder: Option<String>,
-    /// The pod this runs in (the downward API's metadata.name): holderRef names it and it owns
-    /// the TargetLease.
-    #[arg(long, env = "POD_NAME")]
-    pod_name: Option<String>,
-    /// UID of that pod (the downward API's metadata.uid): a pod recreated under the same name is
-    /// not the holder.
-    #[arg(long, env = "POD_UID")]
-    pod_uid: Option<String>,
-    /// How many holders the target admits at once (1 to 100; every claim on the target must
-    /// ask the same value). The command gets its slot in TARGETLEASE_SLOT. Several `run`s of
-    /// one target from one pod or host each need their own --instance.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::store::MAX_PERMITS)))]
-    permits: u32,
-    /// Lease time-to-live: also the longest `run` trusts its lease without a confirmation.
-    #[arg(long, default_value_t = Span(crate::api::DEFAULT_TTL))]
-    ttl: Span,
-    /// Namespace of the TargetLease (default: POD_NAMESPACE, else the kubeconfig's).
-    #[arg(long, short = 'n', env = "POD_NAMESPACE")]
-    namespace: Option<String>,
-    /// Give up waiting for the lease after this long (exit status 75).
-    #[arg(long, value_parser = parse_duration, default_value = "1h")]
-    wait_timeout: Duration,
-    /// How long the command gets between SIGTERM and SIGKILL.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
-    grace: Duration,
-    /// Which of several `run`s of this target from one pod or host this is (1 to 63 characters
-    /// of a-z, 0-9 and '-'): each instance has its own TargetLease, kept across its restarts.
-    /// Default: none (one `run` per target per pod or host).
-    #[arg(long, value_parser = parse_instance)]
-    instance: Option<String>,
-    /// The command and its arguments.
-    #[arg(last = true, required = true)]
-    command: Vec<String>,
-}
-
-/// The tenure the command runs under, as its status showed it.
-#[derive(Debug, Clone, Copy)]
-struct Holding {
-    /// Its fencing token.
-    token: u64,
-    /// Its slot (0 for an exclusive lease).
-    slot: u32,
-}
+use crate::api::{MAX_TTL_SECONDS, TargetLease};
 
 /// How waiting for the lease ended.
 enum Waited {
@@ -117,32 +68,6 @@ enum Waited {
     TimedOut,
     Deleted,
     Interrupted(Signal),
-}
-
-/// What a TargetLease says about the tenure with `token`: `None` while it holds it, else why not.
-fn lost_because(lease: &TargetLease, token: u64) -> Option<String> {
-    if lease.metadata.deletion_timestamp.is_some() {
-        return Some("the TargetLease is being deleted".into());
-    }
-    let status = lease.status.as_ref();
-    let phase = status.map(|s| s.phase);
-    let current = status.and_then(|s| s.fencing_token);
-    (phase != Some(Phase::Held) || current != Some(token)).then(|| {
-        format!(
-            "phase {:?} with token {current:?}, not Held with token {token}",
-            phase.unwrap_or_default()
-        )
-    })
-}
-
-/// The token and slot of a Held TargetLease that is not being deleted.
-fn held_token(lease: &TargetLease) -> Option<(u64, u32)> {
-    let status = lease.status.as_ref()?;
-    let token = status.fencing_token?;
-    let slot = status.slot.unwrap_or(0);
-    lost_because(lease, token)
-        .is_none()
-        .then_some((token, slot))
 }
 
 impl RunArgs {
@@ -358,54 +283,5 @@ impl RunArgs {
                 }
             }
         }
-    }
-}
-
-/// One `run`'s hold on its TargetLease: what it hears, how far it trusts the lease, and the TTL
-/// its heartbeats announce.
-struct Session {
-    monitor: Monitor,
-    name: String,
-    uid: String,
-    trust: Trust,
-    ttl: watch::Sender<Duration>,
-    /// The token of the last Held status seen while no command ran.
-    seen_token: Option<u64>,
-}
-
-impl Session {
-    /// Follows the TTL the TargetLease's spec asks (see [`Trust::follow`]).
-    fn follow(&mut self, lease: &TargetLease) {
-        let seconds = lease.spec.ttl_seconds.clamp(1, MAX_TTL_SECONDS);
-        let wanted = Duration::from_secs(u64::from(seconds));
-        if *self.ttl.borrow() != wanted {
-            info!(name = %self.name, ttl = ?wanted, "ttlSeconds changed: following it");
-            self.trust.follow(wanted, Instant::now());
-            let _ = self.ttl.send(wanted);
-        }
-    }
-
-    /// Remembers the token of a Held status seen while waiting.
-    fn saw(&mut self, lease: &TargetLease) {
-        if let Some(status) = lease.status.as_ref().filter(|s| s.phase == Phase::Held) {
-            self.seen_token = status.fencing_token.or(self.seen_token);
-        }
-    }
-}
-
-/// An error of a request that names the TargetLease's uid, for the log: the API server's own
-/// message may quote the uid (the lease id), so a refusal is given by its code and reason only.
-fn refusal(error: &kube::Error) -> String {
-    match error {
-        kube::Error::Api(status) => format!("{} {}", status.code, status.reason),
-        other => other.to_string(),
-    }
-}
-
-/// The HTTP status of an API server refusal.
-fn api_code(error: &kube::Error) -> Option<u16> {
-    match error {
-        kube::Error::Api(status) => Some(status.code),
-        _ => None,
     }
 }

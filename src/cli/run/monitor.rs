@@ -12,9 +12,10 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 use tracing::warn;
 
-use super::refusal;
+use crate::api::TargetLease;
+use crate::api::heartbeat::HEARTBEAT_ANNOTATION;
 use crate::api::heartbeat::{Beat as HeartbeatValue, Windows};
-use crate::api::{HEARTBEAT_ANNOTATION, TargetLease};
+use crate::cli::client::refusal;
 use crate::cli::watch::Sighting;
 
 /// SIGTERM and SIGINT, whenever they come: one listener for the whole life of `run`.

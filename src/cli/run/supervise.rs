@@ -18,11 +18,14 @@ use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{info, warn};
 
-use super::identity::{COMMAND_ANNOTATION, describe_command, stat_fields};
+use super::args::RunArgs;
+use super::identity::{COMMAND_ANNOTATION, describe_command};
 use super::monitor::Heard;
+use super::procfs::start_time;
+use super::session::{Holding, Session, lost_because};
 use super::tree::{Tree, kill_marked};
-use super::{Holding, RunArgs, Session, lost_because, refusal};
 use crate::api::TargetLease;
+use crate::cli::client::refusal;
 use crate::cli::exit;
 
 /// Why the command was stopped.
@@ -105,9 +108,7 @@ impl GuardArgs {
         while matches!(std::io::stdin().read(&mut sink), Ok(n) if n > 0) {}
         if self.group > 1 {
             let _ = killpg(Pid::from_raw(self.group), Signal::SIGKILL);
-            let started = stat_fields(self.group)
-                .and_then(|f| f.get(19)?.parse().ok())
-                .unwrap_or(0);
+            let started = start_time(self.group).unwrap_or(0);
             kill_marked(&self.name, &self.token.to_string(), started);
         }
         ExitCode::SUCCESS

@@ -16,7 +16,7 @@ use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
 use tracing::warn;
 
-use super::identity::{started_for, stat_fields};
+use super::procfs::{parent, start_time, started_for, stat_fields};
 
 /// Makes this process a child subreaper (orphans of its descendants are re-parented to it). A
 /// kernel that refuses leaves the process group and the environment marks to find them.
@@ -34,10 +34,7 @@ fn parents() -> HashMap<i32, i32> {
     entries
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let ppid = stat_fields(pid)?.get(1)?.parse().ok()?;
-            Some((pid, ppid))
-        })
+        .filter_map(|pid| Some((pid, parent(pid)?)))
         .collect()
 }
 
@@ -95,9 +92,7 @@ impl Tree {
     fn reap(&self) {
         let me = i32::try_from(std::process::id()).unwrap_or(0);
         for pid in descendants(&self.except) {
-            let ours = stat_fields(pid)
-                .and_then(|f| f.get(1)?.parse::<i32>().ok())
-                .is_some_and(|ppid| ppid == me);
+            let ours = parent(pid) == Some(me);
             if ours && is_zombie(pid) && pid != self.group.as_raw() {
                 let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
             }
@@ -125,7 +120,7 @@ pub(super) fn kill_marked(name: &str, token: &str, started_after: u64) -> usize 
         .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| *pid != me)
     {
-        let start = stat_fields(pid).and_then(|f| f.get(19)?.parse::<u64>().ok());
+        let start = start_time(pid);
         if start.is_some_and(|s| s >= started_after) && started_for(pid, name, token) {
             warn!(pid, "killing a process left by a command whose run is gone");
             match kill(Pid::from_raw(pid), Signal::SIGKILL) {

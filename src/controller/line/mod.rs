@@ -234,7 +234,8 @@ mod tests {
     use kube::runtime::reflector::store::Writer;
 
     use super::*;
-    use crate::api::{HEARTBEAT_ANNOTATION, TargetLeaseStatus, test_spec};
+    use crate::api::heartbeat::HEARTBEAT_ANNOTATION;
+    use crate::api::{TargetLeaseStatus, test_spec};
 
     fn lease(name: &str, phase: Option<Phase>, heartbeat: bool) -> TargetLease {
         let mut lease = TargetLease::new(name, test_spec("t", name));

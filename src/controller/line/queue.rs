@@ -262,7 +262,8 @@ mod tests {
     /// theirs (the store decides), and the head of the line asks.
     #[test]
     fn a_holder_that_acts_on_its_status_blocks_its_permit() {
-        use crate::api::{Condition, HEARTBEAT_ANNOTATION, Reason};
+        use crate::api::heartbeat::HEARTBEAT_ANNOTATION;
+        use crate::api::{Condition, Reason};
         let beating = |mut lease: TargetLease| {
             lease.metadata.annotations =
                 Some([(HEARTBEAT_ANNOTATION.to_owned(), "1 ttl=30".to_owned())].into());

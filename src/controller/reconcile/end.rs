@@ -8,18 +8,21 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
-use super::{fail, settle, store_call};
+use super::calls::{settle, store_call};
 use crate::api::heartbeat::{heartbeats, stop_bound, stopped_token};
 use crate::api::{ConditionType, Phase, Reason, TargetLease};
-use crate::controller::Error;
 use crate::controller::claim::Claim;
 use crate::controller::context::Context;
+use crate::controller::decide;
+use crate::controller::error::Error;
 use crate::controller::holders::HolderFacts;
 use crate::controller::status::{Observed, Written};
 use crate::controller::tenure::handover::{self, Handover};
-use crate::store::{LeaseHandle, Owner, ReleaseOutcome, ReleaseRequest, RequestId, Token};
+use crate::store::{
+    LeaseHandle, Owner, ReleaseOutcome, ReleaseRequest, RequestId, StoreError, Token,
+};
 
 /// What became of a claim whose tenure ends.
 pub(super) enum Ended {
@@ -323,4 +326,39 @@ pub(super) async fn cleanup(lease: &TargetLease, ctx: &Context) -> Result<Action
 /// Whether the status says the claim's tenure ended and its holder is waited for.
 fn heartbeat_stopping(lease: &TargetLease) -> bool {
     crate::api::heartbeat::stopping(lease)
+}
+
+/// Records a store failure in the status (once) and returns it as the reconcile's error.
+pub(super) async fn fail(claim: &Claim<'_>, ctx: &Context, error: StoreError) -> Error {
+    record_failure(claim, ctx, &error).await;
+    Error::Store(error)
+}
+
+/// Records a store failure in the status (once); answers whether the status still says Held (it
+/// does while the lease is known valid, see `Observed::store_failed`).
+pub(super) async fn record_failure(claim: &Claim<'_>, ctx: &Context, error: &StoreError) -> bool {
+    let key = ObjectRef::from_obj(claim.lease);
+    let kept = ctx.tenures.view(&key);
+    let valid_for = decide::valid_for(claim, kept.as_ref());
+    let observed = Observed::store_failed(claim.status, error, valid_for);
+    let held = observed.phase == Phase::Held;
+    // A Held status that leaves Held ends the tenure: its holder is waited for.
+    let leaves_held = !held && claim.held_handle().is_some();
+    let (observed, ending) = if leaves_held {
+        ending(claim, observed, None)
+    } else {
+        (observed, None)
+    };
+    match settle(claim, ctx, observed, None).await {
+        Ok(_) => {
+            if let Some(token) = ending {
+                ctx.tenures.ended_since(&key, token, Instant::now());
+            }
+            held
+        }
+        Err(e) => {
+            warn!(error = %e, "could not record the store failure in the status");
+            claim.status.is_some_and(|s| s.phase == Phase::Held)
+        }
+    }
 }

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use super::reconcile;
 use crate::api::{HolderRef, Phase, TargetLease, TargetLeaseSpec, test_spec};
-use crate::controller::Error;
+use crate::controller::error::Error;
 use crate::controller::fixtures::{Fixture, claim};
 
 /// Runs one reconcile of `lease` in the background (the test answers its requests meanwhile).
@@ -267,7 +267,7 @@ async fn a_claim_behind_in_line_asks_the_store_nothing() {
 fn beating(mut lease: TargetLease) -> TargetLease {
     lease.metadata.annotations = Some(
         [(
-            crate::api::HEARTBEAT_ANNOTATION.to_owned(),
+            crate::api::heartbeat::HEARTBEAT_ANNOTATION.to_owned(),
             "1700000000000 ttl=1".to_owned(),
         )]
         .into(),

@@ -21,7 +21,7 @@ use tracing::{debug, warn};
 use self::budget::{Priority, StatusBudget, is_overload};
 pub use self::observed::Observed;
 pub(crate) use self::observed::{priority, published_expiry};
-use super::Error;
+use super::error::Error;
 use super::installation::MARKER;
 use super::metrics::Metrics;
 use crate::api::{Condition, ConditionType, FIELD_MANAGER, Reason, TargetLease};

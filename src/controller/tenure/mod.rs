@@ -17,11 +17,10 @@
 
 pub(crate) mod clock;
 pub(crate) mod handover;
+mod record;
 mod schedule;
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc::UnboundedSender;
@@ -29,183 +28,19 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
 use self::clock::Reading;
+use self::record::{Book, Record, Shared};
+pub(crate) use self::record::{State, View, must_republish, promise, renew_interval};
 use super::claim::Claim;
 use super::metrics::Metrics;
 use crate::api::TargetLease;
 use crate::election::Leadership;
-use crate::store::{Grant, LeaseHandle, LeaseStore, LossReason, StoreError, TargetRef, Ttl};
+use crate::store::{Grant, LeaseHandle, LeaseStore, TargetRef, Ttl};
 use crate::time::ms_of;
 
 /// Renewals in flight at once, at most. A renewal is one short script on the store; this
 /// bounds what a burst of due renewals (a new leader taking over every lease at once) asks of
 /// the store's connection pool, and what it leaves for acquires and releases.
 pub(crate) const DEFAULT_CONCURRENCY: u16 = 64;
-
-/// The renewal interval: a third of the TTL, so two renewals can fail before the lease expires.
-pub(crate) fn renew_interval(ttl: Duration) -> Duration {
-    (ttl / 3).max(Duration::from_millis(300))
-}
-
-/// What the store last said of a kept tenure.
-#[derive(Clone, Debug)]
-pub(crate) enum State {
-    /// Taken from a status this process has not confirmed yet: the first renewal is due at once.
-    Unconfirmed,
-    /// Granted or renewed by the latest answer.
-    Renewed,
-    /// The store said the tenure ended (it is no longer renewed).
-    Lost(LossReason),
-    /// The latest renewal failed (renewals go on), or one did not come in time.
-    Failing(StoreError),
-}
-
-impl PartialEq for State {
-    fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Self::Unconfirmed, Self::Unconfirmed) | (Self::Renewed, Self::Renewed) => true,
-            (Self::Lost(a), Self::Lost(b)) => a == b,
-            (Self::Failing(a), Self::Failing(b)) => {
-                a.kind() == b.kind() && a.to_string() == b.to_string()
-            }
-            _ => false,
-        }
-    }
-}
-
-/// One kept tenure.
-struct Record {
-    handle: LeaseHandle,
-    ttl: Ttl,
-    /// The tenure as the latest answer granted it: its start, and the store's time and the TTL
-    /// of that answer (the status's while unconfirmed, with no TTL).
-    grant: Grant,
-    state: State,
-    /// The latest answer that granted or renewed it, on this process's clock; `None` while
-    /// unconfirmed.
-    reading: Option<Reading>,
-    /// The `expiresAt` the status publishes, in the store's clock.
-    published_ms: Option<u64>,
-    /// Bumped at every hand-over, so that a late answer for an earlier one is dropped.
-    epoch: u64,
-    /// Its place in the schedule, while one is scheduled.
-    slot: Option<(Instant, u64)>,
-}
-
-impl Record {
-    /// How long the lease is still known valid at `now`: until the expiry the store granted in
-    /// the latest answer, counted from the moment that call was sent.
-    fn valid_for(&self, now: Instant) -> Duration {
-        match (&self.state, self.reading) {
-            (State::Renewed | State::Failing(_), Some(reading)) => {
-                reading.left_until(self.grant.expires_at_ms(), now)
-            }
-            _ => Duration::ZERO,
-        }
-    }
-}
-
-/// What a reconcile reads of a kept tenure.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct View {
-    /// The tenure.
-    pub(crate) handle: LeaseHandle,
-    /// The tenure as the latest answer granted it (see [`Record`]).
-    pub(crate) grant: Grant,
-    /// What the store last said of it. A renewal that did not come in time (more renewals due
-    /// than `--renewal-concurrency` lets through) shows as a failure once the last measured
-    /// grant has passed, never as `Renewed`.
-    pub(crate) state: State,
-    /// How long the lease is still known valid: until the expiry the store granted in the latest
-    /// answer, counted on this process's clock from the moment that call was sent. Zero while
-    /// unconfirmed, once lost, and once that may have passed.
-    pub(crate) valid_for: Duration,
-    /// The latest the store's clock can read now, by the latest answer (ms); `None` while
-    /// unconfirmed.
-    pub(crate) server_now_ms: Option<u64>,
-}
-
-#[derive(Default)]
-struct Book {
-    kept: HashMap<ObjectRef<TargetLease>, Record>,
-    schedule: BTreeMap<(Instant, u64), ObjectRef<TargetLease>>,
-    next_epoch: u64,
-    /// The latest reading of the store's clock per target (any answer that carries it).
-    clocks: HashMap<TargetRef, Reading>,
-    /// The tenures that ended and whose target is not passed on yet (see [`handover`]): the
-    /// ended tenure's token and since when it counts as ended.
-    endings: HashMap<ObjectRef<TargetLease>, (u64, Instant)>,
-}
-
-impl Book {
-    fn unschedule(&mut self, key: &ObjectRef<TargetLease>) {
-        if let Some(slot) = self.kept.get_mut(key).and_then(|k| k.slot.take()) {
-            self.schedule.remove(&slot);
-        }
-    }
-
-    fn schedule(&mut self, key: &ObjectRef<TargetLease>, due: Instant) {
-        self.unschedule(key);
-        self.next_epoch += 1;
-        let slot = (due, self.next_epoch);
-        if let Some(kept) = self.kept.get_mut(key) {
-            kept.slot = Some(slot);
-            self.schedule.insert(slot, key.clone());
-        }
-    }
-
-    fn record_clock(&mut self, target: &TargetRef, reading: Reading) {
-        let latest = self.clocks.entry(target.clone()).or_insert(reading);
-        if reading.answered > latest.answered {
-            *latest = reading;
-        }
-    }
-
-    fn view(&self, key: &ObjectRef<TargetLease>, now: Instant) -> Option<View> {
-        Some(self.kept.get(key)?.view(now))
-    }
-}
-
-impl Record {
-    /// What a reconcile reads of this tenure at `now`.
-    fn view(&self, now: Instant) -> View {
-        let kept = self;
-        let valid_for = kept.valid_for(now);
-        let state = match &kept.state {
-            State::Renewed if valid_for.is_zero() => State::Failing(StoreError::Timeout {
-                endpoint: "the renewal scheduler (behind its schedule)".into(),
-                after_ms: kept.reading.map_or(0, |r| {
-                    r.latest_server_ms(now)
-                        .saturating_sub(kept.grant.expires_at_ms())
-                }),
-            }),
-            state => state.clone(),
-        };
-        View {
-            handle: kept.handle.clone(),
-            grant: kept.grant.clone(),
-            state,
-            valid_for,
-            server_now_ms: kept.reading.map(|r| r.latest_server_ms(now)),
-        }
-    }
-}
-
-struct Shared {
-    book: Mutex<Book>,
-    changed: Notify,
-    store: Arc<dyn LeaseStore>,
-    metrics: Arc<Metrics>,
-    leadership: Leadership,
-    wake: UnboundedSender<ObjectRef<TargetLease>>,
-    in_flight: Arc<Semaphore>,
-    leases: Store<TargetLease>,
-}
-
-impl Shared {
-    fn book(&self) -> MutexGuard<'_, Book> {
-        self.book.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
 
 /// The tenure layer's handle, shared by the reconciles. Cheap to clone.
 #[derive(Clone)]
@@ -464,23 +299,6 @@ impl Tenures {
     pub(crate) fn handed_over(&self, key: &ObjectRef<TargetLease>) {
         self.book().endings.remove(key);
     }
-}
-
-/// How far ahead the published `expiresAt` is set, in TTLs: the controller promises to keep the
-/// lease in the store until then while it runs (it renews every TTL/3), and moves it forward
-/// when less than one TTL is left, so a held lease costs one status write per three TTLs.
-pub(crate) const PROMISED_TTLS: u64 = 4;
-
-/// The `expiresAt` that a grant or renewal answered at store time `server_ms` lets the
-/// controller promise, for a lease of `ttl_ms`.
-pub(crate) fn promise(server_ms: u64, ttl_ms: u64) -> u64 {
-    server_ms.saturating_add(ttl_ms.saturating_mul(PROMISED_TTLS))
-}
-
-/// Whether the published `expiresAt` (`published_ms`) must move forward at store time
-/// `server_ms`, for a lease of `ttl_ms`: at most one TTL is left on it.
-pub(crate) fn must_republish(published_ms: Option<u64>, server_ms: u64, ttl_ms: u64) -> bool {
-    published_ms.is_none_or(|p| p.saturating_sub(server_ms) <= ttl_ms)
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::clock::Reading;
-use super::{Record, Shared, State, must_republish, renew_interval};
+use super::record::{Record, Shared, State, must_republish, renew_interval};
 use crate::api::TargetLease;
 use crate::store::{LeaseHandle, RenewOutcome, RenewRequest, RequestId, Ttl};
 use crate::time::millis;

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::schedule::retry_after_failure;
 use super::*;
+use crate::store::StoreError;
 use crate::store::memory::{Clock, MemoryStore};
 use crate::store::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, GuardedKey,

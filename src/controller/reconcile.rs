@@ -14,7 +14,9 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use self::calls::{settle, store_call};
-use self::end::{cleanup, ending, fail, give_up, pass_on, record_failure, until_handover};
+use self::end::{
+    cleanup, ending, fail, give_back, give_up, pass_on, record_failure, until_handover,
+};
 use super::claim::Claim;
 use super::context::Context;
 use super::decide::{self, Facts, Plan, Step};
@@ -33,6 +35,10 @@ use crate::store::{AcquireOutcome, AcquireRequest, LeaseHandle, RequestId, Store
 /// be reached (a partition) would otherwise hang the reconcile, and with it the shutdown of a
 /// leader whose leadership lapsed.
 const RECONCILE_LIMIT: Duration = Duration::from_secs(30);
+
+/// When a claim whose grant was given back (another claim still holds that permit as far as
+/// this process knows) asks again, unless the end of that tenure wakes it first.
+const GIVEN_BACK_RETRY: Duration = Duration::from_secs(1);
 
 /// Entry point called by the kube-runtime Controller.
 pub(crate) async fn reconcile(lease: Arc<TargetLease>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -257,6 +263,24 @@ async fn acquire(
                 owner: claim.owner.clone(),
                 token: Token::new(grant.token)?,
             };
+            let taken = ctx.tenures.slot_held_by_others(
+                &ctx.line.others(claim, |_| true),
+                grant.slot.get(),
+                |key| ctx.line.cached_slot(key),
+            );
+            if !taken.is_empty() {
+                // The store granted a permit this process still answers for: it lost that
+                // tenure (a data loss, a failover to a replica that missed it, an outage longer
+                // than the TTL) while its holder may still act on its Held status. The grant is
+                // given back unpublished; the holder's renewal, now, says it lost, its tenure
+                // ends through the hand-over rule, and this claim asks again.
+                warn!(lease = %claim.lease.name_any(), target = %claim.target, slot = grant.slot.get(), "the store granted a permit another claim still holds as far as this controller knows (the store lost it?): given back until that tenure has ended");
+                for other in &taken {
+                    ctx.tenures.renew_now(other);
+                }
+                give_back(claim, ctx, handle).await?;
+                return Ok(GIVEN_BACK_RETRY);
+            }
             // Renewed from now on whatever becomes of the status write below: if it fails, the
             // next reconcile publishes this grant instead of asking for another.
             let key = ObjectRef::from_obj(claim.lease);

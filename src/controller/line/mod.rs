@@ -174,6 +174,12 @@ impl Line {
             .collect()
     }
 
+    /// The slot the cached status of `key` names (0 for an exclusive lease), if it has a status.
+    pub(crate) fn cached_slot(&self, key: &ObjectRef<TargetLease>) -> Option<u32> {
+        let lease = self.leases.get(key)?;
+        lease.status.as_ref().map(|s| s.slot.unwrap_or(0))
+    }
+
     /// Schedules a reconcile of every other claim on `claim`'s target that `pick` selects.
     pub(crate) fn wake_others(&self, claim: &Claim<'_>, pick: impl Fn(&TargetLease) -> bool) {
         for other in self.others(claim, pick) {

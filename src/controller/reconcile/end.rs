@@ -172,12 +172,14 @@ pub(super) async fn pass_on(
         .view(&key)
         .filter(|v| v.handle.token.get() == token);
     ctx.tenures.stop(&key);
+    // Before the release wakes the line: the claim whose turn it is must not find this tenure
+    // still waited for (it would give its grant back).
+    ctx.tenures.handed_over(&key);
     match kept {
         Some(view) => release_handle(claim, ctx, view.handle, true).await?,
         None => release_by_lease_id(claim, ctx).await?,
     }
     settle(claim, ctx, ended_status(claim), None).await?;
-    ctx.tenures.handed_over(&key);
     info!(lease = %claim.lease.name_any(), target = %claim.target, token, "the holder stopped; the target passes on");
     Ok(Ended::Done)
 }
@@ -283,6 +285,26 @@ async fn release_handle(
             ctx.line.wake_waiters(claim);
             Ok(())
         }
+        Err(e) => Err(fail(claim, ctx, e).await),
+    }
+}
+
+/// Gives a grant back to the store unpublished (nobody was told of it, so nobody acts on it),
+/// waking nobody: the permit is not free, the store only lost track of its holder.
+pub(super) async fn give_back(
+    claim: &Claim<'_>,
+    ctx: &Context,
+    handle: LeaseHandle,
+) -> Result<(), Error> {
+    let request = ReleaseRequest {
+        lease: handle,
+        request_id: RequestId::random(),
+    };
+    match store_call(ctx, "release", ctx.store.release(&request))
+        .await?
+        .result
+    {
+        Ok(_) => Ok(()),
         Err(e) => Err(fail(claim, ctx, e).await),
     }
 }

@@ -295,6 +295,27 @@ impl Tenures {
         entry.1
     }
 
+    /// Which of `others` this process still answers for in `slot`: a tenure it keeps there (in
+    /// any state: a loss whose status is not written yet included), or an ended one whose
+    /// holder it still waits for, in the slot `cached_slot` gives (its status's). The store
+    /// granting such a permit to another claim means it lost that tenure.
+    pub(crate) fn slot_held_by_others(
+        &self,
+        others: &[ObjectRef<TargetLease>],
+        slot: u32,
+        cached_slot: impl Fn(&ObjectRef<TargetLease>) -> Option<u32>,
+    ) -> Vec<ObjectRef<TargetLease>> {
+        let book = self.book();
+        others
+            .iter()
+            .filter(|key| match book.kept.get(*key) {
+                Some(kept) => kept.handle.slot.get() == slot,
+                None => book.endings.contains_key(*key) && cached_slot(key) == Some(slot),
+            })
+            .cloned()
+            .collect()
+    }
+
     /// The target of `key`'s ended tenure was passed on: nothing more to wait for.
     pub(crate) fn handed_over(&self, key: &ObjectRef<TargetLease>) {
         self.book().endings.remove(key);

@@ -517,9 +517,15 @@ async fn primary_killed_under_a_workload() {
         "the kill did not interrupt the workload: {outage:?}"
     );
     let t = topology.lock().expect("topology");
+    // The primary the sentinels name now: on a loaded machine they may have failed over once
+    // more (down-after-milliseconds is 1 s), and the store follows whichever it is.
+    let now = t.wait_for_new_primary(old, Duration::from_secs(10));
+    if now != new {
+        eprintln!("sentinel: a second failover moved the primary from {new} to {now}");
+    }
     assert!(
-        our_connections(&t, new) >= 1,
-        "no connection on the new primary {new}"
+        our_connections(&t, now) >= 1,
+        "no connection on the primary {now} (promoted first: {new})"
     );
 }
 

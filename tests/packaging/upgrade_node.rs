@@ -149,8 +149,8 @@ fn previous_release() -> Previous {
             }
         }
     }
-    // The binary is built with this checkout's static flags (scripts/env.sh), which embed the
-    // checkout's path: with the previous release's own flags every dependency would compile
+    // The binary is built with this checkout's static flags (scripts/env.sh): the previous
+    // release's own flags embedded its checkout's path, and every dependency would compile
     // again. Its own scripts/image.sh then packages it, with `cargo` stubbed out: the binary
     // is already where the script's build would leave it.
     let build = std::process::Command::new("bash")

@@ -260,14 +260,7 @@ async fn release_handle(
     handle: LeaseHandle,
     from_status: bool,
 ) -> Result<(), Error> {
-    let request = ReleaseRequest {
-        lease: handle,
-        request_id: RequestId::random(),
-    };
-    match store_call(ctx, "release", ctx.store.release(&request))
-        .await?
-        .result
-    {
+    match release_call(ctx, handle).await? {
         Ok(ReleaseOutcome::Released) => {
             info!(lease = %claim.lease.name_any(), target = %claim.target, "released");
             ctx.line.wake_waiters(claim);
@@ -296,17 +289,24 @@ pub(super) async fn give_back(
     ctx: &Context,
     handle: LeaseHandle,
 ) -> Result<(), Error> {
+    match release_call(ctx, handle).await? {
+        Ok(_) => Ok(()),
+        Err(e) => Err(fail(claim, ctx, e).await),
+    }
+}
+
+/// The store's `release` of `handle`, under a request id of its own.
+async fn release_call(
+    ctx: &Context,
+    handle: LeaseHandle,
+) -> Result<Result<ReleaseOutcome, StoreError>, Error> {
     let request = ReleaseRequest {
         lease: handle,
         request_id: RequestId::random(),
     };
-    match store_call(ctx, "release", ctx.store.release(&request))
+    Ok(store_call(ctx, "release", ctx.store.release(&request))
         .await?
-        .result
-    {
-        Ok(_) => Ok(()),
-        Err(e) => Err(fail(claim, ctx, e).await),
-    }
+        .result)
 }
 
 pub(super) async fn cleanup(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {

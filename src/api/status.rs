@@ -38,117 +38,121 @@ impl Phase {
     ];
 }
 
-/// Why a condition is what it is: the `reason` of every condition and Event the controller
-/// writes, one CamelCase word a program can match on (docs/troubleshooting.md lists them all).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// The target is held.
-    Acquired,
-    /// Another TargetLease holds the target.
-    Waiting,
-    /// `spec.release` is true.
-    ReleaseRequested,
-    /// The holder pod is gone, finished or another pod of that name, or `run`'s heartbeat stopped.
-    HolderGone,
-    /// The tenure reached `maxHoldSeconds`.
-    MaxHoldReached,
-    /// The lease was released (an Event).
-    Released,
-    /// Another claim or token holds the target.
-    Lost,
-    /// The lease expired before it was renewed.
-    Expired,
-    /// The lease store could not be reached.
-    BackendUnavailable,
-    /// A lease store call timed out.
-    BackendTimeout,
-    /// The TLS handshake with the lease store failed.
-    BackendTlsFailed,
-    /// The lease store refused the credentials or rights.
-    BackendAuthFailed,
-    /// An acquire was not confirmed durable in time.
-    BackendNotDurable,
-    /// The lease store settings are unusable.
-    BackendMisconfigured,
-    /// A record in the lease store is unreadable.
-    CorruptRecord,
-    /// The lease store refused the request as invalid.
-    InvalidRequest,
-    /// The lease store answered something this version does not understand.
-    BackendUnexpectedReply,
-    /// `spec.ttlSeconds` is shorter than this controller can keep a lease for.
-    TtlTooShort,
-    /// The holder pod could not be read: the lease is renewed, its holder is not tracked.
-    HolderUnknown,
-    /// The target's permits are held under another `spec.permits` value than this claim's.
-    PermitsConflict,
-    /// The tenure ended (the Ready condition says why) and its holder, which acts on the Held
-    /// status (`targetlease run`), has not confirmed yet that its command stopped: the target
-    /// is passed on once it does, or at the bound by which it must have (the message names it).
-    Stopping,
-    /// Another installation of targetlease acts in this namespace (`InstallationConflict`,
-    /// written by the installation that leaves the TargetLease alone).
-    OtherInstallation,
+/// Declares an enum of words the controller writes in status, each with its meaning taken from
+/// its doc comment, so that the generated reference (`targetlease reference conditions`) says
+/// what the code says: `ALL` lists the values, `as_str` is the word written, `meaning` the doc.
+macro_rules! status_words {
+    ($(#[$meta:meta])* pub enum $name:ident {
+        $($(#[doc = $doc:literal])+ $variant:ident => $word:literal,)+
+    }) => {
+        $(#[$meta])*
+        pub enum $name {
+            $($(#[doc = $doc])+ $variant,)+
+        }
+
+        impl $name {
+            /// Every value, in the order declared.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            /// The word written in status (and in Events).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $word,)+
+                }
+            }
+
+            /// What it means, for the reference: its doc comment.
+            pub fn meaning(self) -> &'static str {
+                match self {
+                    $($name::$variant => concat!($($doc, "\n"),+),)+
+                }
+            }
+        }
+    };
+}
+
+status_words! {
+    /// Why a condition is what it is: the `reason` of every condition and Event the controller
+    /// writes, one CamelCase word a program can match on (docs/reference/conditions.md lists them
+    /// all).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Reason {
+        /// The target is held.
+        Acquired => "Acquired",
+
+        /// Another TargetLease holds the target.
+        Waiting => "Waiting",
+
+        /// `spec.release` is true.
+        ReleaseRequested => "ReleaseRequested",
+
+        /// The holder pod is gone, finished or another pod of that name, or `run`'s heartbeat
+        /// stopped.
+        HolderGone => "HolderGone",
+
+        /// The tenure reached `maxHoldSeconds`.
+        MaxHoldReached => "MaxHoldReached",
+
+        /// The lease was released (an Event).
+        Released => "Released",
+
+        /// Another claim or token holds the target.
+        Lost => "Lost",
+
+        /// The lease expired before it was renewed.
+        Expired => "Expired",
+
+        /// The lease store could not be reached.
+        BackendUnavailable => "BackendUnavailable",
+
+        /// A lease store call timed out.
+        BackendTimeout => "BackendTimeout",
+
+        /// The TLS handshake with the lease store failed.
+        BackendTlsFailed => "BackendTLSFailed",
+
+        /// The lease store refused the credentials or rights.
+        BackendAuthFailed => "BackendAuthFailed",
+
+        /// An acquire was not confirmed durable in time.
+        BackendNotDurable => "BackendNotDurable",
+
+        /// The lease store settings are unusable.
+        BackendMisconfigured => "BackendMisconfigured",
+
+        /// A record in the lease store is unreadable.
+        CorruptRecord => "CorruptRecord",
+
+        /// The lease store refused the request as invalid.
+        InvalidRequest => "InvalidRequest",
+
+        /// The lease store answered something this version does not understand.
+        BackendUnexpectedReply => "BackendUnexpectedReply",
+
+        /// `spec.ttlSeconds` is shorter than this controller can keep a lease for.
+        TtlTooShort => "TTLTooShort",
+
+        /// The holder pod could not be read: the lease is renewed, its holder is not tracked.
+        HolderUnknown => "HolderUnknown",
+
+        /// The target's permits are held under another `spec.permits` value than this claim's.
+        PermitsConflict => "PermitsConflict",
+
+        /// The tenure ended (the Ready condition says why) and its holder, which acts on the Held
+        /// status (`targetlease run`), has not confirmed yet that its command stopped: the target
+        /// is passed on once it does, or at the bound by which it must have (the message names it).
+        Stopping => "Stopping",
+
+        /// Another installation of targetlease acts in this namespace (`InstallationConflict`,
+        /// written by the installation that leaves the TargetLease alone).
+        OtherInstallation => "OtherInstallation",
+    }
 }
 
 impl Reason {
-    /// Every reason.
-    pub const ALL: [Reason; 22] = [
-        Reason::Acquired,
-        Reason::Waiting,
-        Reason::ReleaseRequested,
-        Reason::HolderGone,
-        Reason::MaxHoldReached,
-        Reason::Released,
-        Reason::Lost,
-        Reason::Expired,
-        Reason::BackendUnavailable,
-        Reason::BackendTimeout,
-        Reason::BackendTlsFailed,
-        Reason::BackendAuthFailed,
-        Reason::BackendNotDurable,
-        Reason::BackendMisconfigured,
-        Reason::CorruptRecord,
-        Reason::InvalidRequest,
-        Reason::BackendUnexpectedReply,
-        Reason::TtlTooShort,
-        Reason::HolderUnknown,
-        Reason::PermitsConflict,
-        Reason::Stopping,
-        Reason::OtherInstallation,
-    ];
-
     /// The reason a condition names, if it is one of these.
     pub fn parse(word: &str) -> Option<Reason> {
-        Reason::ALL.into_iter().find(|r| r.as_str() == word)
-    }
-
-    /// The word written in conditions and Events.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Acquired => "Acquired",
-            Reason::Waiting => "Waiting",
-            Reason::ReleaseRequested => "ReleaseRequested",
-            Reason::HolderGone => "HolderGone",
-            Reason::MaxHoldReached => "MaxHoldReached",
-            Reason::Released => "Released",
-            Reason::Lost => "Lost",
-            Reason::Expired => "Expired",
-            Reason::BackendUnavailable => "BackendUnavailable",
-            Reason::BackendTimeout => "BackendTimeout",
-            Reason::BackendTlsFailed => "BackendTLSFailed",
-            Reason::BackendAuthFailed => "BackendAuthFailed",
-            Reason::BackendNotDurable => "BackendNotDurable",
-            Reason::BackendMisconfigured => "BackendMisconfigured",
-            Reason::CorruptRecord => "CorruptRecord",
-            Reason::InvalidRequest => "InvalidRequest",
-            Reason::BackendUnexpectedReply => "BackendUnexpectedReply",
-            Reason::TtlTooShort => "TTLTooShort",
-            Reason::HolderUnknown => "HolderUnknown",
-            Reason::PermitsConflict => "PermitsConflict",
-            Reason::Stopping => "Stopping",
-            Reason::OtherInstallation => "OtherInstallation",
-        }
+        Reason::ALL.iter().copied().find(|r| r.as_str() == word)
     }
 }
 
@@ -158,34 +162,29 @@ impl std::fmt::Display for Reason {
     }
 }
 
-/// The condition types the controller writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConditionType {
-    /// The resource is where it should be (Held, or Released as asked).
-    Ready,
-    /// The lease is held.
-    Held,
-    /// The controller is still working towards Ready (kstatus).
-    Reconciling,
-    /// A person must act (kstatus).
-    Stalled,
-    /// Another installation of targetlease, whose scope overlaps this one's, leaves this
-    /// TargetLease to the installation that acts in its namespace (written by the former).
-    InstallationConflict,
+status_words! {
+    /// The condition types the controller writes.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum ConditionType {
+        /// The resource is where it should be (Held, or Released as asked).
+        Ready => "Ready",
+
+        /// The lease is held.
+        Held => "Held",
+
+        /// The controller is still working towards Ready (kstatus).
+        Reconciling => "Reconciling",
+
+        /// A person must act (kstatus).
+        Stalled => "Stalled",
+
+        /// Another installation of targetlease, whose scope overlaps this one's, leaves this
+        /// TargetLease to the installation that acts in its namespace (written by the former).
+        InstallationConflict => "InstallationConflict",
+    }
 }
 
 impl ConditionType {
-    /// The condition's `type`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConditionType::Ready => "Ready",
-            ConditionType::Held => "Held",
-            ConditionType::Reconciling => "Reconciling",
-            ConditionType::Stalled => "Stalled",
-            ConditionType::InstallationConflict => "InstallationConflict",
-        }
-    }
-
     /// The types the installation that acts on a TargetLease writes (the rest are another's).
     pub const OWN: [ConditionType; 4] = [
         ConditionType::Ready,

@@ -5,6 +5,7 @@ mod controller;
 pub mod exit;
 mod flags;
 mod lease;
+mod reference;
 mod run;
 mod valkey_args;
 mod wait;
@@ -41,11 +42,8 @@ pub struct Cli {
 enum Command {
     /// Run the TargetLease controller.
     Controller(controller::ControllerArgs),
-    /// Print the TargetLease CRD as YAML (or the chart's CRD template, or the API reference).
+    /// Print the TargetLease CRD as YAML (or the chart's CRD template).
     Crd {
-        /// Print the API reference (docs/reference/api.md) rendered from the CRD schema instead.
-        #[arg(long, conflicts_with = "chart")]
-        markdown: bool,
         /// Print the Helm chart's CRD template (charts/targetlease/templates/crd.yaml) instead.
         #[arg(long, conflicts_with = "storage_version")]
         chart: bool,
@@ -70,6 +68,11 @@ enum Command {
     /// Talk to the lease store directly: for operators debugging a target, and for tests.
     #[command(subcommand)]
     Lease(lease::LeaseCommand),
+    /// Print a page of the reference (docs/reference/), generated from the code and the chart.
+    Reference {
+        /// The page.
+        page: reference::Page,
+    },
     /// Copy this binary to DIR/targetlease (an init container's job: an application image that
     /// lacks the binary gets it in a shared volume, to run under `targetlease run`).
     CopyBinary {
@@ -90,14 +93,9 @@ impl Cli {
         telemetry::init(self.log_format);
         match self.command {
             Command::Controller(args) => args.run().await,
-            Command::Crd { markdown: true, .. } => {
-                print!("{}", crate::api::reference::markdown());
-                ExitCode::SUCCESS
-            }
             Command::Crd {
                 chart,
                 storage_version,
-                ..
             } => match if chart {
                 crate::api::chart_crd_template()
             } else {
@@ -117,6 +115,10 @@ impl Cli {
             Command::Run(args) => args.run().await,
             Command::Guard(args) => args.run(),
             Command::Exec(args) => args.run(),
+            Command::Reference { page } => {
+                print!("{}", page.render(&<Cli as clap::CommandFactory>::command()));
+                ExitCode::SUCCESS
+            }
             Command::CopyBinary { dir } => copy_binary(&dir),
             Command::Lease(command) => command.run().await,
         }
@@ -180,5 +182,42 @@ async fn migrate_storage(rewrite_all: bool) -> ExitCode {
             eprintln!("{e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+    use super::reference::Page;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn committed_reference_pages_match_the_code() {
+        let command = Cli::command();
+        let stale: Vec<String> = <Page as clap::ValueEnum>::value_variants()
+            .iter()
+            .filter(|page| {
+                let path = format!(
+                    "{}/docs/reference/{}",
+                    env!("CARGO_MANIFEST_DIR"),
+                    page.file()
+                );
+                std::fs::read_to_string(path).ok() != Some(page.render(&command))
+            })
+            .map(|page| {
+                format!(
+                    "cargo run -- reference {} > docs/reference/{}",
+                    page.file().trim_end_matches(".md"),
+                    page.file()
+                )
+            })
+            .collect();
+        assert!(stale.is_empty(), "stale reference pages; run: {stale:#?}");
     }
 }

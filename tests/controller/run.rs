@@ -24,7 +24,7 @@ use support::kube::{http_get, metric, phase_of, token_of};
 use support::proxy::{Mode, Proxy};
 use support::scenario::{SEC, Scenario, run_scenarios};
 
-/// Exit statuses of `run` and `wait` (docs/workloads.md).
+/// Exit statuses of `run` and `wait` (docs/reference/cli.md).
 const EXIT_LOST: i32 = 76;
 const EXIT_DELETED: i32 = 79;
 const EXIT_SIGTERM: i32 = 143;

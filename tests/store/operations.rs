@@ -720,7 +720,7 @@ async fn durable_acquire_sends_scripts_and_waitaof_only() {
 
 // ---- The CLI ----
 
-/// The exit statuses docs/workloads.md ("Exit statuses") gives for `lease read`: 0 with the value,
+/// The exit statuses docs/reference/cli.md ("Exit statuses") gives for `lease read`: 0 with the value,
 /// 3 when no record is under the key.
 async fn cli_read_exits_3_for_a_missing_record() {
     let server = Server::start(ServerKind::Valkey91);

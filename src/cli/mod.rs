@@ -7,6 +7,7 @@ mod flags;
 mod lease;
 mod reference;
 mod run;
+mod status;
 mod valkey_args;
 mod wait;
 mod watch;
@@ -65,6 +66,9 @@ enum Command {
     Wait(wait::WaitArgs),
     /// Run a command under a lease (creates a TargetLease, waits, runs, releases).
     Run(run::RunArgs),
+    /// Show who holds a target and who waits for it, in the order they will be served, from the
+    /// API server alone (as kubectl's plugin: `kubectl targetlease status TARGET`).
+    Status(status::StatusArgs),
     /// Talk to the lease store directly: for operators debugging a target, and for tests.
     #[command(subcommand)]
     Lease(lease::LeaseCommand),
@@ -113,6 +117,7 @@ impl Cli {
             Command::MigrateStorage { rewrite_all } => migrate_storage(rewrite_all).await,
             Command::Wait(args) => args.run().await,
             Command::Run(args) => args.run().await,
+            Command::Status(args) => args.run().await,
             Command::Guard(args) => args.run(),
             Command::Exec(args) => args.run(),
             Command::Reference { page } => {

@@ -11,7 +11,7 @@ mod fixtures;
 mod holders;
 pub mod http;
 pub mod installation;
-mod line;
+pub(crate) mod line;
 pub mod metrics;
 mod reconcile;
 pub mod status;

@@ -2250,9 +2250,41 @@ async fn permits_cap_holders_and_pass_in_order(s: Scenario) {
     );
     let seen = s.inspect("permit-target").await;
     assert_eq!(seen.holders().count(), 3);
-    // Each deleted holder's permit goes to the oldest waiter, in the freed slot.
+    // `kubectl targetlease status`, from the API server alone, shows the holders with their
+    // slots and tokens as their statuses have them, and the waiters in the order served.
+    let shown = plugin_status(&s, "permit-target");
+    assert_eq!(shown["permits"], 3, "{shown}");
+    let holders: Vec<(String, u64, u64)> = shown["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .map(|h| {
+            let name = h["name"].as_str().expect("name").to_owned();
+            (
+                name,
+                h["slot"].as_u64().expect("slot"),
+                h["token"].as_u64().expect("token"),
+            )
+        })
+        .collect();
+    let mut expected: Vec<(String, u64, u64)> = first
+        .iter()
+        .map(|l| {
+            let slot = slot_of(l).map(u64::from).expect("slot");
+            (l.name_any(), slot, token_of(l))
+        })
+        .collect();
+    expected.sort_by_key(|(_, slot, _)| *slot);
+    assert_eq!(holders, expected, "{shown}");
+    assert_eq!(waiting_order(&shown), names[3..].to_vec(), "{shown}");
+    // Each deleted holder's permit goes to the oldest waiter, in the freed slot: the first one
+    // `status` lists.
     let mut newest = first.iter().map(token_of).max().expect("tokens");
     for (gone, next) in [(1usize, 3usize), (0, 4), (2, 5)] {
+        assert_eq!(
+            waiting_order(&plugin_status(&s, "permit-target")).first(),
+            Some(&names[next])
+        );
         let freed = slot_of(&s.get(&names[gone]).await);
         let start = Instant::now();
         s.delete(&names[gone]).await;
@@ -2294,9 +2326,57 @@ async fn permits_cap_holders_and_pass_in_order(s: Scenario) {
     let message = &condition(&refused, "Ready").expect("Ready").message;
     assert!(message.contains("permits 3"), "{message}");
     assert_eq!(phase_of(&refused), Some(Phase::Waiting));
+    let shown = plugin_status(&s, "permit-target");
+    let why = shown["waiting"]
+        .as_array()
+        .expect("waiting")
+        .iter()
+        .find(|w| w["name"] == "other-value")
+        .map(|w| w["why"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    assert!(why.contains("asks permits 2 while permits 3"), "{shown}");
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let most = watcher.await.expect("watcher");
     assert_eq!(most, 3, "never saw three held at once");
+}
+
+/// `kubectl targetlease status TARGET -o json` in the scenario's namespace, the binary installed
+/// as kubectl's plugin (a `kubectl-targetlease` link on the PATH), as docs/workloads.md says.
+fn plugin_status(s: &Scenario, target: &str) -> serde_json::Value {
+    let plugins = s.cluster.scratch().join("kubectl-plugins");
+    let link = plugins.join("kubectl-targetlease");
+    if !link.exists() {
+        std::fs::create_dir_all(&plugins).expect("plugin folder");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_targetlease"), &link).expect("link");
+    }
+    let mut env = s.cluster.envs();
+    for (key, value) in &mut env {
+        if key == "PATH" {
+            *value = format!("{}:{value}", plugins.display());
+        }
+    }
+    let out = std::process::Command::new("kubectl")
+        .args(["targetlease", "status", target, "-n", &s.ns, "-o", "json"])
+        .env_clear()
+        .envs(env)
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl targetlease status failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("status prints JSON")
+}
+
+/// The names `status` lists as waiting, in its order.
+fn waiting_order(shown: &serde_json::Value) -> Vec<String> {
+    shown["waiting"]
+        .as_array()
+        .expect("waiting")
+        .iter()
+        .map(|w| w["name"].as_str().expect("name").to_owned())
+        .collect()
 }
 
 // A primary behind Sentinel fails over (SENTINEL FAILOVER) while ten TargetLeases with a 30 s

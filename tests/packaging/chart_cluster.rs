@@ -681,6 +681,39 @@ fn default_roles_reach_targetleases(world: &World) {
         "kubectl get all as a viewer: {}",
         stderr(&all)
     );
+    // `targetlease status` needs no more than view: a ServiceAccount bound to it sees a claim.
+    world
+        .cluster
+        .kubectl_ok(&["create", "serviceaccount", "viewer-sa", "-n", &ns]);
+    world.cluster.kubectl_ok(&[
+        "create",
+        "rolebinding",
+        "viewer-sa",
+        "-n",
+        &ns,
+        "--clusterrole",
+        "view",
+        &format!("--serviceaccount={ns}:viewer-sa"),
+    ]);
+    let made = apply_yaml(
+        world,
+        &ns,
+        &lease_with_priority("viewed", "viewed-target", 0),
+    );
+    assert!(made.status.success(), "{}", stderr(&made));
+    let kubeconfig = world.cluster.service_account_kubeconfig(&ns, "viewer-sa");
+    let out = targetlease_as(
+        world,
+        &kubeconfig,
+        &["status", "viewed-target", "-n", &ns, "-o", "json"],
+    );
+    assert!(out.status.success(), "status as a viewer: {}", stderr(&out));
+    let shown: Value = serde_json::from_str(&stdout(&out)).expect("status JSON");
+    let listed = ["holders", "waiting", "others"]
+        .iter()
+        .flat_map(|part| shown[part].as_array().cloned().unwrap_or_default())
+        .any(|claim| claim["name"] == "viewed");
+    assert!(listed, "{shown}");
     let workload = format!("{}-{RELEASE_NS}-workload", fullname(RELEASE));
     world.cluster.kubectl_ok(&[
         "create",
@@ -1101,6 +1134,127 @@ fn apply_yaml(world: &World, ns: &str, yaml: &str) -> Output {
     world
         .cluster
         .kubectl_with_input(&["apply", "-n", ns, "-f", "-"], Some(yaml))
+}
+
+/// A TargetLease `name` on `target` asking `priority`, as YAML.
+fn lease_with_priority(name: &str, target: &str, priority: i32) -> String {
+    format!(
+        "apiVersion: targetlease.dev/v1beta1\nkind: TargetLease\nmetadata: {{name: {name}}}\n\
+         spec: {{target: {target}, holder: {name}, priority: {priority}}}\n"
+    )
+}
+
+/// The chart's priority cap (priorityCap.*), rendered with `values` and applied: the API server
+/// refuses a priority above the cap with the chart's message, lets a TargetLease that already
+/// asks more be changed while its priority stays, refuses raising it, and lets the exempt groups
+/// through. The policy is removed at the end (other trials share the cluster).
+fn priority_cap_refuses_priorities_above_it(world: &World, tools: &Tools) {
+    let ns = world.namespace("capped");
+    let render = |extra: &[&str]| -> String {
+        let mut args = vec![
+            "--set",
+            "priorityCap.enabled=true",
+            "--set",
+            "priorityCap.maxPriority=2",
+            "--show-only",
+            "templates/priority-cap.yaml",
+        ];
+        args.extend_from_slice(extra);
+        let docs = tools.render_ok(&args);
+        assert_eq!(docs.len(), 2, "a policy and its binding: {docs:?}");
+        docs.iter().map(|d| format!("{d}\n---\n")).collect()
+    };
+    let policy = render(&[]);
+    // Made before the cap: it may keep its priority.
+    let before = apply_yaml(
+        world,
+        &ns,
+        &lease_with_priority("early-high", "capped-target", 5),
+    );
+    assert!(before.status.success(), "{}", stderr(&before));
+    let applied = apply_yaml(world, &ns, &policy);
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    // The API server enforces a new policy once its informers saw it: asked until refused.
+    let refusal = poll(
+        Duration::from_secs(30),
+        "the cap refuses priority 3",
+        || {
+            let out = apply_yaml(
+                world,
+                &ns,
+                &lease_with_priority("too-high", "capped-target", 3),
+            );
+            if out.status.success() {
+                world.cluster.kubectl_ok(&[
+                    "delete",
+                    "targetlease",
+                    "too-high",
+                    "-n",
+                    &ns,
+                    "--wait=false",
+                ]);
+                None
+            } else {
+                Some(stderr(&out))
+            }
+        },
+    );
+    assert!(
+        refusal.contains("spec.priority may be at most 2 in this cluster")
+            && refusal.contains("priorityCap.maxPriority"),
+        "{refusal}"
+    );
+    let at_cap = apply_yaml(
+        world,
+        &ns,
+        &lease_with_priority("at-cap", "capped-target", 2),
+    );
+    assert!(at_cap.status.success(), "{}", stderr(&at_cap));
+    let patch = |body: &str| {
+        world.cluster.kubectl(&[
+            "patch",
+            "targetlease",
+            "early-high",
+            "-n",
+            &ns,
+            "--type=merge",
+            "-p",
+            body,
+        ])
+    };
+    let release = patch("{\"spec\":{\"release\":true}}");
+    assert!(release.status.success(), "{}", stderr(&release));
+    let raise = patch("{\"spec\":{\"priority\":6}}");
+    assert!(
+        !raise.status.success() && stderr(&raise).contains("may be at most 2"),
+        "{}",
+        stderr(&raise)
+    );
+    // An exempt group (the admin's) may set more.
+    let exempt = render(&["--set", "priorityCap.exemptGroups={system:masters}"]);
+    let applied = apply_yaml(world, &ns, &exempt);
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    poll(
+        Duration::from_secs(30),
+        "the exempt group may set priority 3",
+        || {
+            apply_yaml(
+                world,
+                &ns,
+                &lease_with_priority("exempt-high", "capped-target", 3),
+            )
+            .status
+            .success()
+            .then_some(())
+        },
+    );
+    let removed = world
+        .cluster
+        .kubectl_with_input(&["delete", "-f", "-"], Some(&exempt));
+    assert!(removed.status.success(), "{}", stderr(&removed));
+    world
+        .cluster
+        .kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
 }
 
 /// A TargetLease until it is Held; its token.
@@ -1604,6 +1758,11 @@ pub fn suite(args: &Arguments) -> Conclusion {
             shared,
             "default_roles_reach_targetleases",
             |world, tools| default_roles_reach_targetleases(world)
+        ),
+        on_world!(
+            shared,
+            "priority_cap_refuses_priorities_above_it",
+            |world, tools| priority_cap_refuses_priorities_above_it(world, tools)
         ),
         on_world!(shared, "gitops_status_of_real_objects", |world, tools| {
             gitops_status_of_real_objects(world, tools).await

@@ -95,7 +95,8 @@ fn cli(root: &Command) -> String {
     }
     out.push_str(
         "| 128 + N | `run`, `wait`: interrupted by signal N (130 for SIGINT, 143 for SIGTERM), \
-         as shells report it. |\n",
+         as shells report it. |\n| any other | `run`: the command's own exit status, when it ran \
+         to the end under its lease. |\n",
     );
     out
 }
@@ -297,12 +298,24 @@ fn documented_values(yaml: &str) -> Vec<ValueDoc> {
             }
             continue;
         }
+        // A list item (`- key: value` or `- value`): its keys are the list's `[]`, one level
+        // below the list, at the item's indent plus two.
+        let (indent, trimmed) = match trimmed.strip_prefix("- ") {
+            Some(item) => {
+                while path.last().is_some_and(|(depth, _)| *depth >= indent) {
+                    path.pop();
+                }
+                path.push((indent, "[]".to_owned()));
+                (indent + 2, item)
+            }
+            None => (indent, trimmed),
+        };
         let Some((key, _)) = trimmed.split_once(':') else {
             pending = None;
             continue;
         };
         if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            // A list item or a continuation: not a key of the values' tree.
+            // A continuation: not a key of the values' tree.
             pending = None;
             continue;
         }
@@ -312,9 +325,14 @@ fn documented_values(yaml: &str) -> Vec<ValueDoc> {
         path.push((indent, key.to_owned()));
         if let Some(description) = pending.take() {
             let keys: Vec<&str> = path.iter().map(|(_, k)| k.as_str()).collect();
-            let value = keys.iter().try_fold(&tree, |node, key| node.get(*key));
+            // Inside a list there is no one default: the list's own is documented above it.
+            let value = if keys.contains(&"[]") {
+                None
+            } else {
+                keys.iter().try_fold(&tree, |node, key| node.get(*key))
+            };
             docs.push(ValueDoc {
-                path: keys.join("."),
+                path: keys.join(".").replace(".[]", "[]"),
                 default: value.map_or_else(String::new, |v| {
                     serde_json::to_string(v).unwrap_or_default()
                 }),
@@ -350,12 +368,26 @@ fn values() -> String {
     out
 }
 
-/// Text on one table line: whitespace folded, `|` escaped (it ends a cell even in a code span).
+/// Text on one table line: whitespace folded, `|` escaped (it ends a cell even in a code span),
+/// and `<` and `>` outside code spans written as entities, so that a placeholder such as
+/// `<release>` shows instead of being taken for an HTML tag.
 fn one_line(text: &str) -> String {
-    text.split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .replace('|', "\\|")
+    let folded = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut out = String::with_capacity(folded.len());
+    let mut in_code = false;
+    for c in folded.chars() {
+        match c {
+            '`' => {
+                in_code = !in_code;
+                out.push(c);
+            }
+            '|' => out.push_str("\\|"),
+            '<' if !in_code => out.push_str("&lt;"),
+            '>' if !in_code => out.push_str("&gt;"),
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -374,7 +406,7 @@ mod tests {
                       tag: \"\"\n\
                     list:\n  \
                       - name: a\n    \
-                        # -- Not a key of the tree.\n    \
+                        # -- A key of the list's items.\n    \
                         inner: 1\n\
                     # -- After a list.\n\
                     after: {}\n";
@@ -382,12 +414,14 @@ mod tests {
         let paths: Vec<&str> = docs.iter().map(|d| d.path.as_str()).collect();
         assert_eq!(
             paths,
-            ["replicaCount", "image.repository", "list.inner", "after"]
+            ["replicaCount", "image.repository", "list[].inner", "after"]
         );
         assert_eq!(docs[0].description, "Replicas. Two lines.");
         assert_eq!(docs[0].default, "2");
         assert_eq!(docs[1].default, "\"ghcr.io/x/y\"");
+        assert_eq!(docs[2].default, "");
         assert_eq!(docs[3].default, "{}");
+        assert_eq!(one_line("a <b> `<c>` | d"), "a &lt;b&gt; `<c>` \\| d");
     }
 
     #[test]

@@ -22,6 +22,7 @@ use super::exit;
 use crate::api::heartbeat::stopping;
 use crate::api::{ConditionType, Phase, TargetLease};
 use crate::controller::line::queue::{in_line, in_order, occupies};
+use crate::store::TargetRef;
 
 /// Flags of `targetlease status`.
 #[derive(Debug, Args)]
@@ -52,7 +53,7 @@ enum Output {
 struct Report {
     namespace: String,
     target: String,
-    /// The permits value in force: the holders', else the first waiter's.
+    /// The permits value in force: the holders' (none while nobody holds the target).
     permits: Option<u32>,
     holders: Vec<Holder>,
     /// In the order they will be served.
@@ -125,6 +126,9 @@ impl StatusArgs {
 
     async fn report(&self) -> Result<Report, String> {
         let (client, namespace) = lease_client(self.namespace.clone()).await?;
+        // A name the CRD would refuse (or a `,` or `=` that would change the field selector)
+        // is refused here, with the rule.
+        TargetRef::new(&namespace, &self.target).map_err(|e| e.to_string())?;
         let api: Api<TargetLease> = Api::namespaced(client, &namespace);
         // spec.target is a selectable field of the CRD: the API server filters.
         let listed = api
@@ -144,48 +148,71 @@ fn ready_reason(lease: &TargetLease) -> Option<String> {
     })
 }
 
+/// The permits value a claim holds (or held) its permit under: its status's, else its spec's.
+fn granted_permits(lease: &TargetLease) -> u32 {
+    lease
+        .status
+        .as_ref()
+        .and_then(|s| s.permits)
+        .unwrap_or(lease.spec.permits)
+}
+
 /// The report of the claims `leases` on `target`.
 fn report(namespace: &str, target: &str, leases: &[TargetLease]) -> Report {
     let on_target: Vec<&TargetLease> = leases.iter().filter(|l| l.spec.target == target).collect();
+    // A claim shown Held, or whose ended tenure's holder is not confirmed stopped: it occupies
+    // its permit (and is listed once, here, even when it is in line again).
     let mut holding: Vec<&TargetLease> =
         on_target.iter().copied().filter(|l| occupies(l)).collect();
     holding.sort_by_key(|l| (l.status.as_ref().and_then(|s| s.slot), l.name_any()));
-    let line = in_order(on_target.iter().copied(), |_| 0);
-    let permits = holding.first().or(line.first()).map(|l| {
-        l.status
-            .as_ref()
-            .and_then(|s| s.permits)
-            .unwrap_or(l.spec.permits)
-    });
-    let free = permits.map_or(1, |p| {
-        usize::try_from(p)
-            .unwrap_or(usize::MAX)
-            .saturating_sub(holding.len())
-    });
+    let in_force = holding.first().map(|l| granted_permits(l));
+    let line: Vec<&TargetLease> = in_order(on_target.iter().copied(), |_| 0)
+        .into_iter()
+        .filter(|l| !occupies(l))
+        .collect();
+    let asked: std::collections::BTreeSet<u32> = line.iter().map(|l| l.spec.permits).collect();
     let holder_names: Vec<String> = holding.iter().map(|l| l.name_any()).collect();
-    let mut served_before = 0;
+    // Per permits value, the claims of that value served before this one: each value has a line
+    // of its own (the controller's), and only the value in force, if any, can be granted.
+    let mut before: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
     let waiting = line
         .iter()
         .enumerate()
         .map(|(i, lease)| {
-            let why = if permits.is_some_and(|p| p != lease.spec.permits) {
-                format!(
-                    "asks permits {} while permits {} are in force: waits until every permit \
-                     granted under them is given up",
-                    lease.spec.permits,
-                    permits.unwrap_or_default()
-                )
-            } else {
-                served_before += 1;
-                if served_before <= free {
-                    "next: a permit is free, the controller is granting it".to_owned()
-                } else if served_before == 1 {
-                    format!(
-                        "next: gets the first permit given up by {}",
-                        holder_names.join(", ")
-                    )
-                } else {
-                    format!("{} ahead of it in line", served_before - 1)
+            let permits = lease.spec.permits;
+            let why = match in_force {
+                Some(force) if force != permits => format!(
+                    "asks permits {permits} while permits {force} are in force: waits until every \
+                     permit granted under them is given up"
+                ),
+                _ => {
+                    let free = usize::try_from(permits)
+                        .unwrap_or(usize::MAX)
+                        .saturating_sub(holding.len());
+                    let ahead = before.entry(permits).or_default();
+                    *ahead += 1;
+                    let place = *ahead;
+                    if place <= free && in_force.is_none() && asked.len() > 1 {
+                        let others: Vec<String> = asked
+                            .iter()
+                            .filter(|p| **p != permits)
+                            .map(ToString::to_string)
+                            .collect();
+                        format!(
+                            "next: asks the store now, as do the claims asking permits {}: the \
+                             first granted sets the value in force",
+                            others.join(", ")
+                        )
+                    } else if place <= free {
+                        "next: a permit is free, the controller is granting it".to_owned()
+                    } else if place == 1 {
+                        format!(
+                            "next: gets the first permit given up by {}",
+                            holder_names.join(", ")
+                        )
+                    } else {
+                        format!("{} ahead of it in line", place - 1)
+                    }
                 }
             };
             Waiter {
@@ -193,7 +220,7 @@ fn report(namespace: &str, target: &str, leases: &[TargetLease]) -> Report {
                 name: lease.name_any(),
                 holder: lease.spec.holder.clone(),
                 priority: lease.spec.priority.unwrap_or(0),
-                permits: lease.spec.permits,
+                permits,
                 created: lease.metadata.creation_timestamp.as_ref().map(|t| t.0),
                 reason: ready_reason(lease),
                 why,
@@ -228,7 +255,7 @@ fn report(namespace: &str, target: &str, leases: &[TargetLease]) -> Report {
     Report {
         namespace: namespace.to_owned(),
         target: target.to_owned(),
-        permits,
+        permits: in_force,
         holders,
         waiting,
         others,
@@ -447,6 +474,62 @@ mod tests {
         );
         assert!(text.starts_with("Target db in namespace ns: 2 held, 4 waiting (permits 2)\n"));
         assert!(text.contains("Waiting, in the order they will be served:"));
+    }
+
+    #[test]
+    fn without_holders_each_permits_value_has_its_line_and_a_stopping_holder_is_listed_once() {
+        let leases = vec![
+            claim("two", 1, 2, Some(Phase::Waiting)),
+            claim("three", 2, 3, Some(Phase::Waiting)),
+            claim("two-b", 3, 2, Some(Phase::Waiting)),
+            claim("two-c", 4, 2, Some(Phase::Waiting)),
+        ];
+        let report = report("ns", "db", &leases);
+        assert_eq!(report.permits, None);
+        let why: Vec<(&str, &str)> = report
+            .waiting
+            .iter()
+            .map(|w| (w.name.as_str(), w.why.as_str()))
+            .collect();
+        assert!(
+            why[0]
+                .1
+                .starts_with("next: asks the store now, as do the claims asking permits 3")
+        );
+        assert!(
+            why[1]
+                .1
+                .starts_with("next: asks the store now, as do the claims asking permits 2")
+        );
+        assert!(why[2].1.starts_with("next: asks the store now"), "{why:?}");
+        assert_eq!(why[3], ("two-c", "2 ahead of it in line"));
+
+        // A Lost claim whose holder has not confirmed it stopped occupies its permit: a holder,
+        // not a waiter, although it is in line to take the target back.
+        let mut ended = claim("ended", 0, 1, Some(Phase::Lost));
+        if let Some(status) = ended.status.as_mut() {
+            status.conditions.push(Condition {
+                type_: "Held".into(),
+                status: "False".into(),
+                reason: "Stopping".into(),
+                message: String::new(),
+                observed_generation: None,
+                last_transition_time: Timestamp::UNIX_EPOCH,
+            });
+        }
+        let next = claim("next", 1, 1, Some(Phase::Waiting));
+        let report = super::report("ns", "db", &[ended, next]);
+        let holders: Vec<(&str, bool)> = report
+            .holders
+            .iter()
+            .map(|h| (h.name.as_str(), h.stopping))
+            .collect();
+        assert_eq!(holders, [("ended", true)]);
+        assert_eq!(report.waiting.len(), 1);
+        assert_eq!(
+            report.waiting[0].why,
+            "next: gets the first permit given up by ended"
+        );
     }
 
     #[test]

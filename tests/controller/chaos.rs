@@ -46,6 +46,7 @@ use tokio::process::{Child, Command};
 
 use support::kube::{Cluster, ControllerProcess};
 use support::proxy::{Mode, Proxy};
+use support::scenario::shared_control_plane;
 use support::sentinel::{self, MASTER, Topology, text};
 use support::server::{Server, ServerKind};
 use support::suite;
@@ -1732,15 +1733,10 @@ pub fn suite(args: &Arguments) -> Conclusion {
             let cluster = cluster.clone();
             let limit = Duration::from_secs(setup.seconds + 300);
             let ignored = setup.faults.is_empty();
-            suite::trial_with_limit(setup.name, limit, move || async move {
-                let cluster = cluster
-                    .get_or_init(|| {
-                        let cluster = Cluster::start();
-                        cluster.install_crd();
-                        Arc::new(cluster)
-                    })
-                    .clone();
-                chaos(cluster, setup).await
+            suite::trial_with_limit(setup.name, limit, move || {
+                // Started outside the trial's time limit (see `shared_control_plane`).
+                let cluster = shared_control_plane(&cluster);
+                async move { chaos(cluster, setup).await }
             })
             .with_ignored_flag(ignored)
         })

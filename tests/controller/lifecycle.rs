@@ -2345,9 +2345,10 @@ async fn permits_cap_holders_and_pass_in_order(s: Scenario) {
 fn plugin_status(s: &Scenario, target: &str) -> serde_json::Value {
     let plugins = s.cluster.scratch().join("kubectl-plugins");
     let link = plugins.join("kubectl-targetlease");
-    if !link.exists() {
-        std::fs::create_dir_all(&plugins).expect("plugin folder");
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_targetlease"), &link).expect("link");
+    std::fs::create_dir_all(&plugins).expect("plugin folder");
+    match std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_targetlease"), &link) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => panic!("link the plugin: {e}"),
+        _ => {}
     }
     let mut env = s.cluster.envs();
     for (key, value) in &mut env {

@@ -1144,18 +1144,41 @@ fn lease_with_priority(name: &str, target: &str, priority: i32) -> String {
     )
 }
 
-/// The chart's priority cap (priorityCap.*), rendered with `values` and applied: the API server
-/// refuses a priority above the cap with the chart's message, lets a TargetLease that already
-/// asks more be changed while its priority stays, refuses raising it, and lets the exempt groups
-/// through. The policy is removed at the end (other trials share the cluster).
+/// Removes the applied policy (and its binding) when dropped, whatever the trial's outcome: the
+/// policy is cluster-scoped and the cluster is shared with the other trials.
+struct AppliedPolicy<'a> {
+    world: &'a World,
+    yaml: String,
+}
+
+impl AppliedPolicy<'_> {
+    fn apply<'a>(world: &'a World, yaml: String) -> AppliedPolicy<'a> {
+        let applied = apply_yaml(world, "default", &yaml);
+        assert!(applied.status.success(), "{}", stderr(&applied));
+        AppliedPolicy { world, yaml }
+    }
+}
+
+impl Drop for AppliedPolicy<'_> {
+    fn drop(&mut self) {
+        let _ = self.world.cluster.kubectl_with_input(
+            &["delete", "--ignore-not-found", "-f", "-"],
+            Some(&self.yaml),
+        );
+    }
+}
+
+/// The chart's priority cap (priorityCap.*), rendered with its values and applied: the API
+/// server refuses a priority above the cap with the chart's message (an absent priority counts
+/// as 0), lets a TargetLease that already asks more be changed and lowered but not raised, lets
+/// the exempt groups through, and with controller.watchNamespace caps that namespace only.
 fn priority_cap_refuses_priorities_above_it(world: &World, tools: &Tools) {
     let ns = world.namespace("capped");
+    let elsewhere = world.namespace("uncapped");
     let render = |extra: &[&str]| -> String {
         let mut args = vec![
             "--set",
             "priorityCap.enabled=true",
-            "--set",
-            "priorityCap.maxPriority=2",
             "--show-only",
             "templates/priority-cap.yaml",
         ];
@@ -1164,97 +1187,117 @@ fn priority_cap_refuses_priorities_above_it(world: &World, tools: &Tools) {
         assert_eq!(docs.len(), 2, "a policy and its binding: {docs:?}");
         docs.iter().map(|d| format!("{d}\n---\n")).collect()
     };
-    let policy = render(&[]);
-    // Made before the cap: it may keep its priority.
+    // Whether the API server admits a TargetLease asking `priority` (none: no field) in `ns`,
+    // asked with a server-side dry run under a fresh name; the refusal's text when it does not.
+    let attempt = std::cell::Cell::new(0);
+    let admits = |ns: &str, priority: Option<i32>| -> Result<(), String> {
+        attempt.set(attempt.get() + 1);
+        let mut yaml = lease_with_priority(&format!("probe-{}", attempt.get()), "capped-target", 0);
+        yaml = match priority {
+            Some(p) => yaml.replace("priority: 0", &format!("priority: {p}")),
+            None => yaml.replace(", priority: 0", ""),
+        };
+        let out = world.cluster.kubectl_with_input(
+            &["create", "--dry-run=server", "-n", ns, "-f", "-"],
+            Some(&yaml),
+        );
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(stderr(&out))
+        }
+    };
+    // Made before the cap: it may keep its priority, and lower it.
     let before = apply_yaml(
         world,
         &ns,
         &lease_with_priority("early-high", "capped-target", 5),
     );
     assert!(before.status.success(), "{}", stderr(&before));
-    let applied = apply_yaml(world, &ns, &policy);
-    assert!(applied.status.success(), "{}", stderr(&applied));
-    // The API server enforces a new policy once its informers saw it: asked until refused.
-    let refusal = poll(
-        Duration::from_secs(30),
-        "the cap refuses priority 3",
-        || {
-            let out = apply_yaml(
-                world,
+    {
+        let _policy = AppliedPolicy::apply(world, render(&["--set", "priorityCap.maxPriority=2"]));
+        // The API server enforces a new policy once its informers saw it: asked until refused.
+        let refusal = poll(
+            Duration::from_secs(30),
+            "the cap refuses priority 3",
+            || admits(&ns, Some(3)).err(),
+        );
+        assert!(
+            refusal.contains("spec.priority may be at most 2 in this cluster")
+                && refusal.contains("priorityCap.maxPriority"),
+            "{refusal}"
+        );
+        assert_eq!(admits(&ns, Some(2)), Ok(()));
+        assert_eq!(admits(&ns, None), Ok(()));
+        assert_eq!(admits(&elsewhere, Some(3)).map_err(|_| ()), Err(()));
+        let patch = |body: &str| {
+            world.cluster.kubectl(&[
+                "patch",
+                "targetlease",
+                "early-high",
+                "-n",
                 &ns,
-                &lease_with_priority("too-high", "capped-target", 3),
-            );
-            if out.status.success() {
-                world.cluster.kubectl_ok(&[
-                    "delete",
-                    "targetlease",
-                    "too-high",
-                    "-n",
-                    &ns,
-                    "--wait=false",
-                ]);
-                None
-            } else {
-                Some(stderr(&out))
-            }
-        },
-    );
-    assert!(
-        refusal.contains("spec.priority may be at most 2 in this cluster")
-            && refusal.contains("priorityCap.maxPriority"),
-        "{refusal}"
-    );
-    let at_cap = apply_yaml(
-        world,
-        &ns,
-        &lease_with_priority("at-cap", "capped-target", 2),
-    );
-    assert!(at_cap.status.success(), "{}", stderr(&at_cap));
-    let patch = |body: &str| {
-        world.cluster.kubectl(&[
-            "patch",
-            "targetlease",
-            "early-high",
-            "-n",
-            &ns,
-            "--type=merge",
-            "-p",
-            body,
-        ])
-    };
-    let release = patch("{\"spec\":{\"release\":true}}");
-    assert!(release.status.success(), "{}", stderr(&release));
-    let raise = patch("{\"spec\":{\"priority\":6}}");
-    assert!(
-        !raise.status.success() && stderr(&raise).contains("may be at most 2"),
-        "{}",
-        stderr(&raise)
-    );
-    // An exempt group (the admin's) may set more.
-    let exempt = render(&["--set", "priorityCap.exemptGroups={system:masters}"]);
-    let applied = apply_yaml(world, &ns, &exempt);
-    assert!(applied.status.success(), "{}", stderr(&applied));
-    poll(
-        Duration::from_secs(30),
-        "the exempt group may set priority 3",
-        || {
-            apply_yaml(
-                world,
-                &ns,
-                &lease_with_priority("exempt-high", "capped-target", 3),
-            )
-            .status
-            .success()
-            .then_some(())
-        },
-    );
-    let removed = world
-        .cluster
-        .kubectl_with_input(&["delete", "-f", "-"], Some(&exempt));
-    assert!(removed.status.success(), "{}", stderr(&removed));
-    world
-        .cluster
-        .kubectl_ok(&["delete", "namespace", &ns, "--wait=false"]);
+                "--type=merge",
+                "-p",
+                body,
+            ])
+        };
+        for allowed in [
+            "{\"spec\":{\"release\":true}}",
+            "{\"spec\":{\"priority\":4}}",
+        ] {
+            let out = patch(allowed);
+            assert!(out.status.success(), "{allowed}: {}", stderr(&out));
+        }
+        let raise = patch("{\"spec\":{\"priority\":6}}");
+        assert!(
+            !raise.status.success() && stderr(&raise).contains("may be at most 2"),
+            "{}",
+            stderr(&raise)
+        );
+    }
+    {
+        // An exempt group (the admin's) may set more.
+        let _policy = AppliedPolicy::apply(
+            world,
+            render(&[
+                "--set",
+                "priorityCap.maxPriority=2",
+                "--set",
+                "priorityCap.exemptGroups={system:masters}",
+            ]),
+        );
+        poll(
+            Duration::from_secs(30),
+            "the exempt group may set priority 3",
+            || admits(&ns, Some(3)).ok(),
+        );
+    }
+    {
+        // A namespaced release's cap, below 0: its namespace only, and an absent priority is 0.
+        let _policy = AppliedPolicy::apply(
+            world,
+            render(&[
+                "--set",
+                "priorityCap.maxPriority=-1",
+                "--set",
+                &format!("controller.watchNamespace={ns}"),
+            ]),
+        );
+        let refusal = poll(
+            Duration::from_secs(30),
+            "the cap refuses no priority",
+            || admits(&ns, None).err(),
+        );
+        assert!(refusal.contains("may be at most -1"), "{refusal}");
+        assert_eq!(admits(&ns, Some(-1)), Ok(()));
+        assert_eq!(admits(&elsewhere, None), Ok(()));
+    }
+    for namespace in [&ns, &elsewhere] {
+        world
+            .cluster
+            .kubectl_ok(&["delete", "namespace", namespace, "--wait=false"]);
+    }
 }
 
 /// A TargetLease until it is Held; its token.
@@ -1721,12 +1764,16 @@ macro_rules! on_world {
     ($shared:expr, $name:literal, |$world:ident, $tools:ident| $body:expr) => {{
         let shared = $shared.clone();
         let tools = TOOLS.clone();
-        suite::trial($name, move || async move {
-            let $world = world(&shared);
-            let $world = &*$world;
-            let $tools = &*tools;
-            let _ = $tools;
-            $body
+        suite::trial($name, move || {
+            // The cluster and the release start before the trial's time limit runs: a machine
+            // that has not built the control plane yet waits for that build first.
+            let started = world(&shared);
+            async move {
+                let $world = &*started;
+                let $tools = &*tools;
+                let _ = $tools;
+                $body
+            }
         })
     }};
 }

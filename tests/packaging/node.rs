@@ -917,8 +917,8 @@ fn permits_cap_a_parallel_job() {
 /// The chart against Valkey behind Sentinel (one primary, two replicas, three sentinels on the
 /// node's address, with a password): `helm upgrade` to `valkey.sentinel.*`, then a TargetLease
 /// is Held through the primary the sentinels name, keeps its token through `SENTINEL FAILOVER`
-/// (and stays in the new primary), and a new one is granted there above it. Runs last: the
-/// release stays on Sentinel afterwards.
+/// (and stays in the new primary), and a new one is granted there above it. Runs after the
+/// others that use the release: it stays on Sentinel afterwards.
 fn chart_follows_a_sentinel_failover() {
     let w = &*world();
     let topology = Topology::start(SentinelOptions {
@@ -1159,6 +1159,86 @@ fn helm_test_passes() {
     }
 }
 
+/// docs/quickstart/README.md as a reader runs it, on this node, from the release kit: block 1's
+/// `scripts/release.sh` built the kit (once, for the release suite too); the kit's image is
+/// imported with containerd, as the `kind` and `k3s` commands of block 2 do (the page names
+/// theirs; this node's is its own); then every other `sh` block of the page runs verbatim in one
+/// shell from the repository root: the checksums, the chart from the kit's package with the
+/// in-memory store, a TargetLease Held, the move to Valkey through a Secret, a second one Held,
+/// `helm test`. The suite's own release gives way first, as the page's readers would make room:
+/// uninstalled (its CRD stays, adopted by the page's `--take-ownership`), its namespace deleted,
+/// its claim on the key prefix removed (docs/operations.md, "One key prefix per installation").
+fn quickstart_page_reaches_held_from_the_kit() {
+    let w = world();
+    let kit = super::release::kit();
+    // Nothing in the release namespace may wait for a finalizer once its controller is gone.
+    let _ = w.cluster.kubectl(&[
+        "delete",
+        "targetleases",
+        "--all",
+        "-n",
+        SYSTEM_NS,
+        "--timeout=60s",
+    ]);
+    let out = w
+        .cluster
+        .helm(&["uninstall", RELEASE, "-n", SYSTEM_NS, "--wait"]);
+    assert!(
+        out.status.success(),
+        "helm uninstall: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    w.cluster
+        .kubectl_ok(&["delete", "namespace", SYSTEM_NS, "--timeout=180s"]);
+    let gone = w.valkey.raw(&["DEL", "tl:installation"]);
+    assert!(
+        gone.starts_with(":1"),
+        "the suite's release claimed no prefix: {gone}"
+    );
+    let version = env!("CARGO_PKG_VERSION");
+    w.cluster
+        .import_image(&kit.path(&format!("targetlease-{version}.oci.tar")));
+    let page = std::fs::read_to_string(repo().join("docs/quickstart/README.md")).expect("page");
+    let blocks: Vec<&str> = page
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .collect();
+    assert!(
+        blocks.len() >= 5 && blocks[0].contains("scripts/release.sh"),
+        "the page's first block builds the kit, then come the others: {blocks:?}"
+    );
+    let script = format!("set -euo pipefail\n{}", blocks[1..].join("\n"));
+    let url = format!(
+        "redis://:{PASSWORD}@{}:{}",
+        w.cluster.node_ip(),
+        w.valkey.port
+    );
+    let out = std::process::Command::new("timeout")
+        .args(["900", "bash", "-c", &script])
+        .current_dir(repo())
+        .envs(w.cluster.envs())
+        .env("KIT", kit.path(""))
+        .env("VALKEY_URL", url)
+        .output()
+        .expect("run the page's commands");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the quick start's commands failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["first", "second"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("{name} ")) && l.contains(" Held ")),
+            "{name} not shown Held:\n{stdout}"
+        );
+    }
+}
+
 /// The suite's trials, in order.
 pub fn suite(args: &Arguments) -> Conclusion {
     let mut args = args.clone();
@@ -1194,6 +1274,11 @@ pub fn suite(args: &Arguments) -> Conclusion {
         test(
             "chart_follows_a_sentinel_failover",
             chart_follows_a_sentinel_failover,
+        ),
+        // Last: the suite's release gives way to the page's.
+        test(
+            "quickstart_page_reaches_held_from_the_kit",
+            quickstart_page_reaches_held_from_the_kit,
         ),
     ];
     let conclusion = support::suite::run(&args, trials);

@@ -29,12 +29,12 @@ const TRIPLE: &str = "x86_64-unknown-linux-gnu";
 type Crate = (String, String);
 
 /// The kit, built once.
-struct Kit {
+pub(crate) struct Kit {
     dir: tempfile::TempDir,
 }
 
 impl Kit {
-    fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
@@ -71,7 +71,9 @@ fn git(checkout: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-fn kit() -> &'static Kit {
+/// The kit, built by `scripts/release.sh` once per run of the binary (the node suite installs
+/// from it too).
+pub(crate) fn kit() -> &'static Kit {
     static KIT: OnceLock<Kit> = OnceLock::new();
     KIT.get_or_init(|| {
         let dir = tempfile::tempdir().expect("temp dir");

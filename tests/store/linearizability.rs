@@ -820,7 +820,8 @@ fn permits_worker(rec: &Recorder, client: usize, seed: u64, until: Instant) {
             }
             None => {
                 let target = format!("p{}", rng.below(PERMIT_TARGETS as u64));
-                let lease = format!("w{client}-{n}");
+                // The seed tells the rounds of one history apart: a lease id is never reused.
+                let lease = format!("w{client}-{:x}-{n}", seed & 0xffff_ffff);
                 let permits = if rng.below(1000) < OTHER_PERMITS_PER_MILLE {
                     PERMITS - 1
                 } else {

@@ -107,10 +107,24 @@ pub(crate) fn ahead_of(
 ) -> Option<Arc<TargetLease>> {
     let others = || on_target.iter().filter(|other| other.uid() != me.uid());
     let permits = usize::try_from(me.spec.permits).unwrap_or(usize::MAX);
+    let blocking = || others().filter(|other| blocks(other) || (heartbeats(other) && kept(other)));
+    // A blocked permit granted under another permits value blocks the whole target for me: its
+    // holder counted on that value (an exclusive one, on running alone), and a store that lost
+    // its lease would grant me a slot beside it.
+    if let Some(other) = blocking().find(|other| {
+        other
+            .status
+            .as_ref()
+            .and_then(|s| s.permits)
+            .unwrap_or(other.spec.permits)
+            != me.spec.permits
+    }) {
+        return Some(other.clone());
+    }
     // Every permit blocked until the controller frees it: nobody asks the store.
-    let mut blocking = others().filter(|other| blocks(other) || (heartbeats(other) && kept(other)));
-    if let Some(first) = blocking.next()
-        && 1 + blocking.count() >= permits
+    let mut blocked = blocking();
+    if let Some(first) = blocked.next()
+        && 1 + blocked.count() >= permits
     {
         return Some(first.clone());
     }
@@ -338,6 +352,16 @@ mod tests {
             names(ahead_of(&waiter2, &[holder2.clone(), waiter2.clone()])),
             None
         );
+        // A blocking holder granted under another permits value blocks a claim asking more
+        // permits too: its command counted on the value it was granted under (an exclusive
+        // one on running alone), and the store, which lost it, would grant the other value a
+        // slot beside it.
+        for blocker in [stopping(Phase::Lost), run_holder.clone()] {
+            assert_eq!(
+                names(ahead_of(&waiter2, &[blocker, waiter2.clone()])),
+                Some("h".into())
+            );
+        }
         // A grant this process made to a run holder whose Held status the cache does not show
         // yet blocks all the same.
         let granted = Arc::new(beating(

@@ -417,6 +417,12 @@ fn ci_values_render_what_they_ask_for(tools: &Tools) {
     let args = strings(&deploy["spec"]["template"]["spec"]["containers"][0]["args"]);
     assert!(args.contains(&"--backend=memory".to_owned()), "{args:?}");
     assert!(!args.contains(&"--leader-election".to_owned()), "{args:?}");
+    // The release is named whatever the backend: the namespaces it claimed on the memory store
+    // stay its own when it moves to Valkey (the quick start's path).
+    assert_eq!(
+        env_value(&controller_env(&docs), "TARGETLEASE_INSTALLATION_ID"),
+        Some(json!(format!("{RELEASE_NS}/{RELEASE}")))
+    );
     assert!(of_kind(&docs, "PodDisruptionBudget").is_empty());
     assert!(of_kind(&docs, "Secret").is_empty());
     assert!(

@@ -1223,12 +1223,37 @@ fn quickstart_page_reaches_held_from_the_kit() {
         .output()
         .expect("run the page's commands");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the quick start's commands failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if !out.status.success() {
+        // What the reader would look at next: the claims and the controller's log.
+        let look = |args: &[&str]| {
+            let out = w.cluster.kubectl(args);
+            format!(
+                "$ kubectl {}\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        };
+        let seen = [
+            look(&["describe", "targetleases", "-n", "quickstart"]),
+            look(&["get", "pods", "-n", SYSTEM_NS, "-o", "wide"]),
+            look(&[
+                "logs",
+                "-n",
+                SYSTEM_NS,
+                "-l",
+                "app.kubernetes.io/instance=targetlease",
+                "--tail=40",
+                "--prefix",
+            ]),
+        ];
+        panic!(
+            "the quick start's commands failed ({}):\n{stdout}\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            seen.join("\n")
+        );
+    }
     for name in ["first", "second"] {
         assert!(
             stdout

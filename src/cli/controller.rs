@@ -42,9 +42,10 @@ pub struct ControllerArgs {
     backend: Backend,
     #[command(flatten)]
     valkey: ValkeyArgs,
-    /// Watch only this namespace (default: all namespaces).
-    #[arg(long, env = "TARGETLEASE_WATCH_NAMESPACE")]
-    watch_namespace: Option<String>,
+    /// Watch only these namespaces, comma-separated (default: every namespace). Each gets a
+    /// watch of its own; the controller starts once every one has listed.
+    #[arg(long, env = "TARGETLEASE_WATCH_NAMESPACE", value_delimiter = ',')]
+    watch_namespace: Vec<String>,
     /// Read holder pods (`spec.holderRef`) only in these namespaces, comma-separated (default:
     /// every watched namespace). Holders elsewhere are released through the heartbeat of
     /// `targetlease run` instead of the moment their pod is gone or finished.
@@ -137,7 +138,14 @@ impl ControllerArgs {
             })
     }
 
-    /// Where holder pods are read: within the watched namespace, if there is one.
+    /// The namespaces TargetLeases are watched in (none: every namespace).
+    fn watched_namespaces(&self) -> Result<Vec<String>, String> {
+        Ok(namespace_names("--watch-namespace", &self.watch_namespace)?
+            .into_iter()
+            .collect())
+    }
+
+    /// Where holder pods are read: within the watched namespaces, if some are named.
     fn holder_pods(&self) -> Result<PodScope, String> {
         if self.no_holder_pods {
             return Ok(PodScope::Off);
@@ -145,31 +153,13 @@ impl ControllerArgs {
         if self.holder_pod_namespaces.is_empty() {
             return Ok(PodScope::Watched);
         }
-        let mut namespaces = BTreeSet::new();
-        for ns in &self.holder_pod_namespaces {
-            let ns = ns.trim();
-            // A namespace is a DNS label; anything else (an empty entry too) would watch
-            // nothing and fail open or warn forever.
-            let label = !ns.is_empty()
-                && ns.len() <= 63
-                && ns
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !ns.starts_with('-')
-                && !ns.ends_with('-');
-            if !label {
-                return Err(format!(
-                    "--holder-pod-namespaces: {ns:?} is not a namespace name (a DNS label)"
-                ));
-            }
-            namespaces.insert(ns.to_owned());
-        }
-        if let Some(watched) = &self.watch_namespace
-            && namespaces.iter().any(|ns| ns != watched)
-        {
+        let namespaces = namespace_names("--holder-pod-namespaces", &self.holder_pod_namespaces)?;
+        let watched = self.watched_namespaces()?;
+        if !watched.is_empty() && namespaces.iter().any(|ns| !watched.contains(ns)) {
             return Err(format!(
-                "--holder-pod-namespaces names namespaces other than the watched one ({watched}): \
-                 TargetLeases elsewhere are not reconciled"
+                "--holder-pod-namespaces names namespaces other than the watched ones ({}): \
+                 TargetLeases elsewhere are not reconciled",
+                watched.join(",")
             ));
         }
         Ok(PodScope::Namespaces(namespaces))
@@ -245,7 +235,7 @@ impl ControllerArgs {
             ),
         }
         let settings = Settings {
-            namespace: self.watch_namespace.clone(),
+            namespaces: self.watched_namespaces()?,
             holder_pods,
             identity: self.identity(),
             shortest_ttl: controller::shortest_ttl(self.valkey.valkey_timeout.0, election.as_ref()),
@@ -305,6 +295,29 @@ pub async fn wait_for_signal() {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
+}
+
+/// The namespaces a comma-separated `flag` names, each a DNS label: anything else (an empty
+/// entry too) would watch nothing and fail open or warn forever.
+fn namespace_names(flag: &str, given: &[String]) -> Result<BTreeSet<String>, String> {
+    let mut namespaces = BTreeSet::new();
+    for ns in given {
+        let ns = ns.trim();
+        let label = !ns.is_empty()
+            && ns.len() <= 63
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-');
+        if !label {
+            return Err(format!(
+                "{flag}: {ns:?} is not a namespace name (a DNS label)"
+            ));
+        }
+        namespaces.insert(ns.to_owned());
+    }
+    Ok(namespaces)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ pub mod installation;
 pub(crate) mod line;
 pub mod metrics;
 mod reconcile;
+mod scope;
 pub mod status;
 mod tenure;
 
@@ -26,7 +27,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Client, ResourceExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -49,8 +50,8 @@ use crate::store::LeaseStore;
 /// Where and as whom the controller runs.
 #[derive(Clone, Debug)]
 pub(crate) struct Settings {
-    /// Watch one namespace, or every namespace.
-    pub(crate) namespace: Option<String>,
+    /// The namespaces watched: these (one or several), or every namespace when empty.
+    pub(crate) namespaces: Vec<String>,
     /// Where holder pods are read (see [`PodScope`]).
     pub(crate) holder_pods: PodScope,
     /// This replica's name, in events.
@@ -156,10 +157,6 @@ pub(crate) async fn run(
     leadership: Leadership,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let api: Api<TargetLease> = match &settings.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
     let (wake, woken) = mpsc::unbounded_channel();
     let (leases, writer) = reflector::store();
     let line = Line::new(leases.clone(), wake.clone());
@@ -176,8 +173,7 @@ pub(crate) async fn run(
         let (leases, line, tenures) = (leases.clone(), line.clone(), tenures.clone());
         let removed = removed.clone();
         let started = leadership.clone();
-        watcher(api, watcher::Config::default().any_semantic())
-            .modify(slim)
+        scope::watch_targetleases(&client, &settings.namespaces, slim)
             .reflect(writer)
             .inspect_ok(move |event| {
                 line.observe(event);
@@ -213,7 +209,7 @@ pub(crate) async fn run(
     };
     let _watching = Watching {
         tasks: holders
-            .watches(settings.namespace.as_deref())
+            .watches(&settings.namespaces)
             .into_iter()
             .map(tokio::spawn)
             .chain([tokio::spawn(renewing)])
@@ -241,7 +237,7 @@ pub(crate) async fn run(
     let woken = futures::stream::unfold(woken, |mut rx| async move {
         rx.recv().await.map(|obj| (obj, rx))
     });
-    info!(namespace = ?settings.namespace, holder_pods = ?settings.holder_pods, identity = %settings.identity, "controller started");
+    info!(namespaces = ?settings.namespaces, holder_pods = ?settings.holder_pods, identity = %settings.identity, "controller started");
     let failures_ctx = ctx.clone();
     controller
         .reconcile_on(woken)

@@ -193,5 +193,11 @@ pub fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
         .with_writer(captured.clone())
         .with_ansi(false)
         .finish();
-    (captured, tracing::subscriber::set_default(subscriber))
+    let guard = tracing::subscriber::set_default(subscriber);
+    // Whether a log line is wanted is cached per call site, for every thread at once: a trial
+    // on another thread whose subscriber wants less (or none) can leave this thread's debug
+    // lines cached as unwanted, and they would be missing here (seen once: a trial found none
+    // of the store's lines). Asked again now, with this subscriber among the live ones.
+    tracing::callsite::rebuild_interest_cache();
+    (captured, guard)
 }

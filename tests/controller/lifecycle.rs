@@ -2380,6 +2380,63 @@ fn waiting_order(shown: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+// A controller watching a list of namespaces (`--watch-namespace a,b`): claims in both are
+// served, each namespace's targets apart from the other's (one target name, two holders); a
+// namespace off the list is left alone (no finalizer, no status); a deletion in the second
+// namespace reaches the controller and releases.
+async fn a_list_of_namespaces_is_watched_as_one(mut s: Scenario) {
+    let second = format!("{}-second", s.ns);
+    let outside = format!("{}-outside", s.ns);
+    for ns in [&second, &outside] {
+        s.cluster.kubectl_ok(&["create", "namespace", ns]);
+    }
+    s.controller.take();
+    s.controller = Some(s.start_controller(&["--watch-namespace", &second]));
+    s.apply("here", "shared-target", "worker-1", "");
+    for ns in [&second, &outside] {
+        s.cluster
+            .apply(&lease_yaml(ns, "there", "shared-target", "worker-2", ""));
+    }
+    s.wait_phase("here", Phase::Held, 30 * SEC).await;
+    let client = s.client.clone();
+    let api_in = |ns: &str| Api::<TargetLease>::namespaced(client.clone(), ns);
+    let there = support::kube::await_lease(&api_in(&second), "there", "Held", 30 * SEC, |l| {
+        phase_of(l) == Some(Phase::Held)
+    })
+    .await
+    .unwrap_or_else(|why| {
+        let logs = s.controller.as_ref().map(|c| c.logs()).unwrap_or_default();
+        panic!("{why}\n{logs}")
+    });
+    assert!(token_of(&there) > 0);
+    tokio::time::sleep(2 * SEC).await;
+    let untouched = api_in(&outside).get("there").await.expect("get");
+    assert!(untouched.status.is_none(), "{:?}", untouched.status);
+    assert!(
+        untouched.metadata.finalizers.unwrap_or_default().is_empty(),
+        "a namespace off the list got a finalizer"
+    );
+    api_in(&second)
+        .delete("there", &Default::default())
+        .await
+        .expect("delete");
+    let gone = tokio::time::timeout(30 * SEC, async {
+        while api_in(&second)
+            .get_opt("there")
+            .await
+            .expect("get")
+            .is_some()
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "the deletion in the second namespace was not finished"
+    );
+}
+
 // A primary behind Sentinel fails over (SENTINEL FAILOVER) while ten TargetLeases with a 30 s
 // TTL are held by a controller that reaches Valkey through the sentinels: every one shows Held
 // with its token at every moment, and the renewals after the switch land on the new primary (the
@@ -2998,6 +3055,7 @@ pub fn suite(args: &Arguments) -> Conclusion {
         ttl_edit_while_held_reaches_the_store,
         data_loss_never_shows_two_held,
         permits_cap_holders_and_pass_in_order,
+        a_list_of_namespaces_is_watched_as_one,
         sentinel_failover_keeps_leases_held,
         alerts_and_dashboard_name_real_metrics,
     ];

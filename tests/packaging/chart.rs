@@ -1052,6 +1052,31 @@ fn helm_test_hook_is_least_privilege_and_restricted(tools: &Tools) {
     assert!(args.contains(&"--wait-timeout=20s".to_owned()), "{args:?}");
     assert_eq!(pod["spec"]["activeDeadlineSeconds"], 90);
 
+    // A list of namespaces: the controller's Role and RoleBinding in each, the list passed on,
+    // the test in the first; an empty entry is refused by the schema.
+    let docs = tools.render_ok(&["--set", "controller.watchNamespace=shop\\,batch"]);
+    let controller_roles: Vec<&str> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Role" && d["metadata"]["name"] == FULLNAME)
+        .filter_map(|d| d["metadata"]["namespace"].as_str())
+        .collect();
+    assert_eq!(controller_roles, ["shop", "batch"]);
+    let bindings = docs
+        .iter()
+        .filter(|d| d["kind"] == "RoleBinding" && d["metadata"]["name"] == FULLNAME)
+        .count();
+    assert_eq!(bindings, 2);
+    let args = strings(
+        &object(&docs, "Deployment", FULLNAME)["spec"]["template"]["spec"]["containers"][0]["args"],
+    );
+    assert!(
+        args.contains(&"--watch-namespace=shop,batch".to_owned()),
+        "{args:?}"
+    );
+    assert_eq!(object(&docs, "Pod", &name)["metadata"]["namespace"], "shop");
+    let refused = tools.render(&["--set", "controller.watchNamespace=shop\\,\\,batch"]);
+    assert!(refused.is_err_and(|e| e.contains("watchNamespace")));
+
     let docs = tools.render_ok(&["--set", "helmTest.enabled=false"]);
     assert!(
         docs.iter()

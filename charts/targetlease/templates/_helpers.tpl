@@ -118,8 +118,9 @@ so a URL Secret would be unused. */}}
 {{- end }}
 {{- end }}
 {{- with .Values.controller.watchNamespace }}
+{{- $watched := splitList "," . }}
 {{- range $.Values.controller.holderPods.namespaces }}
-{{- if ne . $.Values.controller.watchNamespace }}
+{{- if not (has . $watched) }}
 {{- fail (printf "controller.holderPods.namespaces lists %s, but the controller watches only %s: holder pods elsewhere belong to TargetLeases it never reconciles" . $.Values.controller.watchNamespace) }}
 {{- end }}
 {{- end }}

@@ -74,7 +74,7 @@ impl Holders {
     /// namespace), each until the stream ends.
     pub(crate) fn watches(
         &self,
-        watched: Option<&str>,
+        watched: &[String],
     ) -> Vec<impl Future<Output = ()> + Send + 'static> {
         self.scope
             .watches(watched)

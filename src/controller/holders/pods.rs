@@ -60,10 +60,11 @@ impl PodScope {
     }
 
     /// The pod watches to run: one per namespace (`None`: every namespace), given the
-    /// TargetLease watch's namespace.
-    pub(crate) fn watches(&self, watched: Option<&str>) -> Vec<Option<String>> {
+    /// namespaces TargetLeases are watched in (none: every namespace).
+    pub(crate) fn watches(&self, watched: &[String]) -> Vec<Option<String>> {
         match self {
-            PodScope::Watched => vec![watched.map(str::to_owned)],
+            PodScope::Watched if watched.is_empty() => vec![None],
+            PodScope::Watched => watched.iter().cloned().map(Some).collect(),
             PodScope::Namespaces(namespaces) => namespaces.iter().cloned().map(Some).collect(),
             PodScope::Off => Vec::new(),
         }
@@ -317,16 +318,19 @@ mod tests {
         assert!(PodScope::Watched.covers("x"));
         assert!(some.covers("a") && !some.covers("x"));
         assert!(!PodScope::Off.covers("a"));
-        assert_eq!(PodScope::Watched.watches(None), vec![None]);
+        let w = ["w".to_owned()];
+        let several = ["v".to_owned(), "w".to_owned()];
+        assert_eq!(PodScope::Watched.watches(&[]), vec![None]);
+        assert_eq!(PodScope::Watched.watches(&w), vec![Some("w".to_owned())]);
         assert_eq!(
-            PodScope::Watched.watches(Some("w")),
-            vec![Some("w".to_owned())]
+            PodScope::Watched.watches(&several),
+            vec![Some("v".to_owned()), Some("w".to_owned())]
         );
         assert_eq!(
-            some.watches(None),
+            some.watches(&[]),
             vec![Some("a".to_owned()), Some("b".to_owned())]
         );
-        assert!(PodScope::Off.watches(Some("w")).is_empty());
+        assert!(PodScope::Off.watches(&w).is_empty());
     }
 
     #[test]

@@ -649,6 +649,22 @@ fn standby_replicas_never_work_at_once() {
         started.elapsed(),
     );
     assert!(third >= next, "tokens went down: {third} after {next}");
+    // The third run may be seen (a restarted container) before its start line reached the
+    // followed logs: wait for it there, then let the followers read a little more.
+    w.until(
+        "the third application run in the followed logs",
+        APP_NS,
+        Duration::from_secs(60),
+        || {
+            follow(w, &mut followers);
+            let runs: usize = std::fs::read_dir(logs.path())
+                .ok()?
+                .flatten()
+                .map(|entry| runs_in(&entry.path()).len())
+                .sum();
+            (runs >= 3).then_some(())
+        },
+    );
     std::thread::sleep(Duration::from_secs(3));
     for (stop, _) in &followers {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -1182,8 +1182,8 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
         (
             "acquire.lua without the reply-cache write (SET PX)",
             &[(
-                "return remember(KEYS[3], bound, 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' ..\n    now, reply_ttl)",
-                "return 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. now",
+                "  return remember(KEYS[3], bound, reply, reply_ttl) .. ' 0'",
+                "  return reply .. ' 0'",
             )],
         ),
         (
@@ -1197,12 +1197,12 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             "acquire.lua without the spent-grant record (GET and SET)",
             &[
                 (
-                    "local last_request = redis.pcall('GET', KEYS[4])",
-                    "local last_request = nil",
+                    "  local last_request = redis.pcall('GET', grant_key(s))",
+                    "  local last_request = nil",
                 ),
                 (
-                    "  redis.call('SET', KEYS[2], token)\n  redis.call('SET', KEYS[4], ARGV[6])\n  return remember",
-                    "  redis.call('SET', KEYS[2], token)\n  return remember",
+                    "issued_to(free_slot, token)\nredis.call('SET', grant_key(free_slot), ARGV[6])\n",
+                    "issued_to(free_slot, token)\n",
                 ),
             ],
         ),
@@ -1217,19 +1217,19 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             "acquire.lua without the fence (GET and SET)",
             &[
                 (
-                    "  local fence, top = read_fence(KEYS[2])\n  if not fence then return top end\n  if top then",
-                    "  local fence, top = 0, nil\n  if top then",
+                    "local fence0, top = read_fence(KEYS[2])\nif not fence0 then return top end\n",
+                    "local fence0, top = 0, nil\n",
                 ),
                 (
-                    "  redis.call('SET', KEYS[2], token)\n  redis.call('SET', KEYS[4], ARGV[6])\n  return remember",
-                    "  redis.call('SET', KEYS[4], ARGV[6])\n  return remember",
+                    "issued_to(free_slot, token)\nredis.call('SET', grant_key(free_slot)",
+                    "redis.call('SET', grant_key(free_slot)",
                 ),
             ],
         ),
         (
             "acquire.lua without the lease record (HSET and PEXPIRE)",
             &[(
-                "  redis.call('HSET', KEYS[1], 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner',\n    ARGV[2], 'token', token, 'acquired_ms', now)\n  redis.call('PEXPIRE', KEYS[1], ttl)\n",
+                "redis.call('HSET', lease, unpack(fields))\nredis.call('PEXPIRE', lease, ttl)\n",
                 "",
             )],
         ),
@@ -1241,6 +1241,13 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
         include_str!("../tests/fixtures/lua-v2/lib.lua"),
         include_str!("../tests/fixtures/lua-v2/acquire.lua")
     ));
+    // The release before one path served every permits value: the exclusive lease had a path
+    // of its own, and its grants named no slot.
+    let two_paths = Script::new(&format!(
+        "{}\n{}",
+        include_str!("../lua/lib.lua"),
+        include_str!("../tests/fixtures/lua-two-paths/acquire.lua")
+    ));
     let mut variants: Vec<(&'static str, Option<Script>, (usize, usize))> = vec![
         (
             "acquire.lua, unmodified (reference for the rows below)",
@@ -1251,6 +1258,11 @@ async fn server_costs(conn: &mut redis::aio::MultiplexedConnection, n: usize) ->
             "acquire.lua of the release before permits (exclusive only)",
             Some(before_permits),
             (4, 6),
+        ),
+        (
+            "acquire.lua with an exclusive path of its own (before the single path)",
+            Some(two_paths),
+            (usize::MAX, usize::MAX),
         ),
     ];
     for (what, edits) in ablations {

@@ -3,15 +3,16 @@
 -- free or whose lease expired. Every slot has its own lease, fence (newest grant of the slot) and
 -- grant record; slot 0's are the exclusive lease's, and slot 0's fence carries `top`, the newest
 -- token of the other slots, once one was granted (see read_fence): every token issued is at most
--- the larger of the two, and each grant is above both.
+-- the larger of the two, and each grant is above both. One path serves every permits value: with
+-- permits 1 it reads slot 0 alone and skips what only permits need (the permits value in force,
+-- `top` on slot 0's fence), so an exclusive lease pays nothing for permits.
 -- KEYS: lease, fence, reply, grant, permits
 -- KEYS per further slot: slot_lease, slot_fence, slot_grant
 --   slot 0's lease hash, fence and grant record (the request id of its newest grant, never
 --   expires); the reply cache of this request id; the permits value in force while a permit
 --   granted under permits above 1 may be held; then slots 1 to N-1
 -- ARGV: lease_id, owner, ttl_ms, min_token, reply_ttl_ms, request_id, permits
--- Reply: 'acquired <token> <ttl_ms> <server_ms> <acquired_ms>' (permits 1) |
---   'acquired <token> <ttl_ms> <server_ms> <acquired_ms> <slot>' (permits above 1) |
+-- Reply: 'acquired <token> <ttl_ms> <server_ms> <acquired_ms> <slot>' |
 --   'held <pttl_ms> <owner>' (every slot held; the one that expires first) |
 --   'expired <token>' (a retry whose grant has ended) | 'conflict <permits in force>'
 local ttl, min_token, reply_ttl = arg_int(ARGV[3]), arg_int(ARGV[4]), arg_int(ARGV[5])
@@ -32,10 +33,15 @@ if ARGV[1] == '' or #ARGV[1] > 256 then return invalid('lease_id must be 1 to 25
 if ARGV[2] == '' or #ARGV[2] > 253 then return invalid('owner must be 1 to 253 bytes') end
 local shared = permits > 1
 
+-- The keys of slot `s`: slot 0's are the exclusive lease's.
+local function lease_key(s) if s == 0 then return KEYS[1] end return KEYS[3 + 3 * s] end
+local function fence_key(s) if s == 0 then return KEYS[2] end return KEYS[4 + 3 * s] end
+local function grant_key(s) if s == 0 then return KEYS[4] end return KEYS[5 + 3 * s] end
+
 -- The floor and the permits are bound too: they decide what a grant may answer, so a retry
 -- with another floor or permits is another call, not a replay of this one. (ARGV[3], ARGV[4]
 -- and ARGV[7] are canonical integers once arg_int accepted them, so they are used as they
--- came; permits 1 binds what earlier versions bound.)
+-- came; permits 1 binds what earlier versions bound, so their cached replies still match.)
 local bound = binding('acquire', ARGV[1], ARGV[2], ARGV[4], shared and ARGV[7] or nil)
 local cached, err = cached_reply(KEYS[3], bound, 'acquire')
 if err then return err end
@@ -49,21 +55,21 @@ if cached then
   if shared then
     replayed, slot_text = string.match(cached, '^acquired (%d+) %d+ %d+ %d+ (%d+)$')
   else
-    replayed, slot_text = string.match(cached, '^acquired (%d+) '), '0'
+    -- An exclusive grant is cached without its slot (see granted), by every version.
+    replayed, slot_text = string.match(cached, '^acquired (%d+) %d+ %d+ %d+$'), '0'
+    cached = cached .. ' 0'
   end
   local slot = arg_int(slot_text)
   if not replayed or not slot or slot >= permits then
     return corrupt('reply cache at ' .. KEYS[3] .. ' is not an acquire reply')
   end
-  local lease_key, fence_key = KEYS[1], KEYS[2]
-  if slot > 0 then lease_key, fence_key = KEYS[3 + 3 * slot], KEYS[4 + 3 * slot] end
-  local lease, lease_err = read_lease(lease_key)
+  local lease, lease_err = read_lease(lease_key(slot))
   if lease_err then return lease_err end
   if not lease or lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2] or
       lease.token_text ~= replayed then
     return 'expired ' .. replayed
   end
-  local fence, top = read_fence(fence_key)
+  local fence, top = read_fence(fence_key(slot))
   if not fence then return top end
   -- Every path that answers 'acquired' writes, a replayed reply too: the client's WAITAOF (the
   -- durability option) waits for this connection's last write, and a retry may arrive on a new
@@ -73,7 +79,7 @@ if cached then
   -- A replayed grant leaves its slot's fence at least at its token, like every path that
   -- answers one, and `top` with it (`top` only grows).
   if fence < lease.token then
-    redis.call('SET', fence_key, fence_text(replayed, top))
+    redis.call('SET', fence_key(slot), fence_text(replayed, top))
     if slot > 0 then
       local fence0, top0 = read_fence(KEYS[2])
       if not fence0 then return top0 end
@@ -84,88 +90,6 @@ if cached then
   end
   return cached
 end
-
-if not shared then
-  -- The exclusive lease: slot 0 alone, with as few commands as before permits existed.
-  local lease, lease_err = read_lease(KEYS[1])
-  if lease_err then return lease_err end
-  if lease and lease.permits > 1 then return 'conflict ' .. int(lease.permits) end
-  if lease and (lease.lease_id ~= ARGV[1] or lease.owner ~= ARGV[2]) then
-    return 'held ' .. int(lease.pttl) .. ' ' .. lease.owner
-  end
-  local fence, top = read_fence(KEYS[2])
-  if not fence then return top end
-  if top then
-    -- Permits were granted on this target: while a value is in force, some may still be held
-    -- in slots this call does not read.
-    local in_force, permits_err = read_permits(KEYS[5])
-    if permits_err then return permits_err end
-    if in_force then return 'conflict ' .. int(in_force) end
-  end
-  local newest = math.max(fence, top or 0)
-  -- TIME only where a token or a time is answered: the `held` refusal above does not need it.
-  local now_us, now_ms = server_now()
-  local now = int(now_ms)
-
-  if lease then
-    -- Already ours (a retry after the cache expired, or a controller that lost its status
-    -- write): the same token with a fresh TTL, unless that token is not above the caller's
-    -- floor or is below the fence (an older record brought back by a restore or failover).
-    -- Then the tenure gets a new, larger token: a caller is never handed a token lower than one
-    -- it has seen.
-    local token = lease.token_text
-    if lease.token <= min_token or lease.token < fence then
-      local issued, refused = next_token(newest, min_token, now_us)
-      if not issued then return refused end
-      token = int(issued)
-      -- Stopped after the HSET (a refused SET), the lease keeps its new token above the fence,
-      -- which its next renewal raises: never unreadable, never below a token issued.
-      redis.call('HSET', KEYS[1], 'token', token)
-      redis.call('SET', KEYS[2], token)
-      redis.call('SET', KEYS[4], ARGV[6])
-    elseif fence < lease.token then
-      -- The fence was lost (or lowered) while the lease survived: raise it again.
-      redis.call('SET', KEYS[2], fence_text(token, top))
-    end
-    redis.call('PEXPIRE', KEYS[1], ttl)
-    return remember(KEYS[3], bound,
-      'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. lease.acquired_ms, reply_ttl)
-  end
-
-  -- A request id that issued the newest token is spent: replayed after its cached reply expired
-  -- (after a release or an expiry), it must not take a second tenure.
-  local last_request = redis.pcall('GET', KEYS[4])
-  if type(last_request) == 'table' and last_request.err then
-    return read_error(last_request, 'grant record at ' .. KEYS[4] .. ' is not a string')
-  end
-  if last_request == ARGV[6] then
-    return invalid('request id already acquired token ' .. int(fence) .. ' on this target and ' ..
-      'its cached reply expired; a replay never takes a second tenure: use a new request id')
-  end
-
-  local issued, refused = next_token(newest, min_token, now_us)
-  if not issued then return refused end
-  local token = int(issued)
-  -- The lease hash and its expiry must be written together: a hash left without one by a
-  -- refused PEXPIRE would fail every later call on the target as corrupt.
-  local denied = may_run('PEXPIRE', KEYS[1], ARGV[3])
-  if denied then return denied end
-  -- The lease first: a user without HSET is stopped before anything is written; stopped after
-  -- it (a refused SET), the lease holds a token above the fence, which its next renewal raises.
-  redis.call('HSET', KEYS[1], 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner',
-    ARGV[2], 'token', token, 'acquired_ms', now)
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  -- A plain fence: this token is above every other slot's, and no permit is held beside it.
-  redis.call('SET', KEYS[2], token)
-  redis.call('SET', KEYS[4], ARGV[6])
-  return remember(KEYS[3], bound, 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' ..
-    now, reply_ttl)
-end
-
--- Permits above 1. The keys of slot `s`: slot 0's are the exclusive lease's.
-local function lease_key(s) if s == 0 then return KEYS[1] end return KEYS[3 + 3 * s] end
-local function fence_key(s) if s == 0 then return KEYS[2] end return KEYS[4 + 3 * s] end
-local function grant_key(s) if s == 0 then return KEYS[4] end return KEYS[5 + 3 * s] end
 
 -- Every slot is read before anything is decided: a record that cannot be read fails the call
 -- closed whatever slot it is in (it could be a holder), and a holder granted under another
@@ -186,40 +110,57 @@ for s = 0, permits - 1 do
   end
 end
 if conflict then return 'conflict ' .. int(conflict) end
--- Permits granted under another value may be held in slots this call did not read.
-local in_force, permits_err = read_permits(KEYS[5])
-if permits_err then return permits_err end
-if in_force and in_force ~= permits then return 'conflict ' .. int(in_force) end
+-- The refusal of a held target needs nothing more: no fence, no clock.
 if not mine and not free_slot then
   return 'held ' .. int(first_out.pttl) .. ' ' .. first_out.owner
 end
 
 local fence0, top = read_fence(KEYS[2])
 if not fence0 then return top end
+-- Permits granted under another value may be held in slots this call did not read. With
+-- permits 1, only a target that has granted permits (`top` is set) can have any.
+if shared or top then
+  local in_force, permits_err = read_permits(KEYS[5])
+  if permits_err then return permits_err end
+  if in_force and in_force ~= permits then return 'conflict ' .. int(in_force) end
+end
 local newest = math.max(fence0, top or 0)
+-- TIME only where a token or a time is answered.
 local now_us, now_ms = server_now()
 local now = int(now_ms)
 
 -- Records a token just issued (above every token of the target) as slot `s`'s newest grant.
+-- An exclusive grant writes a plain fence: no permit is held beside it, so `top` is dropped and
+-- the target's next exclusive acquire reads no permits value.
 local function issued_to(s, token_text)
   if s == 0 then
-    redis.call('SET', KEYS[2], fence_text(token_text, top))
+    redis.call('SET', KEYS[2], shared and fence_text(token_text, top) or token_text)
   else
     redis.call('SET', fence_key(s), token_text)
     redis.call('SET', KEYS[2], int(fence0) .. ' ' .. token_text)
   end
 end
 
+-- The grant's reply. An exclusive grant is cached without its slot, in the form every earlier
+-- version replays and reads (a retry across a rollback still gets its grant); a replay here
+-- names slot 0 again.
 local function granted(token, slot, acquired_ms)
-  return remember(KEYS[3], bound, 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' ..
-    acquired_ms .. ' ' .. slot, reply_ttl)
+  local reply = 'acquired ' .. token .. ' ' .. ARGV[3] .. ' ' .. now .. ' ' .. acquired_ms
+  if shared then return remember(KEYS[3], bound, reply .. ' ' .. slot, reply_ttl) end
+  return remember(KEYS[3], bound, reply, reply_ttl) .. ' 0'
 end
 
 if mine then
-  -- Already ours: the same slot and token with a fresh TTL, unless that token is not above the
-  -- caller's floor or is below the slot's fence (an older record brought back), as above.
-  local slot_fence, slot_top = read_fence(fence_key(mine_slot))
-  if not slot_fence then return slot_top end
+  -- Already ours (a retry after the cache expired, or a controller that lost its status
+  -- write): the same slot and token with a fresh TTL, unless that token is not above the
+  -- caller's floor or is below the slot's fence (an older record brought back by a restore or
+  -- failover). Then the tenure gets a new, larger token: a caller is never handed a token lower
+  -- than one it has seen.
+  local slot_fence, slot_top = fence0, top
+  if mine_slot > 0 then
+    slot_fence, slot_top = read_fence(fence_key(mine_slot))
+    if not slot_fence then return slot_top end
+  end
   local token, issued = mine.token_text, nil
   if mine.token <= min_token or mine.token < slot_fence then
     local refused
@@ -227,9 +168,11 @@ if mine then
     if not issued then return refused end
   end
   -- Past every refusal: the value in force is kept for as long as this tenure.
-  keep_permits(KEYS[5], ARGV[7], ttl)
+  if shared then keep_permits(KEYS[5], ARGV[7], ttl) end
   if issued then
     token = int(issued)
+    -- Stopped after the HSET (a refused SET), the lease keeps its new token above the fence,
+    -- which its next renewal raises: never unreadable, never below a token issued.
     redis.call('HSET', lease_key(mine_slot), 'token', token)
     issued_to(mine_slot, token)
     redis.call('SET', grant_key(mine_slot), ARGV[6])
@@ -264,13 +207,20 @@ local issued, refused = next_token(newest, min_token, now_us)
 if not issued then return refused end
 local token = int(issued)
 local lease = lease_key(free_slot)
+-- The lease hash and its expiry must be written together: a hash left without one by a
+-- refused PEXPIRE would fail every later call on the target as corrupt.
 local denied = may_run('PEXPIRE', lease, ARGV[3])
 if denied then return denied end
--- The permits value in force first: stopped after it, nothing is held and the value expires
--- with the TTL; a permit is never held without it.
-keep_permits(KEYS[5], ARGV[7], ttl)
-redis.call('HSET', lease, 'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner', ARGV[2],
-  'token', token, 'acquired_ms', now, 'permits', ARGV[7])
+-- Under permits above 1, the value in force first: stopped after it, nothing is held and the
+-- value expires with the TTL; a permit is never held without it.
+if shared then keep_permits(KEYS[5], ARGV[7], ttl) end
+-- The lease next: a user without HSET is stopped before anything else is written; stopped
+-- after it (a refused SET), the lease holds a token above the fence, which its next renewal
+-- raises. An exclusive lease's record has no `permits` field (read_lease reads it as 1).
+local fields = {'record_version', RECORD_VERSION, 'lease_id', ARGV[1], 'owner', ARGV[2],
+  'token', token, 'acquired_ms', now}
+if shared then fields[11], fields[12] = 'permits', ARGV[7] end
+redis.call('HSET', lease, unpack(fields))
 redis.call('PEXPIRE', lease, ttl)
 issued_to(free_slot, token)
 redis.call('SET', grant_key(free_slot), ARGV[6])

@@ -1,7 +1,8 @@
 //! The upgrades from earlier releases' scripts to the current ones, while leases are held, on
 //! every server kind. From the release with table replies and JSON reply caches
-//! (`tests/fixtures/lua-v1`) and from the release before permits (`tests/fixtures/lua-v2`),
-//! both unchanged: leases are held by the earlier scripts, the current store takes over, and the
+//! (`tests/fixtures/lua-v1`), from the release before permits (`tests/fixtures/lua-v2`) and
+//! from the acquire with an exclusive path of its own (`tests/fixtures/lua-two-paths`), all
+//! unchanged: leases are held by the earlier scripts, the current store takes over, and the
 //! test checks that no lease is lost, no token goes down, no retry acts twice across the switch,
 //! and that a client of the earlier release still running keeps working beside the new one (a
 //! rolling upgrade, or a rollback), except on a target whose permits above 1 are held, where
@@ -17,6 +18,7 @@ use std::time::Duration;
 use redis::Value;
 use targetlease::redact::SecretUrl;
 use targetlease::store::valkey::keys::TargetKeys;
+use targetlease::store::valkey::wire;
 use targetlease::store::valkey::{ValkeyConfig, ValkeyStore};
 use targetlease::store::{
     AcquireOutcome, AcquireRequest, ErrorKind, LeaseHandle, LeaseId, LeaseStore, Owner, Permits,
@@ -611,6 +613,102 @@ async fn upgrade_while_leases_are_held(kind: ServerKind) {
     );
 }
 
+/// A grant the two-path acquire cached (an exclusive grant named no slot) is answered to its
+/// retry by the current store as the same grant, to the millisecond, in slot 0; each script
+/// sees the other's grant as held; and a retry of a current grant by the two-path script (a
+/// rollback) gets that grant in the form its clients read.
+async fn upgrade_from_the_two_path_acquire(kind: ServerKind) {
+    let server = Server::start(kind);
+    let admin = Admin::single(&server.url(), None).await;
+    let store = ValkeyStore::connect(ValkeyConfig::new(
+        SecretUrl::parse(&server.url()).expect("url"),
+    ))
+    .await
+    .expect("connect");
+    let two_paths = |req: &AcquireRequest| {
+        let keys = TargetKeys::new("tl", &req.target);
+        let (keys, args) =
+            wire::acquire_call(&keys, req, &TTL_MS.to_string(), "60000").keys_and_args();
+        let admin = &admin;
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            match eval_script(
+                admin,
+                include_str!("../../lua/lib.lua"),
+                include_str!("../fixtures/lua-two-paths/acquire.lua"),
+                &keys,
+                &args,
+            )
+            .await
+            {
+                Ok(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+                other => panic!("the two-path acquire answered {other:?}"),
+            }
+        }
+    };
+
+    let t = target("two-paths");
+    let first = two_paths(&acquire_req(&t, "alice", "a1")).await;
+    assert_eq!(
+        first.split(' ').count(),
+        5,
+        "an exclusive grant without a slot: {first}"
+    );
+    assert!(matches!(
+        store.acquire(&acquire_req(&t, "dave", "d1")).await,
+        Ok(AcquireOutcome::Held { ref owner, .. }) if owner == "alice"
+    ));
+    match store
+        .acquire(&acquire_req(&t, "alice", "a1"))
+        .await
+        .expect("retry")
+    {
+        AcquireOutcome::Acquired(g) => {
+            assert_eq!(g.slot, Slot::ZERO);
+            assert_eq!(
+                format!(
+                    "acquired {} {} {} {}",
+                    g.token, g.expires_in_ms, g.server_time_ms, g.acquired_at_ms
+                ),
+                first
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let token = v2_token(&first);
+    assert_eq!(
+        store
+            .release(&ReleaseRequest {
+                lease: handle(&t, "alice", token),
+                request_id: RequestId::new("a2").expect("id"),
+            })
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    // The other way round (a rollback): the current grant is held for the two-path script, and
+    // a retry of it there gets the grant in the form that script's clients read.
+    let next = match store
+        .acquire(&acquire_req(&t, "erin", "e1"))
+        .await
+        .expect("acquire")
+    {
+        AcquireOutcome::Acquired(g) => g,
+        other => panic!("{other:?}"),
+    };
+    assert!(next.token > token);
+    let refused = two_paths(&acquire_req(&t, "hank", "h1")).await;
+    assert!(refused.starts_with("held "), "{refused}");
+    assert_eq!(
+        two_paths(&acquire_req(&t, "erin", "e1")).await,
+        format!(
+            "acquired {} {} {} {}",
+            next.token, next.expires_in_ms, next.server_time_ms, next.acquired_at_ms
+        ),
+        "a retry across a rollback"
+    );
+}
+
 fn run(kind: ServerKind) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -618,6 +716,7 @@ fn run(kind: ServerKind) {
         .expect("runtime");
     runtime.block_on(upgrade_while_leases_are_held(kind));
     runtime.block_on(upgrade_from_the_release_before_permits(kind));
+    runtime.block_on(upgrade_from_the_two_path_acquire(kind));
 }
 
 fn upgrade_on_valkey_9_1() {

@@ -160,21 +160,10 @@ fn slot_field(s: &str, permits: Permits) -> Result<Slot, StoreError> {
     Ok(slot)
 }
 
-/// Decodes the reply of `acquire.lua` to a call with `permits`: a grant names its slot only
-/// under permits above 1.
+/// Decodes the reply of `acquire.lua` to a call with `permits`: a grant names its slot, one
+/// that `permits` has.
 pub fn acquire(reply: &str, permits: Permits) -> Result<AcquireOutcome, StoreError> {
     match outcome(reply) {
-        ("acquired", rest) if permits.is_exclusive() => {
-            let [granted, pttl, now, acquired] =
-                fields(rest).ok_or_else(|| bad("acquire reply", reply))?;
-            Ok(AcquireOutcome::Acquired(Grant {
-                token: token("token", granted)?,
-                slot: Slot::ZERO,
-                expires_in_ms: number("pttl", pttl)?,
-                server_time_ms: number("server time", now)?,
-                acquired_at_ms: number("acquired_ms", acquired)?,
-            }))
-        }
         ("acquired", rest) => {
             let [granted, pttl, now, acquired, slot] =
                 fields(rest).ok_or_else(|| bad("acquire reply", reply))?;
@@ -558,9 +547,12 @@ mod tests {
     #[test]
     fn decodes_each_outcome() {
         assert!(matches!(
-            acquire("acquired 17 30000 5 4", Permits::ONE),
+            acquire("acquired 17 30000 5 4 0", Permits::ONE),
             Ok(AcquireOutcome::Acquired(Grant { token: 17, .. }))
         ));
+        // One form for every permits value: the slot is always named.
+        assert!(acquire("acquired 17 30000 5 4", Permits::ONE).is_err());
+        assert!(acquire("acquired 17 30000 5 4 1", Permits::ONE).is_err());
         assert!(matches!(
             acquire("held -1 w", Permits::ONE),
             Ok(AcquireOutcome::Held {
@@ -787,7 +779,7 @@ mod tests {
 
     #[test]
     fn refuses_garbage() {
-        assert!(acquire("acquired x 1 1 1", Permits::ONE).is_err());
+        assert!(acquire("acquired x 1 1 1 0", Permits::ONE).is_err());
         assert!(acquire("", Permits::ONE).is_err());
         assert!(renew("lost why").is_err());
         assert!(release("released extra").is_err());

@@ -70,24 +70,20 @@ async fn reconcile_once(lease: Arc<TargetLease>, ctx: &Context) -> Result<Action
     let uid = lease.uid().ok_or(Error::MissingField("metadata.uid"))?;
     let deleting = lease.metadata.deletion_timestamp.is_some();
     if deleting && ctx.removed.contains(&uid) {
-        // Its cleanup is done and its finalizer gone: this is the cached copy of an object on
-        // its way out.
+        // Its cleanup is done and its finalizer gone: this is a copy of an object on its way
+        // out, or already gone (a reconcile woken by another claim's grant can start on a copy
+        // taken just before the watch said so: see `Removed`).
         return Ok(Action::await_change());
     }
-    let ours = lease.finalizers().iter().any(|f| f == FINALIZER);
     let api: Api<TargetLease> = Api::namespaced(ctx.client.clone(), &ns);
-    let action = finalizer(&api, FINALIZER, lease, |event| async {
+    finalizer(&api, FINALIZER, &ctx.removed, lease, |event| async {
         match event {
             Finalizer::Apply(lease) => apply(&lease, ctx).await,
             Finalizer::Cleanup(lease) => cleanup(&lease, ctx).await,
         }
     })
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))?;
-    if deleting && ours {
-        ctx.removed.mark(&uid);
-    }
-    Ok(action)
+    .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
 async fn apply(lease: &TargetLease, ctx: &Context) -> Result<Action, Error> {

@@ -103,17 +103,24 @@ async fn handover_on_delete(s: Scenario) {
     .boxed();
     // Drain the initial state so the clock starts at the delete.
     let _ = tokio::time::timeout(SEC, stream.next()).await;
-    // Every write to both, in the API server's order: the deleted holder must leave Held before
-    // the waiter shows Held (it is released in the store before its finalizer goes, and a
-    // status still saying Held then would stand beside the new holder's).
+    // Every write to both, and their deletions, in the API server's order: the deleted holder
+    // must be gone or have left Held before the waiter shows Held (its lease is released in the
+    // store only after that, and a copy still saying Held then would stand beside the new
+    // holder's).
     let both = tokio::spawn({
-        let mut writes = watcher(s.api(), watcher::Config::default())
-            .applied_objects()
-            .boxed();
+        let mut writes = watcher(s.api(), watcher::Config::default()).boxed();
         async move {
             let mut latest: BTreeMap<String, Option<Phase>> = BTreeMap::new();
-            while let Ok(Some(Ok(lease))) = tokio::time::timeout(10 * SEC, writes.next()).await {
-                latest.insert(lease.name_any(), phase_of(&lease));
+            while let Ok(Some(Ok(event))) = tokio::time::timeout(10 * SEC, writes.next()).await {
+                match event {
+                    watcher::Event::Apply(lease) | watcher::Event::InitApply(lease) => {
+                        latest.insert(lease.name_any(), phase_of(&lease));
+                    }
+                    watcher::Event::Delete(lease) => {
+                        latest.remove(&lease.name_any());
+                    }
+                    watcher::Event::Init | watcher::Event::InitDone => {}
+                }
                 let held = |name: &str| latest.get(name) == Some(&Some(Phase::Held));
                 if held("waiter") {
                     return if held("holder") {
@@ -244,6 +251,7 @@ async fn stale_cleanup_touches_only_its_own_object(mut s: Scenario) {
             targetlease::controller::finalizer::finalizer(
                 &api,
                 FINALIZER,
+                &targetlease::controller::finalizer::Removed::default(),
                 stale,
                 |event| async move {
                     match event {

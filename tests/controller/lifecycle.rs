@@ -2343,6 +2343,16 @@ async fn permits_cap_holders_and_pass_in_order(s: Scenario) {
         .map(|w| w["why"].as_str().unwrap_or_default().to_owned())
         .unwrap_or_default();
     assert!(why.contains("asks permits 2 while permits 3"), "{shown}");
+    // A target that would change the field selector (`,` adds a selector, `=` is not allowed in
+    // a name) is refused with the rule, never passed on: listed as `spec.target=permit-target,
+    // spec.holder=...`, it would show a part of the target's claims as the whole.
+    for hostile in ["permit-target,spec.holder=w-1", "permit-target=x"] {
+        let out = plugin(&s, &["status", hostile, "-o", "json"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{hostile}: {stderr}");
+        assert!(out.stdout.is_empty(), "{hostile}: printed a report");
+        assert!(stderr.contains("must be 1 to"), "{hostile}: {stderr}");
+    }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let most = watcher.await.expect("watcher");
     assert_eq!(most, 3, "never saw three held at once");
@@ -2351,6 +2361,17 @@ async fn permits_cap_holders_and_pass_in_order(s: Scenario) {
 /// `kubectl targetlease status TARGET -o json` in the scenario's namespace, the binary installed
 /// as kubectl's plugin (a `kubectl-targetlease` link on the PATH), as docs/workloads.md says.
 fn plugin_status(s: &Scenario, target: &str) -> serde_json::Value {
+    let out = plugin(s, &["status", target, "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "kubectl targetlease status failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("status prints JSON")
+}
+
+/// `kubectl targetlease ARGS -n NAMESPACE`, the binary installed as kubectl's plugin.
+fn plugin(s: &Scenario, args: &[&str]) -> std::process::Output {
     let plugins = s.cluster.scratch().join("kubectl-plugins");
     let link = plugins.join("kubectl-targetlease");
     std::fs::create_dir_all(&plugins).expect("plugin folder");
@@ -2364,18 +2385,14 @@ fn plugin_status(s: &Scenario, target: &str) -> serde_json::Value {
             *value = format!("{}:{value}", plugins.display());
         }
     }
-    let out = std::process::Command::new("kubectl")
-        .args(["targetlease", "status", target, "-n", &s.ns, "-o", "json"])
+    std::process::Command::new("kubectl")
+        .arg("targetlease")
+        .args(args)
+        .args(["-n", &s.ns])
         .env_clear()
         .envs(env)
         .output()
-        .expect("run kubectl");
-    assert!(
-        out.status.success(),
-        "kubectl targetlease status failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("status prints JSON")
+        .expect("run kubectl")
 }
 
 /// The names `status` lists as waiting, in its order.

@@ -1255,6 +1255,28 @@ fn priority_cap_refuses_priorities_above_it(world: &World, tools: &Tools) {
             "{}",
             stderr(&raise)
         );
+        // The controller's own writes on a TargetLease that asks more than the cap, by a user the
+        // cap applies to (no exempt group): its status (a subresource the policy does not match)
+        // and its finalizer (an update that leaves the priority as it was).
+        let status = world.cluster.kubectl(&[
+            "patch",
+            "targetlease",
+            "early-high",
+            "-n",
+            &ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            "{\"status\":{\"phase\":\"Waiting\"}}",
+        ]);
+        assert!(status.status.success(), "status write: {}", stderr(&status));
+        for finalizers in [
+            "{\"metadata\":{\"finalizers\":[\"targetlease.dev/release\"]}}",
+            "{\"metadata\":{\"finalizers\":null}}",
+        ] {
+            let out = patch(finalizers);
+            assert!(out.status.success(), "{finalizers}: {}", stderr(&out));
+        }
     }
     {
         // An exempt group (the admin's) may set more.

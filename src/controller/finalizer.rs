@@ -36,55 +36,81 @@ use crate::api::TargetLease;
 ///
 /// A uid is kept [`KEPT_AFTER_GONE`] after the watch said its object is gone, not forgotten at
 /// once: a reconcile can take its copy of the object from the cache just before the watch says
-/// it is gone, and must still find the uid here.
+/// it is gone, and must still find the uid here. The watch can also say so before the removal
+/// is recorded (its Delete event handled before the patch's answer): the time it went is kept
+/// for a uid not yet marked, so every entry is forgotten a while after its object went.
 #[derive(Default)]
-pub struct Removed(Mutex<HashMap<String, Option<Instant>>>);
+pub struct Removed(Mutex<HashMap<String, Entry>>);
+
+/// What [`Removed`] knows of one uid.
+#[derive(Clone, Copy, Debug, Default)]
+struct Entry {
+    /// This process removed the object's finalizer.
+    removed: bool,
+    /// When the watch said the object is gone.
+    gone: Option<Instant>,
+}
 
 /// How long a uid stays in [`Removed`] after the watch said its object is gone: longer than any
-/// reconcile that started before may run (`RECONCILE_LIMIT`, 30 s).
-const KEPT_AFTER_GONE: Duration = Duration::from_secs(60);
+/// reconcile that started before may run (the reconciler asserts it against its limit).
+pub(crate) const KEPT_AFTER_GONE: Duration = Duration::from_secs(60);
 
 impl Removed {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<Instant>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether this process removed the finalizer of the object with `uid`.
     pub(crate) fn contains(&self, uid: &str) -> bool {
-        self.lock().contains_key(uid)
+        self.lock().get(uid).is_some_and(|entry| entry.removed)
     }
 
     /// The finalizer of the object with `uid` was removed.
     pub(crate) fn mark(&self, uid: &str) {
-        self.lock().insert(uid.to_owned(), None);
+        let now = Instant::now();
+        let mut entries = self.lock();
+        entries.entry(uid.to_owned()).or_default().removed = true;
+        Self::purge(&mut entries, now);
     }
 
     /// The watch says the object with `uid` is gone: kept a while longer, and the uids gone
     /// longer than that are forgotten.
     pub(crate) fn forget(&self, uid: &str) {
         let now = Instant::now();
-        let mut removed = self.lock();
-        if let Some(gone) = removed.get_mut(uid) {
-            gone.get_or_insert(now);
-        }
-        Self::purge(&mut removed, now);
+        let mut entries = self.lock();
+        entries
+            .entry(uid.to_owned())
+            .or_default()
+            .gone
+            .get_or_insert(now);
+        Self::purge(&mut entries, now);
     }
 
     /// A relist: the objects it no longer lists are gone (kept a while longer, as in
     /// [`Removed::forget`]).
     pub(crate) fn retain(&self, listed: &HashSet<String>) {
         let now = Instant::now();
-        let mut removed = self.lock();
-        for (uid, gone) in removed.iter_mut() {
+        let mut entries = self.lock();
+        for (uid, entry) in entries.iter_mut() {
             if !listed.contains(uid) {
-                gone.get_or_insert(now);
+                entry.gone.get_or_insert(now);
             }
         }
-        Self::purge(&mut removed, now);
+        Self::purge(&mut entries, now);
     }
 
-    fn purge(removed: &mut HashMap<String, Option<Instant>>, now: Instant) {
-        removed.retain(|_, gone| gone.is_none_or(|at| now.duration_since(at) < KEPT_AFTER_GONE));
+    fn purge(entries: &mut HashMap<String, Entry>, now: Instant) {
+        entries.retain(|_, entry| {
+            entry
+                .gone
+                .is_none_or(|at| now.duration_since(at) < KEPT_AFTER_GONE)
+        });
+    }
+
+    /// How many uids are kept.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
     }
 }
 
@@ -255,6 +281,25 @@ mod tests {
             "kept forever"
         );
         assert!(removed.contains("c"));
+    }
+
+    /// The watch can say an object is gone before its removal is recorded (the Delete event
+    /// handled before the patch's answer, or a removal that found the object gone): the uid
+    /// still counts as removed, and is forgotten in time like any other, not kept forever. An
+    /// object the watch saw go without this process removing anything does not count as
+    /// removed.
+    #[tokio::test(start_paused = true)]
+    async fn a_removal_recorded_after_the_object_went_is_forgotten_too() {
+        let removed = Removed::default();
+        removed.forget("late");
+        removed.forget("never-ours");
+        assert!(!removed.contains("late") && !removed.contains("never-ours"));
+        removed.mark("late");
+        assert!(removed.contains("late"));
+        tokio::time::advance(KEPT_AFTER_GONE).await;
+        removed.forget("other");
+        assert_eq!(removed.len(), 1, "only the last deletion is still kept");
+        assert!(!removed.contains("late"), "kept forever");
     }
 
     #[test]

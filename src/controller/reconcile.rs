@@ -35,6 +35,9 @@ use crate::store::{AcquireOutcome, AcquireRequest, LeaseHandle, RequestId, Store
 /// be reached (a partition) would otherwise hang the reconcile, and with it the shutdown of a
 /// leader whose leadership lapsed.
 const RECONCILE_LIMIT: Duration = Duration::from_secs(30);
+// A deleted object's removed finalizer is remembered longer than a reconcile that took its copy
+// before the object went can run (see `Removed`).
+const _: () = assert!(RECONCILE_LIMIT.as_secs() < super::finalizer::KEPT_AFTER_GONE.as_secs());
 
 /// When a claim whose grant was given back (another claim still holds that permit as far as
 /// this process knows) asks again, unless the end of that tenure wakes it first.

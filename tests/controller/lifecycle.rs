@@ -2351,7 +2351,10 @@ async fn permits_cap_holders_and_pass_in_order(s: Scenario) {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{hostile}: {stderr}");
         assert!(out.stdout.is_empty(), "{hostile}: printed a report");
-        assert!(stderr.contains("must be 1 to"), "{hostile}: {stderr}");
+        assert!(
+            stderr.contains(hostile) && stderr.contains("must be 1 to"),
+            "{hostile}: {stderr}"
+        );
     }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let most = watcher.await.expect("watcher");

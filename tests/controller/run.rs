@@ -64,10 +64,14 @@ async fn pid_in(path: &Path) -> i32 {
 /// Waits until every pid in `pids` is gone; panics after `limit`.
 async fn all_gone(pids: &[i32], limit: Duration, what: &str) {
     let deadline = Instant::now() + limit;
-    while pids.iter().any(|p| alive(*p)) {
+    loop {
+        let running: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        if running.is_empty() {
+            return;
+        }
         assert!(
             Instant::now() < deadline,
-            "{what}: still running after {limit:?}: {pids:?}"
+            "{what}: still running after {limit:?}: {running:?} of {pids:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -925,6 +929,7 @@ pub fn suite(args: &Arguments) -> Conclusion {
         controller_outage_longer_than_the_ttl_never_overlaps,
         a_hidden_live_run_is_not_taken_for_dead,
         nothing_the_command_started_survives_run,
+        the_guard_kills_its_group_and_the_marked_and_nothing_older,
         wait_follow_keeps_a_token_file_true,
     ];
     run_scenarios(args, scenarios.to_vec())
@@ -1196,7 +1201,7 @@ fn named_targetlease_in_tree(root: i32) -> Vec<i32> {
 /// ignores SIGTERM, records that one's pid, and then exits or loops (`then`).
 fn escaping_script(dir: &Path, then: &str) -> String {
     format!(
-        "echo $$ > {d}/command.pid; setsid sh -c 'trap \"\" TERM; while :; do date +%s%N >> {d}/escaped.beat; sleep 0.05; done' </dev/null >/dev/null 2>&1 & echo $! > {d}/escaped.pid; {then}",
+        "for p in $(cat /proc/$PPID/task/*/children); do cat /proc/$p/comm; done > {d}/siblings 2>/dev/null; echo $$ > {d}/command.pid; setsid sh -c 'trap \"\" TERM; while :; do date +%s%N >> {d}/escaped.beat; sleep 0.05; done' </dev/null >/dev/null 2>&1 & echo $! > {d}/escaped.pid; {then}",
         d = dir.display()
     )
 }
@@ -1238,6 +1243,14 @@ async fn nothing_the_command_started_survives_run(s: Scenario) {
         .expect("run");
     let command = pid_in(&dir.path().join("command.pid")).await;
     let escaped = pid_in(&dir.path().join("escaped.pid")).await;
+    // Read by the command as its first step: its guard was already there, and already named
+    // apart, so no instant exists in which a `pkill targetlease` takes the guard with `run`.
+    let siblings = std::fs::read_to_string(dir.path().join("siblings")).expect("siblings");
+    let siblings: Vec<&str> = siblings.lines().map(str::trim).collect();
+    assert!(
+        siblings.contains(&"tl-guard") && !siblings.contains(&"targetlease"),
+        "run's children when the command started: {siblings:?}"
+    );
     let run_pid = run.id().and_then(|p| i32::try_from(p).ok()).expect("pid");
     let named = named_targetlease_in_tree(run_pid);
     assert!(named.contains(&run_pid), "{named:?}");
@@ -1251,6 +1264,99 @@ async fn nothing_the_command_started_survives_run(s: Scenario) {
         "the command and its setsid writer after run and every process named targetlease got SIGKILL",
     )
     .await;
+}
+
+/// Starts `sleep 60` with the marks of TargetLease `name` and tenure `token` in its environment,
+/// in a session of its own (`setsid`: out of every group but its own).
+fn marked_sleeper(name: &str, token: &str) -> Child {
+    Command::new("setsid")
+        .args(["sleep", "60"])
+        .env("TARGETLEASE_NAME", name)
+        .env("TARGETLEASE_TOKEN", token)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("sleep")
+}
+
+fn pid_of(child: &Child) -> i32 {
+    child.id().and_then(|p| i32::try_from(p).ok()).expect("pid")
+}
+
+/// Starts `targetlease __guard` for `name` and `token` and waits for its ready byte; answers it
+/// with its name at that moment.
+async fn ready_guard(name: &str, token: &str) -> (Child, String) {
+    use tokio::io::AsyncReadExt;
+    let mut guard = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        .args(["__guard", "--name", name, "--token", token])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("guard");
+    let mut byte = [0u8; 1];
+    let read = guard
+        .stdout
+        .as_mut()
+        .expect("stdout")
+        .read(&mut byte)
+        .await
+        .expect("ready byte");
+    assert_eq!(read, 1, "the guard exited before it said it was ready");
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", pid_of(&guard))).expect("comm");
+    (guard, comm.trim().to_string())
+}
+
+// 12g. `run`'s guard, driven as `run` drives it: it is named `tl-guard` by the time it says it
+//      is ready (`run` starts the command only then); when its pipe closes it kills the process
+//      group it was told and whatever carries the command's marks and started after it, and
+//      nothing that carries them but is older. Told no group (`run` died between starting the
+//      guard and the command), it still kills whatever carries the marks and started after the
+//      guard itself.
+async fn the_guard_kills_its_group_and_the_marked_and_nothing_older(_s: Scenario) {
+    use tokio::io::AsyncWriteExt;
+    let name = format!("guard-trial-{}", std::process::id());
+    let token = "7";
+    for told_group in [true, false] {
+        let older = marked_sleeper(&name, token);
+        // Start times count in clock ticks (10 ms): this one is plainly older than the guard.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (mut guard, comm) = ready_guard(&name, token).await;
+        assert_eq!(
+            comm, "tl-guard",
+            "the guard's name when it said it was ready"
+        );
+        // The command's group (unmarked: only the group tells) and a marked escapee.
+        let group = Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("group");
+        let escaped = marked_sleeper(&name, token);
+        let mut pipe = guard.stdin.take().expect("stdin");
+        if told_group {
+            pipe.write_all(format!("{}\n", pid_of(&group)).as_bytes())
+                .await
+                .expect("tell the group");
+        }
+        drop(pipe);
+        assert_eq!(exits(&mut guard, 10 * SEC).await, Some(0));
+        let mut gone = vec![pid_of(&escaped)];
+        if told_group {
+            gone.push(pid_of(&group));
+        }
+        all_gone(&gone, 2 * SEC, &format!("told the group: {told_group}")).await;
+        assert!(
+            alive(pid_of(&older)),
+            "a marked process older than the guard was killed (told the group: {told_group})"
+        );
+        if !told_group {
+            assert!(
+                alive(pid_of(&group)),
+                "a group it was never told was killed"
+            );
+        }
+    }
 }
 
 /// The token `file` holds (`TARGETLEASE_TOKEN=...`), once `want` holds for it (`None`: the file

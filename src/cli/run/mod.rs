@@ -14,10 +14,11 @@
 //!   half the TTL, so a `run` killed with SIGKILL loses its lease within the TTL, with or without
 //!   a pod. In a pod, holderRef names the pod (POD_NAME) with its uid (POD_UID) and the pod owns
 //!   the TargetLease.
-//! - The command runs in its own process group. A guard process (this binary, `__guard`) holds
-//!   the read end of a pipe whose write end only `run` holds: when `run` ends in any way, even
-//!   by SIGKILL, the pipe closes and the guard kills the command's whole group, so nothing the
-//!   command started outlives `run`. The lease counts as lost when the TargetLease leaves Held,
+//! - The command runs in its own process group. A guard process (this binary, `__guard`, named
+//!   `tl-guard`) holds the read end of a pipe whose write end only `run` holds: when `run` ends
+//!   in any way, even by SIGKILL, the pipe closes and the guard kills the command's whole group
+//!   and whatever carries its marks, so nothing the command started outlives `run`. The guard
+//!   is in place and named before the command starts. The lease counts as lost when the TargetLease leaves Held,
 //!   shows another token, starts being deleted or is gone, or when no heartbeat has been
 //!   confirmed for [`Windows::term`]. Then the group gets SIGTERM, SIGKILL after `--grace`, and
 //!   `run` exits with [`exit::LOST`] whatever the command returned.

@@ -52,38 +52,71 @@ pub(super) struct Ran {
     pub(super) all_gone: bool,
 }
 
-/// Starts the guard of the command (process group `pgid`, its processes marked with TargetLease
-/// `name` and `token`) and returns the write end of its pipe (with the guard's handle):
-/// dropping it, or `run` ending, makes the guard kill what the command started.
-fn start_guard(
-    pgid: i32,
-    name: &str,
-    token: u64,
-) -> std::io::Result<(Child, tokio::process::ChildStdin)> {
-    let exe = std::env::current_exe()?;
-    let mut guard = Command::new(exe)
-        .args(["__guard", "--group", &pgid.to_string(), "--name", name])
-        .args(["--token", &token.to_string()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        // Its own group: a signal to the command's group or to `run`'s never reaches it.
-        .process_group(0)
-        .kill_on_drop(false)
-        .spawn()?;
-    let pipe = guard
-        .stdin
-        .take()
-        .ok_or_else(|| std::io::Error::other("the guard has no stdin"))?;
-    Ok((guard, pipe))
+/// The guard of a command: a process of its own (`__guard`) that kills what the command started
+/// when `run` ends in any way, even by SIGKILL (its pipe from `run` closes then).
+struct Guard {
+    process: Child,
+    /// Its standard input: the command's process group is written on it; its closing (this
+    /// dropped, or `run` gone) is the guard's signal.
+    pipe: tokio::process::ChildStdin,
+}
+
+/// How long a guard may take to say it is in place.
+const GUARD_READY_WITHIN: Duration = Duration::from_secs(10);
+
+impl Guard {
+    /// Starts the guard of the command that is about to run under TargetLease `name` and tenure
+    /// `token`, and returns once it is in place: already named apart from `targetlease` (so that
+    /// `pkill targetlease` never takes it with `run`) and watching its pipe. The command is
+    /// started only after this: no instant exists in which it runs unguarded.
+    async fn start(name: &str, token: u64) -> std::io::Result<Self> {
+        use tokio::io::AsyncReadExt;
+        let exe = std::env::current_exe()?;
+        let mut process = Command::new(exe)
+            .args(["__guard", "--name", name, "--token", &token.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            // Its own group: a signal to the command's group or to `run`'s never reaches it.
+            .process_group(0)
+            .kill_on_drop(false)
+            .spawn()?;
+        let pipe = process.stdin.take();
+        let ready = process.stdout.take();
+        let (Some(pipe), Some(mut ready)) = (pipe, ready) else {
+            let _ = process.start_kill();
+            return Err(std::io::Error::other("the guard has no pipes"));
+        };
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout(GUARD_READY_WITHIN, ready.read(&mut byte)).await {
+            Ok(Ok(1)) => Ok(Self { process, pipe }),
+            outcome => {
+                let _ = process.start_kill();
+                Err(std::io::Error::other(match outcome {
+                    Err(_) => format!("it did not say it was ready within {GUARD_READY_WITHIN:?}"),
+                    Ok(Err(e)) => e.to_string(),
+                    Ok(Ok(_)) => "it exited before it was ready".into(),
+                }))
+            }
+        }
+    }
+
+    /// Tells the guard the command's process group.
+    async fn watch(&mut self, pgid: i32) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.pipe.write_all(format!("{pgid}\n").as_bytes()).await?;
+        self.pipe.flush().await
+    }
+
+    /// The guard's pid (which signals to the command's tree must spare).
+    fn pid(&self) -> Option<i32> {
+        self.process.id().and_then(|id| i32::try_from(id).ok())
+    }
 }
 
 /// Flags of the hidden `__guard` subcommand.
 #[derive(Debug, Args)]
 pub struct GuardArgs {
-    /// The process group to kill when standard input closes.
-    #[arg(long)]
-    group: i32,
     /// The TargetLease the command runs under (in its environment).
     #[arg(long)]
     name: String,
@@ -93,24 +126,49 @@ pub struct GuardArgs {
 }
 
 impl GuardArgs {
-    /// Blocks until standard input closes (`run` ended, however), then kills what is left of
-    /// the command: its process group, and whatever carries its TargetLease and token and
-    /// started after it (a descendant that left the group).
+    /// Says it is ready (one byte on standard output), reads the command's process group from
+    /// standard input and blocks until that closes (`run` ended, however); then kills what is
+    /// left of the command: its process group, and whatever carries its TargetLease and token
+    /// and started after it (a descendant that left the group). If `run` ended before it said
+    /// which group, whatever carries the marks and started after the guard is killed.
     pub fn run(self) -> ExitCode {
-        use std::io::Read;
+        use std::io::{Read, Write};
         // Named apart from `targetlease`, so that `pkill targetlease` does not take the guard
-        // down with `run`.
+        // down with `run`; before it says it is ready, so that the name is in place before the
+        // command starts.
         if let Ok(name) = std::ffi::CString::new("tl-guard") {
             let _ = nix::sys::prctl::set_name(&name);
         }
-        // In a process group of its own, a Ctrl-C in the terminal does not reach it.
-        let mut sink = [0u8; 64];
-        while matches!(std::io::stdin().read(&mut sink), Ok(n) if n > 0) {}
-        if self.group > 1 {
-            let _ = killpg(Pid::from_raw(self.group), Signal::SIGKILL);
-            let started = start_time(self.group).unwrap_or(0);
-            kill_marked(&self.name, &self.token.to_string(), started);
+        let me = i32::try_from(std::process::id()).unwrap_or(0);
+        let guard_started = start_time(me).unwrap_or(0);
+        let mut stdout = std::io::stdout();
+        if stdout
+            .write_all(b"r")
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            return ExitCode::from(exit::FAILURE);
         }
+        // In a process group of its own, a Ctrl-C in the terminal does not reach it.
+        let mut said = Vec::new();
+        let mut sink = [0u8; 64];
+        while let Ok(n @ 1..) = std::io::stdin().read(&mut sink) {
+            if said.len() < 32 {
+                said.extend_from_slice(&sink[..n]);
+            }
+        }
+        let group = std::str::from_utf8(&said)
+            .ok()
+            .and_then(|text| text.lines().next()?.trim().parse::<i32>().ok())
+            .filter(|group| *group > 1);
+        let started = match group {
+            Some(group) => {
+                let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+                start_time(group).unwrap_or(guard_started)
+            }
+            None => guard_started,
+        };
+        kill_marked(&self.name, &self.token.to_string(), started);
         ExitCode::SUCCESS
     }
 }
@@ -175,6 +233,10 @@ impl RunArgs {
         let exe = std::env::current_exe()
             .map_err(|e| format!("cannot find this program to start the command: {e}"))?;
         let parent = std::process::id().to_string();
+        // Held until `run` ends: its closing is the guard's signal.
+        let mut guard = Guard::start(&name, token)
+            .await
+            .map_err(|e| format!("cannot start the guard of the command: {e}"))?;
         let mut command = Command::new(exe);
         command
             .args(["__exec", "--parent", &parent, "--"])
@@ -200,22 +262,13 @@ impl RunArgs {
             return Err("the command exited before it could be watched".into());
         };
         let group = Pid::from_raw(pgid);
-        // Held until `run` ends: its closing is the guard's signal.
-        let guard = match start_guard(pgid, &name, token) {
-            Ok(guard) => guard,
-            Err(e) => {
-                let _ = killpg(group, Signal::SIGKILL);
-                return Err(format!("cannot start the guard of the command: {e}"));
-            }
-        };
+        if let Err(e) = guard.watch(pgid).await {
+            let _ = killpg(group, Signal::SIGKILL);
+            return Err(format!("the guard of the command is gone: {e}"));
+        }
         let tree = Tree {
             group,
-            except: guard
-                .0
-                .id()
-                .and_then(|id| i32::try_from(id).ok())
-                .into_iter()
-                .collect(),
+            except: guard.pid().into_iter().collect(),
         };
         // Recorded for a restarted `run` to clean up after this one; in the background, so an
         // unreachable API server never delays watching the command.

@@ -9,6 +9,7 @@ mod error;
 pub mod memory;
 mod names;
 mod protocol;
+mod rules;
 pub mod valkey;
 
 use async_trait::async_trait;

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::error::StoreError;
 
@@ -98,9 +98,19 @@ impl fmt::Display for Permits {
 /// One permit's place on a target: 0 to permits-1. Slot 0 is the exclusive lease's place too,
 /// so a token is fenced per slot the same way whatever the permits: it is current for its slot
 /// while it is the newest grant of that slot.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(transparent)]
-pub struct Slot(u32);
+pub struct Slot(#[serde(deserialize_with = "slot_in_range")] u32);
+
+/// A slot read back from a store's records is checked like one from a caller.
+fn slot_in_range<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let slot = <u32 as serde::Deserialize>::deserialize(d)?;
+    Slot::new(slot)
+        .map(Slot::get)
+        .map_err(serde::de::Error::custom)
+}
 
 impl Slot {
     /// Slot 0: the exclusive lease's.

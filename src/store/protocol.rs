@@ -1,7 +1,7 @@
 //! The lease-store protocol's requests and outcomes: what a caller asks of a backend and what
 //! it answers, over the validated names of [`super::names`].
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::names::{GuardedKey, LeaseId, Owner, Permits, RequestId, Slot, TargetRef, Token, Ttl};
 
@@ -114,7 +114,7 @@ pub enum RepairOutcome {
 }
 
 /// A granted lease as the backend reported it. All times are the backend's clock.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Grant {
     /// The fencing token: larger than every token issued for the target before, in any slot.
@@ -137,7 +137,7 @@ impl Grant {
 }
 
 /// The outcome of [`crate::store::LeaseStore::acquire`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum AcquireOutcome {
     /// The caller holds the target.
@@ -167,7 +167,7 @@ pub enum AcquireOutcome {
 }
 
 /// Why a lease is gone.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LossReason {
     /// Nobody holds the target: the lease expired (or the backend lost it).
@@ -177,7 +177,7 @@ pub enum LossReason {
 }
 
 /// The outcome of [`crate::store::LeaseStore::renew`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum RenewOutcome {
     /// The lease was extended.
@@ -196,7 +196,7 @@ pub enum RenewOutcome {
 }
 
 /// The outcome of [`crate::store::LeaseStore::release`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum ReleaseOutcome {
     /// The lease was given up.
@@ -206,7 +206,7 @@ pub enum ReleaseOutcome {
 }
 
 /// The outcome of [`crate::store::LeaseStore::commit`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum CommitOutcome {
     /// The value was written.

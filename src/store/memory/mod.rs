@@ -6,18 +6,25 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use std::collections::HashMap;
+
+use super::rules::{Target, nothing_at};
 use super::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, DEFAULT_REPLY_TTL,
-    Grant, GuardedKey, GuardedValue, Inspection, LeaseStore, LeaseView, LossReason, MAX_TOKEN,
-    ReleaseOutcome, ReleaseRequest, RenewOutcome, RenewRequest, RepairOutcome, RequestId, Slot,
-    StoreError, TargetRef, Token, check_token,
+    GuardedKey, GuardedValue, Inspection, LeaseStore, ReleaseOutcome, ReleaseRequest, RenewOutcome,
+    RenewRequest, RepairOutcome, Slot, StoreError, TargetRef, Token, check_token,
 };
 
 mod clock;
-mod state;
 
 pub use self::clock::{Clock, ManualClock, SystemClock};
-use self::state::*;
+
+/// Every target the store knows, and how many calls since targets left empty were forgotten.
+#[derive(Default, Clone)]
+struct State {
+    targets: HashMap<TargetRef, Target>,
+    calls_since_sweep: u32,
+}
 
 /// The in-memory lease store.
 pub struct MemoryStore {
@@ -78,53 +85,17 @@ impl MemoryStore {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs one mutating call: returns the cached reply of `request_id` if there is one (and
-    /// refuses the id when it was first used for another call), as `replay` says it reads
-    /// against the target now; otherwise runs `op` and caches its reply when it changed state.
-    fn idempotent(
-        &self,
-        target: &TargetRef,
-        request_id: &RequestId,
-        binding: String,
-        replay: impl FnOnce(&TargetState, Reply) -> Reply,
-        op: impl FnOnce(&mut TargetState, u64) -> Result<(Reply, bool), StoreError>,
-    ) -> Result<Reply, StoreError> {
+    /// Runs `op` on `target`'s records at the clock's time, forgetting now and then the
+    /// targets that have nothing left, so the map stays bounded.
+    fn on_target<T>(&self, target: &TargetRef, op: impl FnOnce(&mut Target, u64) -> T) -> T {
         let now = self.clock.now_micros();
         let mut state = self.lock();
-        state.sweep(now);
-        let cache_key = (target.clone(), request_id.as_str().to_owned());
-        let cached = match state.replies.get(&cache_key) {
-            Some(cached) if cached.expires_us > now => {
-                if cached.binding != binding {
-                    return Err(reused_request_id(cached.reply.operation()));
-                }
-                Some(cached.reply.clone())
-            }
-            _ => None,
-        };
-        let entry = state.targets.entry(target.clone()).or_default();
-        entry.expire(now);
-        if let Some(reply) = cached {
-            let answer = replay(entry, reply);
-            // A replayed grant is cached anew, as the scripts do (they refresh the entry so the
-            // durability wait covers the grant): its retries keep finding it.
-            if matches!(answer, Reply::Acquire(AcquireOutcome::Acquired(_)))
-                && let Some(entry) = state.replies.get_mut(&cache_key)
-            {
-                entry.expires_us = now.saturating_add(self.reply_ttl_us);
-            }
-            return Ok(answer);
+        state.calls_since_sweep += 1;
+        if state.calls_since_sweep >= 1024 {
+            state.calls_since_sweep = 0;
+            state.targets.retain(|_, t| !t.is_empty(now));
         }
-        let (reply, changed) = op(entry, now)?;
-        if changed {
-            let cached = Cached {
-                reply: reply.clone(),
-                binding,
-                expires_us: now.saturating_add(self.reply_ttl_us),
-            };
-            state.replies.insert(cache_key, cached);
-        }
-        Ok(reply)
+        op(state.targets.entry(target.clone()).or_default(), now)
     }
 }
 
@@ -137,279 +108,23 @@ impl Default for MemoryStore {
 #[async_trait]
 impl LeaseStore for MemoryStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        let ttl_ms = req.ttl.millis();
-        check_token("min_token", req.min_token, false)?;
-        if req.min_token >= MAX_TOKEN {
-            return Err(exhausted(0, req.min_token));
-        }
-        let permits = req.permits.get();
-        let shared = permits > 1;
-        // The floor and the permits are bound too: a retry with another is another call.
-        let floor = req.min_token.to_string();
-        let permits_text = permits.to_string();
-        let mut parts = vec!["acquire", req.lease_id.expose(), req.owner.as_str(), &floor];
-        if shared {
-            parts.push(&permits_text);
-        }
-        let bound = binding(&parts);
-        let rid = req.request_id.as_str();
-        // A retry is answered with its first grant only while that grant still stands.
-        let replay = |t: &TargetState, reply| match reply {
-            Reply::Acquire(AcquireOutcome::Acquired(g))
-                if !t.lease(g.slot).is_some_and(|l| {
-                    l.lease_id == req.lease_id
-                        && l.owner == req.owner.as_str()
-                        && l.token == g.token
-                }) =>
-            {
-                Reply::Acquire(AcquireOutcome::Expired { token: g.token })
-            }
-            other => other,
-        };
-        let reply = self.idempotent(&req.target, &req.request_id, bound, replay, |t, now| {
-            let now_ms = micros_to_millis(now);
-            let answer = |outcome| Ok((Reply::Acquire(outcome), false));
-            // Every slot is read before anything is decided, as the script does.
-            let (mut mine, mut free, mut first_out, mut conflict) = (None, None, None, None);
-            for slot in req.permits.slots() {
-                let Some(lease) = t.lease(slot) else {
-                    free = free.or(Some(slot));
-                    continue;
-                };
-                if lease.permits != permits {
-                    conflict = Some(lease.permits);
-                }
-                if lease.lease_id == req.lease_id && lease.owner == req.owner.as_str() {
-                    mine = Some(slot);
-                } else if first_out
-                    .as_ref()
-                    .is_none_or(|(_, at): &(String, u64)| lease.expires_at_us < *at)
-                {
-                    first_out = Some((lease.owner.clone(), lease.expires_at_us));
-                }
-            }
-            let held = |first_out: Option<(String, u64)>| {
-                let (owner, at) = first_out.unwrap_or_default();
-                AcquireOutcome::Held {
-                    owner,
-                    expires_in_ms: micros_to_millis(at.saturating_sub(now)),
-                }
-            };
-            if let Some(in_force) = conflict {
-                return answer(AcquireOutcome::PermitsConflict { in_force });
-            }
-            if !shared && first_out.is_some() {
-                return answer(held(first_out));
-            }
-            // An exclusive claim reads the value in force only once permits were granted in a
-            // slot from 1 (the scripts learn it from slot 0's fence at no cost).
-            let in_force = t.permits.filter(|_| shared || t.top.is_some());
-            if let Some((in_force, _)) = in_force.filter(|(n, _)| *n != permits) {
-                return answer(AcquireOutcome::PermitsConflict { in_force });
-            }
-            let newest = t.newest();
-            if let Some(slot) = mine {
-                // Ours already: the same slot and token, unless it is not above the floor or is
-                // below the slot's fence (a restored record); a lost fence is raised again.
-                if shared {
-                    t.keep_permits(permits, now, ttl_ms);
-                }
-                let slot_fence = t.fence(slot);
-                let mut token = t.lease(slot).map_or(0, |l| l.token);
-                if token <= req.min_token || token < slot_fence {
-                    token = next_token(newest, req.min_token, now)?;
-                    t.issued_to(slot, token, shared);
-                    t.slot_mut(slot).fence_request = Some(rid.to_owned());
-                } else if slot_fence < token {
-                    t.restore_fence(slot, token);
-                }
-                let lease = t
-                    .slot_mut(slot)
-                    .lease
-                    .as_mut()
-                    .ok_or_else(|| unexpected("acquire"))?;
-                lease.token = token;
-                lease.expires_at_us = now + ttl_ms * 1000;
-                let grant = Grant {
-                    token,
-                    slot,
-                    acquired_at_ms: lease.acquired_ms,
-                    server_time_ms: now_ms,
-                    expires_in_ms: ttl_ms,
-                };
-                return Ok((Reply::Acquire(AcquireOutcome::Acquired(grant)), true));
-            }
-            let Some(slot) = free else {
-                return answer(held(first_out));
-            };
-            if req.permits.slots().any(|s| {
-                t.slot(s)
-                    .is_some_and(|s| s.fence_request.as_deref() == Some(rid))
-            }) {
-                return Err(StoreError::InvalidRequest(
-                    "request id already acquired a token on this target and its cached reply \
-                     expired; a replay never takes a second tenure: use a new request id"
-                        .into(),
-                ));
-            }
-            let token = next_token(newest, req.min_token, now)?;
-            if shared {
-                t.keep_permits(permits, now, ttl_ms);
-            }
-            t.issued_to(slot, token, shared);
-            let state = t.slot_mut(slot);
-            state.fence_request = Some(rid.to_owned());
-            state.lease = Some(Lease {
-                lease_id: req.lease_id.clone(),
-                owner: req.owner.as_str().to_owned(),
-                permits,
-                token,
-                acquired_ms: now_ms,
-                expires_at_us: now + ttl_ms * 1000,
-            });
-            let grant = Grant {
-                token,
-                slot,
-                acquired_at_ms: now_ms,
-                server_time_ms: now_ms,
-                expires_in_ms: ttl_ms,
-            };
-            Ok((Reply::Acquire(AcquireOutcome::Acquired(grant)), true))
-        })?;
-        match reply {
-            Reply::Acquire(outcome) => Ok(outcome),
-            _ => Err(unexpected("acquire")),
-        }
+        self.on_target(&req.target, |t, now| t.acquire(req, now, self.reply_ttl_us))
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
-        let ttl_ms = req.ttl.millis();
-        let handle = &req.lease;
-        handle.permits.check_slot(handle.slot)?;
-        let permits = handle.permits.get();
-        let token = handle.token.to_string();
-        let bound = binding(&[
-            "renew",
-            handle.lease_id.expose(),
-            handle.owner.as_str(),
-            &token,
-        ]);
-        // A token below the slot's fence (a restored record) is not the holder's any more; a
-        // retry is answered with its first reply only while the lease it renewed still stands.
-        let loss = |t: &TargetState| {
-            if t.lease(handle.slot).is_none() {
-                Some(LossReason::Expired)
-            } else if t.holds(handle).is_none() || handle.token.get() < t.fence(handle.slot) {
-                Some(LossReason::NotHolder)
-            } else {
-                None
-            }
-        };
-        let replay = |t: &TargetState, reply| match loss(t) {
-            Some(reason) => Reply::Renew(RenewOutcome::Lost { reason }),
-            None => reply,
-        };
-        let reply = self.idempotent(&handle.target, &req.request_id, bound, replay, |t, now| {
-            if let Some(reason) = loss(t) {
-                return Ok((Reply::Renew(RenewOutcome::Lost { reason }), false));
-            }
-            granted_under(t.holds(handle), permits)?;
-            // The slot's fence and `top` at least at the holder's token, as the script keeps them.
-            t.restore_fence(handle.slot, handle.token.get());
-            if permits > 1 {
-                t.keep_permits(permits, now, ttl_ms);
-            }
-            if let Some(lease) = t.slot_mut(handle.slot).lease.as_mut() {
-                lease.expires_at_us = now + ttl_ms * 1000;
-            }
-            let renewed = RenewOutcome::Renewed {
-                server_time_ms: micros_to_millis(now),
-                expires_in_ms: ttl_ms,
-            };
-            Ok((Reply::Renew(renewed), true))
-        })?;
-        match reply {
-            Reply::Renew(outcome) => Ok(outcome),
-            _ => Err(unexpected("renew")),
-        }
+        self.on_target(&req.lease.target, |t, now| {
+            t.renew(req, now, self.reply_ttl_us)
+        })
     }
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
-        let handle = &req.lease;
-        handle.permits.check_slot(handle.slot)?;
-        let permits = handle.permits.get();
-        let token = handle.token.to_string();
-        let bound = binding(&[
-            "release",
-            handle.lease_id.expose(),
-            handle.owner.as_str(),
-            &token,
-        ]);
-        let reply = self.idempotent(&handle.target, &req.request_id, bound, keep, |t, _| {
-            if t.holds(handle).is_none() {
-                return Ok((Reply::Release(ReleaseOutcome::NotHolder), false));
-            }
-            granted_under(t.holds(handle), permits)?;
-            t.slot_mut(handle.slot).lease = None;
-            // The permits value in force goes with the last permit released.
-            if permits > 1 && !handle.permits.slots().any(|s| t.lease(s).is_some()) {
-                t.permits = None;
-            }
-            Ok((Reply::Release(ReleaseOutcome::Released), true))
-        })?;
-        match reply {
-            Reply::Release(outcome) => Ok(outcome),
-            _ => Err(unexpected("release")),
-        }
+        self.on_target(&req.lease.target, |t, now| {
+            t.release(req, now, self.reply_ttl_us)
+        })
     }
 
     async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome, StoreError> {
-        check_token("sequence", req.sequence, false)?;
-        let (token, sequence) = (req.token.to_string(), req.sequence.to_string());
-        let digest = sha1_smol::Sha1::from(req.value.as_bytes())
-            .digest()
-            .to_string();
-        let key = req.bound_key();
-        let bound = binding(&["commit", &token, &key, &sequence, &digest]);
-        let reply = self.idempotent(&req.target, &req.request_id, bound, keep, |t, _| {
-            let committed = || {
-                let committed = CommitOutcome::Committed {
-                    token: req.token.get(),
-                };
-                Ok((Reply::Commit(committed), true))
-            };
-            let stale = |newest| Ok((Reply::Commit(CommitOutcome::Stale { newest }), false));
-            let fence = t.fence(req.slot);
-            if req.token.get() < fence {
-                return stale(fence);
-            }
-            if req.token.get() > fence {
-                return Err(never_issued(req.token.get(), fence));
-            }
-            let record_key = (req.slot, req.key.as_str().to_owned());
-            if let Some(last) = t.guarded.get(&record_key) {
-                let ours = (req.token.get(), req.sequence);
-                let theirs = (last.token, last.sequence);
-                if ours < theirs || (ours == theirs && last.value != req.value) {
-                    return stale(last.token);
-                }
-                if ours == theirs {
-                    // This very write is already there: answer as the first call did.
-                    return committed();
-                }
-            }
-            let record = GuardedRecord {
-                token: req.token.get(),
-                sequence: req.sequence,
-                value: req.value.clone(),
-            };
-            t.guarded.insert(record_key, record);
-            committed()
-        })?;
-        match reply {
-            Reply::Commit(outcome) => Ok(outcome),
-            _ => Err(unexpected("commit")),
-        }
+        self.on_target(&req.target, |t, now| t.commit(req, now, self.reply_ttl_us))
     }
 
     async fn read_guarded(
@@ -419,14 +134,10 @@ impl LeaseStore for MemoryStore {
         key: &GuardedKey,
     ) -> Result<Option<GuardedValue>, StoreError> {
         let state = self.lock();
-        let found = state
+        Ok(state
             .targets
             .get(target)
-            .and_then(|t| t.guarded.get(&(slot, key.as_str().to_owned())));
-        Ok(found.map(|record| GuardedValue {
-            token: record.token,
-            value: record.value.clone(),
-        }))
+            .and_then(|t| t.read_guarded(slot, key)))
     }
 
     async fn check(
@@ -435,60 +146,25 @@ impl LeaseStore for MemoryStore {
         slot: Slot,
         token: Token,
     ) -> Result<CheckOutcome, StoreError> {
-        let token = token.get();
-        let fence = self.lock().targets.get(target).map_or(0, |t| t.fence(slot));
-        match token.cmp(&fence) {
-            std::cmp::Ordering::Less => Ok(CheckOutcome::Stale { newest: fence }),
-            std::cmp::Ordering::Equal => Ok(CheckOutcome::Current { newest: fence }),
-            std::cmp::Ordering::Greater => Err(never_issued(token, fence)),
+        match self.lock().targets.get(target) {
+            Some(t) => t.check(slot, token),
+            None => Target::default().check(slot, token),
         }
     }
 
     async fn inspect(&self, target: &TargetRef) -> Result<Inspection, StoreError> {
         let now = self.clock.now_micros();
         let mut state = self.lock();
-        let Some(t) = state.targets.get_mut(target) else {
-            return Ok(Inspection {
-                fence: 0,
-                server_time_ms: micros_to_millis(now),
-                permits: 1,
-                lease: None,
-                slots: Vec::new(),
-            });
-        };
-        t.expire(now);
-        let mut views = t.slots.iter().filter_map(|(slot, state)| {
-            let l = state.lease.as_ref()?;
-            Some(LeaseView {
-                slot: Slot::new(*slot).ok()?,
-                permits: super::Permits::new(l.permits).ok()?,
-                owner: l.owner.clone(),
-                token: l.token,
-                acquired_at_ms: l.acquired_ms,
-                expires_in_ms: micros_to_millis(l.expires_at_us - now),
-                lease_id: l.lease_id.clone(),
-            })
-        });
-        let lease = t.lease(Slot::ZERO).and_then(|_| views.next());
-        let slots: Vec<LeaseView> = views.collect();
-        let held_under = t
-            .slots
-            .values()
-            .filter_map(|s| s.lease.as_ref().map(|l| l.permits))
-            .max();
-        Ok(Inspection {
-            fence: t.newest(),
-            server_time_ms: micros_to_millis(now),
-            permits: held_under.unwrap_or(1),
-            lease,
-            slots,
+        Ok(match state.targets.get_mut(target) {
+            Some(t) => t.inspect(now),
+            None => nothing_at(now),
         })
     }
 
     /// Nothing in this process can be unreadable: every record is intact.
     async fn repair(&self, target: &TargetRef, floor: u64) -> Result<RepairOutcome, StoreError> {
         check_token("floor", floor, false)?;
-        let fence = self.lock().targets.get(target).map_or(0, |t| t.newest());
+        let fence = self.lock().targets.get(target).map_or(0, Target::newest);
         Ok(RepairOutcome::Intact { fence })
     }
 

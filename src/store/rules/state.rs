@@ -1,98 +1,99 @@
-//! The in-memory store's state: each target's slots, fences and guarded records as the
-//! scripts keep them in Valkey, the reply cache, and the rules they share with the scripts
-//! (the token rule, a request id bound to its call).
+//! One target's records as every backend keeps them: its slots, fences and guarded records,
+//! the replies cached for its request ids, and the rules the calls share with the Lua scripts
+//! (the token rule, a request id bound to its call). Serializable, so that a backend without
+//! scripts (etcd) keeps them as one record per target; unknown fields are refused, so a record
+//! written by a later version fails closed instead of being written back without them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 use crate::store::{
     AcquireOutcome, CommitOutcome, LeaseHandle, LeaseId, MAX_FLOOR_LEAD_MICROS, MAX_TOKEN,
-    MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, RenewOutcome, Slot, StoreError, TargetRef,
+    MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, RenewOutcome, Slot, StoreError,
 };
 
-#[derive(Default, Clone)]
-pub(super) struct State {
-    pub(super) targets: HashMap<TargetRef, TargetState>,
-    pub(super) replies: HashMap<(TargetRef, String), Cached>,
-    pub(super) calls_since_sweep: u32,
-}
-
 /// A cached reply and the call it answered.
-#[derive(Clone)]
-pub(super) struct Cached {
-    pub(super) reply: Reply,
-    pub(super) binding: String,
-    pub(super) expires_us: u64,
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Cached {
+    pub(crate) reply: Reply,
+    pub(crate) binding: String,
+    pub(crate) expires_us: u64,
 }
 
 /// One target: its slots (slot 0 is the exclusive lease's), as the scripts keep them.
-#[derive(Default, Clone)]
-pub(super) struct TargetState {
-    pub(super) slots: BTreeMap<u32, SlotState>,
+#[derive(Default, Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TargetState {
+    pub(crate) slots: BTreeMap<u32, SlotState>,
     /// The newest token issued in any slot from 1 (with slot 0's fence, the target's newest),
     /// kept as the scripts keep it in slot 0's fence: from the first grant of such a slot until
     /// an exclusive grant, which is above it and needs no permit check after it.
-    pub(super) top: Option<u64>,
+    pub(crate) top: Option<u64>,
     /// The permits value in force and when it expires: kept while a permit granted under a
     /// value above 1 may be held.
-    pub(super) permits: Option<(u32, u64)>,
+    pub(crate) permits: Option<(u32, u64)>,
     /// Guarded records by slot and name.
-    pub(super) guarded: HashMap<(Slot, String), GuardedRecord>,
+    pub(crate) guarded: BTreeMap<u32, BTreeMap<String, GuardedRecord>>,
 }
 
-#[derive(Default, Clone)]
-pub(super) struct SlotState {
-    pub(super) lease: Option<Lease>,
+#[derive(Default, Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SlotState {
+    pub(crate) lease: Option<Lease>,
     /// The newest token granted in this slot.
-    pub(super) fence: u64,
+    pub(crate) fence: u64,
     /// The request id of the acquire that issued `fence`: spent, even after its cached reply.
-    pub(super) fence_request: Option<String>,
+    pub(crate) fence_request: Option<String>,
 }
 
-#[derive(Clone)]
-pub(super) struct GuardedRecord {
-    pub(super) token: u64,
-    pub(super) sequence: u64,
-    pub(super) value: String,
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GuardedRecord {
+    pub(crate) token: u64,
+    pub(crate) sequence: u64,
+    pub(crate) value: String,
 }
 
-#[derive(Clone)]
-pub(super) struct Lease {
-    pub(super) lease_id: LeaseId,
-    pub(super) owner: String,
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Lease {
+    #[serde(with = "lease_id_text")]
+    pub(crate) lease_id: LeaseId,
+    pub(crate) owner: String,
     /// What it was granted under (1: the exclusive lease).
-    pub(super) permits: u32,
-    pub(super) token: u64,
-    pub(super) acquired_ms: u64,
-    pub(super) expires_at_us: u64,
+    pub(crate) permits: u32,
+    pub(crate) token: u64,
+    pub(crate) acquired_ms: u64,
+    pub(crate) expires_at_us: u64,
 }
 
-#[derive(Clone)]
-pub(super) enum Reply {
+/// A lease id kept whole in the store's own records (and nowhere else), checked when read.
+mod lease_id_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::store::LeaseId;
+
+    pub(crate) fn serialize<S: Serializer>(id: &LeaseId, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(id.expose())
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<LeaseId, D::Error> {
+        LeaseId::new(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) enum Reply {
     Acquire(AcquireOutcome),
     Renew(RenewOutcome),
     Release(ReleaseOutcome),
     Commit(CommitOutcome),
 }
 
-impl State {
-    /// Drops expired cached replies now and then, so the cache stays bounded.
-    pub(super) fn sweep(&mut self, now: u64) {
-        self.calls_since_sweep += 1;
-        if self.calls_since_sweep >= 1024 {
-            self.calls_since_sweep = 0;
-            self.replies.retain(|_, cached| cached.expires_us > now);
-            self.targets.retain(|_, t| {
-                t.expire(now);
-                t.top.is_some()
-                    || !t.guarded.is_empty()
-                    || t.slots.values().any(|s| s.lease.is_some() || s.fence > 0)
-            });
-        }
-    }
-}
-
 impl TargetState {
-    pub(super) fn expire(&mut self, now: u64) {
+    pub(crate) fn expire(&mut self, now: u64) {
         for slot in self.slots.values_mut() {
             if slot.lease.as_ref().is_some_and(|l| l.expires_at_us <= now) {
                 slot.lease = None;
@@ -103,28 +104,32 @@ impl TargetState {
         }
     }
 
-    pub(super) fn slot(&self, slot: Slot) -> Option<&SlotState> {
+    pub(crate) fn guarded(&self, slot: Slot, key: &str) -> Option<&GuardedRecord> {
+        self.guarded.get(&slot.get())?.get(key)
+    }
+
+    pub(crate) fn slot(&self, slot: Slot) -> Option<&SlotState> {
         self.slots.get(&slot.get())
     }
 
-    pub(super) fn slot_mut(&mut self, slot: Slot) -> &mut SlotState {
+    pub(crate) fn slot_mut(&mut self, slot: Slot) -> &mut SlotState {
         self.slots.entry(slot.get()).or_default()
     }
 
-    pub(super) fn lease(&self, slot: Slot) -> Option<&Lease> {
+    pub(crate) fn lease(&self, slot: Slot) -> Option<&Lease> {
         self.slot(slot).and_then(|s| s.lease.as_ref())
     }
 
-    pub(super) fn fence(&self, slot: Slot) -> u64 {
+    pub(crate) fn fence(&self, slot: Slot) -> u64 {
         self.slot(slot).map_or(0, |s| s.fence)
     }
 
     /// The newest token issued on the target, in any slot.
-    pub(super) fn newest(&self) -> u64 {
+    pub(crate) fn newest(&self) -> u64 {
         self.fence(Slot::ZERO).max(self.top.unwrap_or(0))
     }
 
-    pub(super) fn holds(&self, handle: &LeaseHandle) -> Option<&Lease> {
+    pub(crate) fn holds(&self, handle: &LeaseHandle) -> Option<&Lease> {
         self.lease(handle.slot).filter(|l| {
             l.lease_id == handle.lease_id
                 && l.owner == handle.owner.as_str()
@@ -135,7 +140,7 @@ impl TargetState {
     /// Records a token just issued (above every token of the target) as `slot`'s newest grant.
     /// An exclusive grant leaves no `top`: it is above every permit's token, and no permit is
     /// held beside it.
-    pub(super) fn issued_to(&mut self, slot: Slot, token: u64, shared: bool) {
+    pub(crate) fn issued_to(&mut self, slot: Slot, token: u64, shared: bool) {
         self.slot_mut(slot).fence = token;
         if !shared {
             self.top = None;
@@ -146,7 +151,7 @@ impl TargetState {
 
     /// Raises `slot`'s fence, lost or lowered while its lease survived, to the lease's token;
     /// `top` only grows.
-    pub(super) fn restore_fence(&mut self, slot: Slot, token: u64) {
+    pub(crate) fn restore_fence(&mut self, slot: Slot, token: u64) {
         self.slot_mut(slot).fence = token;
         if slot != Slot::ZERO {
             self.top = Some(self.top.unwrap_or(0).max(token));
@@ -154,7 +159,7 @@ impl TargetState {
     }
 
     /// Keeps the permits value in force for at least `ttl_ms` more.
-    pub(super) fn keep_permits(&mut self, permits: u32, now: u64, ttl_ms: u64) {
+    pub(crate) fn keep_permits(&mut self, permits: u32, now: u64, ttl_ms: u64) {
         let until = now + ttl_ms * 1000;
         match &mut self.permits {
             Some((_, expires)) if *expires >= until => {}
@@ -165,16 +170,16 @@ impl TargetState {
 
 /// A replay answered with its first reply as it is: releases and commits (a release that was
 /// answered stays answered; a commit is checked against the record anyway).
-pub(super) fn keep(_: &TargetState, reply: Reply) -> Reply {
+pub(crate) fn keep(_: &TargetState, reply: Reply) -> Reply {
     reply
 }
 
-pub(super) fn micros_to_millis(us: u64) -> u64 {
+pub(crate) fn micros_to_millis(us: u64) -> u64 {
     us / 1000
 }
 
 impl Reply {
-    pub(super) fn operation(&self) -> &'static str {
+    pub(crate) fn operation(&self) -> &'static str {
         match self {
             Reply::Acquire(_) => "acquire",
             Reply::Renew(_) => "renew",
@@ -186,18 +191,18 @@ impl Reply {
 
 /// What a request id is bound to: the operation and every argument that identifies the call,
 /// each length-prefixed so no two argument lists give the same text.
-pub(super) fn binding(parts: &[&str]) -> String {
+pub(crate) fn binding(parts: &[&str]) -> String {
     parts.iter().map(|p| format!("{}:{p},", p.len())).collect()
 }
 
-pub(super) fn reused_request_id(first: &str) -> StoreError {
+pub(crate) fn reused_request_id(first: &str) -> StoreError {
     StoreError::InvalidRequest(format!(
         "request id already used for another call ({first} with other arguments) on this \
          target; a request id names one call and its retries: use a new one"
     ))
 }
 
-pub(super) fn unexpected(op: &str) -> StoreError {
+pub(crate) fn unexpected(op: &str) -> StoreError {
     StoreError::UnexpectedReply(format!(
         "request id was first used for another kind of call than {op}"
     ))
@@ -206,7 +211,7 @@ pub(super) fn unexpected(op: &str) -> StoreError {
 /// The next token: above the fence and the floor, and at least the clock in microseconds plus
 /// [`MAX_TOKEN_LEAD_MICROS`], on every grant (docs/internals/store.md, "The token rule"). A floor more
 /// than [`MAX_FLOOR_LEAD_MICROS`] ahead of the clock was not issued by a store and is refused.
-pub(super) fn next_token(fence: u64, min_token: u64, now_us: u64) -> Result<u64, StoreError> {
+pub(crate) fn next_token(fence: u64, min_token: u64, now_us: u64) -> Result<u64, StoreError> {
     let lead = now_us.saturating_add(MAX_TOKEN_LEAD_MICROS);
     if min_token > now_us.saturating_add(MAX_FLOOR_LEAD_MICROS) {
         return Err(StoreError::InvalidRequest(format!(
@@ -225,7 +230,7 @@ pub(super) fn next_token(fence: u64, min_token: u64, now_us: u64) -> Result<u64,
     Ok(token)
 }
 
-pub(super) fn exhausted(fence: u64, min_token: u64) -> StoreError {
+pub(crate) fn exhausted(fence: u64, min_token: u64) -> StoreError {
     StoreError::InvalidRequest(format!(
         "no token can be issued: the fence ({fence}) or the floor ({min_token}) is at the \
          largest token 2^53-1"
@@ -233,7 +238,7 @@ pub(super) fn exhausted(fence: u64, min_token: u64) -> StoreError {
 }
 
 /// Refuses a renew or a release naming other permits than the lease was granted under.
-pub(super) fn granted_under(lease: Option<&Lease>, permits: u32) -> Result<(), StoreError> {
+pub(crate) fn granted_under(lease: Option<&Lease>, permits: u32) -> Result<(), StoreError> {
     match lease {
         Some(lease) if lease.permits != permits => Err(StoreError::InvalidRequest(format!(
             "permits {permits} is not what this lease was granted under ({})",
@@ -243,7 +248,7 @@ pub(super) fn granted_under(lease: Option<&Lease>, permits: u32) -> Result<(), S
     }
 }
 
-pub(super) fn never_issued(token: u64, fence: u64) -> StoreError {
+pub(crate) fn never_issued(token: u64, fence: u64) -> StoreError {
     StoreError::InvalidRequest(format!(
         "token {token} was never issued for this target (the newest is {fence}; 0 means none, \
          or the store lost its data)"

@@ -6,6 +6,7 @@
 //! caller.
 
 mod error;
+pub mod etcd;
 pub mod memory;
 mod names;
 mod protocol;

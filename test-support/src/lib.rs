@@ -7,6 +7,7 @@ pub mod admin;
 pub mod chart;
 pub mod cluster;
 pub mod contract_cases;
+pub mod etcd;
 pub mod kube;
 pub mod oci;
 pub mod proxy;

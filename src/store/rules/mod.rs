@@ -471,3 +471,14 @@ pub(crate) fn nothing_at(now: u64) -> Inspection {
         slots: Vec::new(),
     }
 }
+
+impl Target {
+    /// A target that replaces an unreadable record: nothing held, every slot fenced at `fence`
+    /// (the next grant in any slot is above it).
+    pub(crate) fn fenced_at(fence: u64) -> Target {
+        let mut target = Target::default();
+        target.records.restore_fence(Slot::ZERO, fence);
+        target.records.top = Some(fence);
+        target
+    }
+}

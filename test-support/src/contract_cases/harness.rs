@@ -27,6 +27,16 @@ pub struct ServerEnv {
     pub keep: Vec<Box<dyn std::any::Any + Send>>,
 }
 
+/// An etcd member under test and how the store reaches it.
+pub struct EtcdEnv {
+    /// The member.
+    pub server: EtcdServer,
+    /// How the store under test connects.
+    pub config: EtcdConfig,
+    /// Every key and value as [`Harness::save_snapshot`] found them.
+    saved: std::sync::Mutex<Option<Snapshot>>,
+}
+
 /// One backend instance for one test.
 pub struct Harness {
     /// The store under test.
@@ -35,6 +45,7 @@ pub struct Harness {
     /// The in-memory store's saved snapshot ([`Harness::save_snapshot`]).
     saved: std::sync::Mutex<Option<MemorySnapshot>>,
     pub(super) env: Option<ServerEnv>,
+    etcd: Option<EtcdEnv>,
 }
 
 /// A server that stopped replicating the store's data at one moment and then became a primary:
@@ -43,7 +54,7 @@ pub struct Harness {
 pub struct Promoted {
     /// A store on the promoted copy.
     pub store: Arc<dyn LeaseStore>,
-    _server: Option<Server>,
+    _server: Option<Box<dyn std::any::Any + Send>>,
 }
 
 /// A config for a plain test server URL.
@@ -64,6 +75,26 @@ impl Harness {
             memory: Some((store, clock)),
             saved: Default::default(),
             env: None,
+            etcd: None,
+        }
+    }
+
+    /// A store on a one-member etcd cluster of its own.
+    pub async fn etcd() -> Harness {
+        let server = EtcdServer::start();
+        let url = SecretUrl::parse(&server.url()).expect("etcd URL");
+        let config = EtcdConfig::new(vec![url]);
+        let store = EtcdStore::new(config.clone()).expect("etcd store");
+        Harness {
+            store: Arc::new(store),
+            memory: None,
+            saved: Default::default(),
+            env: None,
+            etcd: Some(EtcdEnv {
+                server,
+                config,
+                saved: Default::default(),
+            }),
         }
     }
 
@@ -77,6 +108,7 @@ impl Harness {
             memory: None,
             saved: Default::default(),
             env: Some(env),
+            etcd: None,
         }
     }
 
@@ -100,6 +132,9 @@ impl Harness {
 
     /// A store on its own pool (the same store for the in-memory backend).
     pub(super) async fn another_connection(&self) -> Arc<dyn LeaseStore> {
+        if let Some(etcd) = &self.etcd {
+            return Arc::new(EtcdStore::new(etcd.config.clone()).expect("etcd store"));
+        }
         match &self.env {
             Some(env) => Arc::new(
                 ValkeyStore::connect(env.config.clone())
@@ -114,6 +149,13 @@ impl Harness {
     /// the in-memory store itself (its manual clock jumps past its 60 s reply TTL), or a second
     /// store on the server with a 1 s reply TTL (and a call timeout that the 4x rule allows).
     pub async fn short_replies(&self) -> (Arc<dyn LeaseStore>, Duration) {
+        if let Some(etcd) = &self.etcd {
+            let mut config = etcd.config.clone();
+            config.reply_ttl = Duration::from_secs(1);
+            config.call_timeout = Duration::from_millis(250);
+            let store = EtcdStore::new(config).expect("etcd store");
+            return (Arc::new(store), Duration::from_millis(1_200));
+        }
         match &self.env {
             None => (self.store.clone(), Duration::from_secs(61)),
             Some(env) => {
@@ -145,6 +187,9 @@ impl Harness {
 
     /// Loses all data, as FLUSHALL or a restart without persistence does.
     pub async fn wipe(&self) {
+        if let Some(etcd) = &self.etcd {
+            return etcd.server.wipe();
+        }
         match (&self.memory, &self.env) {
             (Some((store, _)), _) => store.forget_everything(),
             (_, Some(env)) => env.admin.flushall().await,
@@ -157,6 +202,18 @@ impl Harness {
     /// with `REPLICAOF NO ONE` (for the in-memory store, a second store on a copy of its state).
     /// Plain servers and the in-memory store only.
     pub async fn lagging_replica(&self) -> Promoted {
+        if let Some(etcd) = &self.etcd {
+            // etcd never promotes a member that missed acknowledged writes: the nearest thing
+            // is a new cluster restored from a snapshot taken now.
+            let copy = EtcdServer::start();
+            copy.restore(&etcd.server.all());
+            let mut config = etcd.config.clone();
+            config.endpoints = vec![SecretUrl::parse(&copy.url()).expect("etcd URL")];
+            return Promoted {
+                store: Arc::new(EtcdStore::new(config).expect("etcd store")),
+                _server: Some(Box::new(copy)),
+            };
+        }
         if let Some((store, _)) = &self.memory {
             let copy = store.promoted(&store.snapshot());
             return Promoted {
@@ -188,12 +245,16 @@ impl Harness {
             .expect("connect to the replica");
         Promoted {
             store: Arc::new(store),
-            _server: Some(replica),
+            _server: Some(Box::new(replica)),
         }
     }
 
     /// Saves a snapshot of the data (`SAVE`) for [`Harness::restore_snapshot`].
     pub async fn save_snapshot(&self) {
+        if let Some(etcd) = &self.etcd {
+            *etcd.saved.lock().expect("lock") = Some(etcd.server.all());
+            return;
+        }
         match &self.memory {
             Some((store, _)) => *self.saved.lock().expect("lock") = Some(store.snapshot()),
             None => assert_eq!(self.admin().cmd(&["SAVE"]).await, Value::Okay),
@@ -203,6 +264,12 @@ impl Harness {
     /// Brings the data back to the saved snapshot, losing every write since, as a restart from
     /// an older snapshot does (`DEBUG RELOAD NOSAVE` on a server).
     pub async fn restore_snapshot(&self) {
+        if let Some(etcd) = &self.etcd {
+            let saved = etcd.saved.lock().expect("lock");
+            return etcd
+                .server
+                .restore(saved.as_ref().expect("save_snapshot first"));
+        }
         match &self.memory {
             Some((store, _)) => {
                 let saved = self.saved.lock().expect("lock");

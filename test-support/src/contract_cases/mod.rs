@@ -14,6 +14,7 @@ use std::time::Duration;
 use libtest_mimic::Trial;
 use redis::Value;
 use targetlease::redact::SecretUrl;
+use targetlease::store::etcd::{EtcdConfig, EtcdStore};
 use targetlease::store::memory::{Clock, ManualClock, MemorySnapshot, MemoryStore, SystemClock};
 use targetlease::store::valkey::keys::TargetKeys;
 use targetlease::store::valkey::scripts::SCRIPTS;
@@ -27,6 +28,7 @@ use targetlease::store::{
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::admin::Admin;
+use super::etcd::{EtcdServer, Snapshot};
 use super::server::{Server, ServerKind, resp};
 use super::suite;
 
@@ -147,6 +149,17 @@ pub fn plain_variants() -> [Variant; 4] {
             raw: true,
         },
     ]
+}
+
+/// A one-member etcd 3.7 cluster per test: the store's cases (etcd has no administrator
+/// connection or plaintext port of the kind the other cases use).
+pub fn etcd_variants() -> [Variant; 1] {
+    [Variant {
+        name: "etcd-3.7",
+        make: || Box::pin(Harness::etcd()),
+        admin: false,
+        raw: false,
+    }]
 }
 
 /// The contract's trials for each variant: `<variant>::<test>`.

@@ -1,0 +1,436 @@
+//! The one place that talks to etcd: its JSON gateway (`/v3/...`, served by every member on its
+//! client port), over HTTP/1.1 with TLS when the endpoint says `https://`. Three operations
+//! only: read one key, replace one key if its revision is unchanged, and ask a member its
+//! status. A call goes to the member that answered last and moves on to the next one when a
+//! member is unreachable or has no leader, until its deadline; an expired auth token is
+//! renewed once. Failures come back as [`StoreError`]s that name the member, never a password.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use tokio::time::{Instant, sleep, timeout_at};
+
+use super::config::EtcdConfig;
+use crate::redact::{Secret, SecretUrl};
+use crate::store::StoreError;
+use crate::store::valkey::PasswordSource;
+
+/// How long to wait before trying the members again after every one failed.
+const ROUND_PAUSE: Duration = Duration::from_millis(50);
+
+/// A key as read: its value and the revision that last changed it.
+#[derive(Debug, Clone)]
+pub(crate) struct Kv {
+    pub(crate) value: Vec<u8>,
+    pub(crate) mod_revision: i64,
+}
+
+/// What a conditional write did.
+#[derive(Debug)]
+pub(crate) enum Swapped {
+    /// Written.
+    Done,
+    /// Not written: the key changed since it was read; this is how it is now.
+    Changed(Option<Kv>),
+}
+
+/// A client of the members' JSON gateway.
+pub(crate) struct Gateway {
+    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    endpoints: Vec<SecretUrl>,
+    /// The member that answered last: calls start there.
+    preferred: AtomicUsize,
+    credentials: Option<(String, PasswordSource)>,
+    /// The auth token of `credentials`, once authenticated.
+    token: Mutex<Option<Secret>>,
+    call_timeout: Duration,
+}
+
+/// Why one attempt on one member failed.
+enum Failed {
+    /// Try another member (unreachable, no leader, a timeout on its side).
+    Elsewhere(StoreError),
+    /// The auth token expired or was revoked: authenticate again.
+    Reauthenticate,
+    /// No member will answer otherwise (refused access, a bad request, TLS).
+    Final(StoreError),
+}
+
+impl Gateway {
+    pub(crate) fn new(config: &EtcdConfig) -> Result<Self, StoreError> {
+        let tls = tls_config(config)?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(config.connect_timeout));
+        http.set_nodelay(true);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let http = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Self {
+            http,
+            endpoints: config.endpoints.clone(),
+            preferred: AtomicUsize::new(0),
+            credentials: config.username.clone().zip(config.password.clone()),
+            token: Mutex::new(None),
+            call_timeout: config.call_timeout,
+        })
+    }
+
+    /// The member calls start at, for messages.
+    pub(crate) fn endpoint(&self) -> String {
+        let i = self.preferred.load(Ordering::Relaxed) % self.endpoints.len().max(1);
+        self.endpoints
+            .get(i)
+            .map_or_else(String::new, |u| u.endpoint().to_owned())
+    }
+
+    /// Reads `key` (a linearizable read: it reflects every write acknowledged before it).
+    pub(crate) async fn get(&self, key: &str, deadline: Instant) -> Result<Option<Kv>, StoreError> {
+        let reply = self
+            .call(
+                "/v3/kv/range",
+                &json!({"key": BASE64.encode(key)}),
+                deadline,
+            )
+            .await?;
+        first_kv(&reply)
+    }
+
+    /// Writes `value` to `key` if the key was last changed at `expected` (`None`: if it does
+    /// not exist); otherwise answers how the key is now, read in the same transaction.
+    pub(crate) async fn swap(
+        &self,
+        key: &str,
+        expected: Option<i64>,
+        value: &[u8],
+        deadline: Instant,
+    ) -> Result<Swapped, StoreError> {
+        let key = BASE64.encode(key);
+        let compare = match expected {
+            Some(revision) => json!({"key": key, "target": "MOD", "result": "EQUAL",
+                                     "mod_revision": revision.to_string()}),
+            None => json!({"key": key, "target": "CREATE", "result": "EQUAL",
+                           "create_revision": "0"}),
+        };
+        let body = json!({
+            "compare": [compare],
+            "success": [{"request_put": {"key": key, "value": BASE64.encode(value)}}],
+            "failure": [{"request_range": {"key": key}}],
+        });
+        let reply = self.call("/v3/kv/txn", &body, deadline).await?;
+        if reply.get("succeeded").and_then(Value::as_bool) == Some(true) {
+            return Ok(Swapped::Done);
+        }
+        let range = reply
+            .pointer("/responses/0/response_range")
+            .ok_or_else(|| unexpected("a refused transaction without its read"))?;
+        Ok(Swapped::Changed(first_kv(range)?))
+    }
+
+    /// Asks a member for its status: reachable, authenticated, with a leader.
+    pub(crate) async fn status(&self, deadline: Instant) -> Result<(), StoreError> {
+        let reply = self
+            .call("/v3/maintenance/status", &json!({}), deadline)
+            .await?;
+        match reply.get("leader").and_then(Value::as_str) {
+            Some(leader) if leader != "0" => Ok(()),
+            _ => Err(StoreError::Unavailable {
+                endpoint: self.endpoint(),
+                cause: "the member has no leader".into(),
+            }),
+        }
+    }
+
+    /// One call: each member in turn from the preferred one, in rounds until `deadline`.
+    async fn call(&self, path: &str, body: &Value, deadline: Instant) -> Result<Value, StoreError> {
+        let body = Bytes::from(body.to_string());
+        let count = self.endpoints.len().max(1);
+        let mut member = self.preferred.load(Ordering::Relaxed);
+        let (mut tried, mut reauthenticated) = (0, false);
+        let mut last: Option<StoreError>;
+        loop {
+            let Some(url) = self.endpoints.get(member % count) else {
+                return Err(StoreError::InvalidConfig("no etcd endpoint".into()));
+            };
+            match self.attempt(url, path, body.clone(), deadline).await {
+                Ok(reply) => {
+                    self.preferred.store(member % count, Ordering::Relaxed);
+                    return Ok(reply);
+                }
+                Err(Failed::Final(e)) => return Err(e),
+                Err(Failed::Reauthenticate) if !reauthenticated => {
+                    reauthenticated = true;
+                    self.forget_token();
+                    continue;
+                }
+                Err(Failed::Reauthenticate) => {
+                    return Err(StoreError::AccessDenied {
+                        endpoint: url.endpoint().to_owned(),
+                        cause: "etcd refused a fresh auth token".into(),
+                    });
+                }
+                Err(Failed::Elsewhere(e)) => last = Some(e),
+            }
+            member += 1;
+            tried += 1;
+            let pause = if tried % count == 0 {
+                ROUND_PAUSE
+            } else {
+                Duration::ZERO
+            };
+            if Instant::now() + pause >= deadline {
+                return Err(last.unwrap_or_else(|| self.timed_out()));
+            }
+            sleep(pause).await;
+        }
+    }
+
+    fn timed_out(&self) -> StoreError {
+        StoreError::Timeout {
+            endpoint: self.endpoint(),
+            after_ms: u64::try_from(self.call_timeout.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    fn forget_token(&self) {
+        if let Ok(mut token) = self.token.lock() {
+            *token = None;
+        }
+    }
+
+    /// The auth token, authenticating first when there is none.
+    async fn auth_token(
+        &self,
+        url: &SecretUrl,
+        deadline: Instant,
+    ) -> Result<Option<Secret>, Failed> {
+        let Some((user, password)) = &self.credentials else {
+            return Ok(None);
+        };
+        if let Some(token) = self.token.lock().ok().and_then(|t| t.clone()) {
+            return Ok(Some(token));
+        }
+        let password = password.load().map_err(Failed::Final)?;
+        let body = json!({"name": user, "password": password.expose()}).to_string();
+        let reply = self
+            .send(
+                url,
+                "/v3/auth/authenticate",
+                Bytes::from(body),
+                None,
+                deadline,
+            )
+            .await
+            .map_err(|failed| match failed {
+                // A refused password is final, never "expired token".
+                Failed::Reauthenticate => Failed::Final(StoreError::AccessDenied {
+                    endpoint: url.endpoint().to_owned(),
+                    cause: "etcd refused the user name or password".into(),
+                }),
+                other => other,
+            })?;
+        let token = reply
+            .get("token")
+            .and_then(Value::as_str)
+            .map(Secret::new)
+            .ok_or_else(|| Failed::Final(unexpected("an authentication without a token")))?;
+        if let Ok(mut cached) = self.token.lock() {
+            *cached = Some(token.clone());
+        }
+        Ok(Some(token))
+    }
+
+    async fn attempt(
+        &self,
+        url: &SecretUrl,
+        path: &str,
+        body: Bytes,
+        deadline: Instant,
+    ) -> Result<Value, Failed> {
+        let token = self.auth_token(url, deadline).await?;
+        self.send(url, path, body, token.as_ref(), deadline).await
+    }
+
+    /// One HTTP request to one member.
+    async fn send(
+        &self,
+        url: &SecretUrl,
+        path: &str,
+        body: Bytes,
+        token: Option<&Secret>,
+        deadline: Instant,
+    ) -> Result<Value, Failed> {
+        let endpoint = url.endpoint().to_owned();
+        let uri = format!("{}{path}", url.expose().trim_end_matches('/'));
+        let mut request = hyper::Request::post(uri).header("content-type", "application/json");
+        if let Some(token) = token {
+            request = request.header("authorization", token.expose());
+        }
+        let request = request.body(Full::new(body)).map_err(|e| {
+            Failed::Final(StoreError::InvalidConfig(format!(
+                "etcd endpoint {url}: {e}"
+            )))
+        })?;
+        let exchange = async {
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| transport(&endpoint, &e))?;
+            let status = response.status();
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| transport(&endpoint, &e))?
+                .to_bytes();
+            Ok::<_, Failed>((status, bytes))
+        };
+        let (status, bytes) = match timeout_at(deadline, exchange).await {
+            Err(_) => return Err(Failed::Final(self.timed_out())),
+            Ok(Err(failed)) => return Err(failed),
+            Ok(Ok(reply)) => reply,
+        };
+        let reply: Value = serde_json::from_slice(&bytes).map_err(|_| {
+            Failed::Elsewhere(StoreError::UnexpectedReply(format!(
+                "etcd at {endpoint} answered HTTP {status} with something other than JSON"
+            )))
+        })?;
+        if status.is_success() {
+            return Ok(reply);
+        }
+        Err(refused(&endpoint, &reply))
+    }
+}
+
+/// The first key-value of a range reply, if any.
+fn first_kv(range: &Value) -> Result<Option<Kv>, StoreError> {
+    let Some(kv) = range.pointer("/kvs/0") else {
+        return Ok(None);
+    };
+    let value = match kv.get("value").and_then(Value::as_str) {
+        Some(text) => BASE64
+            .decode(text)
+            .map_err(|_| unexpected("a value that is not base64"))?,
+        // An empty value is left out of the JSON.
+        None => Vec::new(),
+    };
+    let mod_revision = kv
+        .get("mod_revision")
+        .and_then(|r| {
+            r.as_str()
+                .and_then(|s| s.parse().ok())
+                .or_else(|| r.as_i64())
+        })
+        .ok_or_else(|| unexpected("a key without its revision"))?;
+    Ok(Some(Kv {
+        value,
+        mod_revision,
+    }))
+}
+
+fn unexpected(what: &str) -> StoreError {
+    StoreError::UnexpectedReply(format!("etcd answered {what}"))
+}
+
+/// A request that never got its answer: a TLS failure is final, the rest is for another member.
+fn transport(endpoint: &str, error: &(dyn std::error::Error + 'static)) -> Failed {
+    let mut source = Some(error);
+    let mut causes = Vec::new();
+    while let Some(e) = source {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Failed::Final(StoreError::Tls {
+                endpoint: endpoint.to_owned(),
+                cause: tls.to_string(),
+            });
+        }
+        causes.push(e.to_string());
+        source = e.source();
+    }
+    Failed::Elsewhere(StoreError::Unavailable {
+        endpoint: endpoint.to_owned(),
+        cause: causes.join(": "),
+    })
+}
+
+/// An error answer of the gateway (`{"code": <gRPC code>, "message": ...}`).
+fn refused(endpoint: &str, reply: &Value) -> Failed {
+    let code = reply.get("code").and_then(Value::as_i64).unwrap_or(-1);
+    let message = reply
+        .get("message")
+        .or_else(|| reply.get("error"))
+        .and_then(Value::as_str)
+        .unwrap_or("no message")
+        .to_owned();
+    let endpoint = endpoint.to_owned();
+    match code {
+        // Unauthenticated: an expired or revoked token, or a wrong password.
+        16 if message.contains("invalid auth token") => Failed::Reauthenticate,
+        16 | 7 => Failed::Final(StoreError::AccessDenied {
+            endpoint,
+            cause: message,
+        }),
+        // Unavailable, deadline exceeded (no leader, leader changed, a slow member), aborted.
+        14 | 4 | 10 => Failed::Elsewhere(StoreError::Unavailable {
+            endpoint,
+            cause: message,
+        }),
+        _ => Failed::Final(StoreError::UnexpectedReply(format!(
+            "etcd at {endpoint} refused the call (code {code}): {message}"
+        ))),
+    }
+}
+
+/// The TLS settings: the CA file's certificates as the only roots, and the client certificate
+/// for mTLS.
+fn tls_config(config: &EtcdConfig) -> Result<rustls::ClientConfig, StoreError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let invalid = |what: &str, path: &std::path::Path, e: &dyn std::fmt::Display| {
+        StoreError::InvalidConfig(format!("cannot read {what} {}: {e}", path.display()))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(path) = &config.tls.ca_file {
+        let certs =
+            CertificateDer::pem_file_iter(path).map_err(|e| invalid("CA file", path, &e))?;
+        for cert in certs {
+            let cert = cert.map_err(|e| invalid("CA file", path, &e))?;
+            roots.add(cert).map_err(|e| invalid("CA file", path, &e))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| StoreError::InvalidConfig(format!("TLS: {e}")))?
+        .with_root_certificates(roots);
+    match (&config.tls.cert_file, &config.tls.key_file) {
+        (Some(cert), Some(key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .map_err(|e| invalid("client certificate", cert, &e))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid("client certificate", cert, &e))?;
+            let key_der =
+                PrivateKeyDer::from_pem_file(key).map_err(|e| invalid("client key", key, &e))?;
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| StoreError::InvalidConfig(format!("client certificate: {e}")))
+        }
+        _ => Ok(builder.with_no_client_auth()),
+    }
+}

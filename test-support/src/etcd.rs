@@ -1,0 +1,173 @@
+//! A real etcd member on loopback ports (the binary the control plane's `e2e/build.sh` builds
+//! from Go modules, etcd 3.7), with an administrator's access to its JSON gateway through
+//! `curl`: every key under a prefix, to copy, delete or write by hand. A missing binary fails the
+//! test; it never skips.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde_json::{Value, json};
+
+use super::kube::e2e_bin;
+use super::server::free_port;
+
+/// The etcd binary (built once per machine by `e2e/build.sh`).
+fn etcd_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let bin = e2e_bin().join("etcd");
+        assert!(bin.is_file(), "no etcd at {}", bin.display());
+        bin
+    })
+    .clone()
+}
+
+/// Every key and value of a member, as a snapshot holds them.
+pub type Snapshot = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// One etcd member, its own one-member cluster; killed on drop.
+pub struct EtcdServer {
+    child: Child,
+    /// The client port.
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl EtcdServer {
+    /// Starts a member and waits until it has a leader (itself).
+    pub fn start() -> EtcdServer {
+        let dir = tempfile::tempdir().expect("etcd data folder");
+        let (port, peer) = (free_port(), free_port());
+        let client = format!("http://127.0.0.1:{port}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new(etcd_binary())
+            .arg("--name=contract")
+            .arg(format!("--data-dir={}", dir.path().join("data").display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=contract={peer_url}"))
+            .args(["--initial-cluster-state=new", "--log-level=error"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start etcd");
+        let server = EtcdServer {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let status = server.try_post("/v3/maintenance/status", &json!({}));
+            if status
+                .as_ref()
+                .and_then(|s| s.get("leader"))
+                .and_then(Value::as_str)
+                .is_some_and(|l| l != "0")
+            {
+                return server;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd on port {port} had no leader after 20 s: {status:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The client URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn try_post(&self, path: &str, body: &Value) -> Option<Value> {
+        let output = Command::new("curl")
+            .args(["-s", "--max-time", "5", "-X", "POST"])
+            .arg(format!("{}{path}", self.url()))
+            .arg("-d")
+            .arg(body.to_string())
+            .output()
+            .expect("run curl");
+        serde_json::from_slice(&output.stdout).ok()
+    }
+
+    /// A call to the gateway as an administrator; panics when it fails.
+    pub fn post(&self, path: &str, body: &Value) -> Value {
+        let reply = self
+            .try_post(path, body)
+            .unwrap_or_else(|| panic!("etcd {path} gave no JSON"));
+        assert!(reply.get("code").is_none(), "etcd {path}: {reply}");
+        reply
+    }
+
+    /// Every key and value.
+    pub fn all(&self) -> Snapshot {
+        let reply = self.post(
+            "/v3/kv/range",
+            &json!({"key": BASE64.encode([0u8]), "range_end": BASE64.encode([0u8])}),
+        );
+        let decode = |v: Option<&Value>| {
+            BASE64
+                .decode(v.and_then(Value::as_str).unwrap_or(""))
+                .expect("base64")
+        };
+        reply
+            .get("kvs")
+            .and_then(Value::as_array)
+            .map(|kvs| {
+                kvs.iter()
+                    .map(|kv| (decode(kv.get("key")), decode(kv.get("value"))))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Deletes every key: all data lost.
+    pub fn wipe(&self) {
+        self.post(
+            "/v3/kv/deleterange",
+            &json!({"key": BASE64.encode([0u8]), "range_end": BASE64.encode([0u8])}),
+        );
+    }
+
+    /// Writes a key.
+    pub fn put(&self, key: &[u8], value: &[u8]) {
+        self.post(
+            "/v3/kv/put",
+            &json!({"key": BASE64.encode(key), "value": BASE64.encode(value)}),
+        );
+    }
+
+    /// The value of a key, if any.
+    pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let reply = self.post("/v3/kv/range", &json!({"key": BASE64.encode(key)}));
+        let value = reply
+            .pointer("/kvs/0")?
+            .get("value")?
+            .as_str()
+            .unwrap_or("");
+        Some(BASE64.decode(value).expect("base64"))
+    }
+
+    /// Replaces everything with `data`, as a restore of a snapshot that held it does.
+    pub fn restore(&self, data: &Snapshot) {
+        self.wipe();
+        for (key, value) in data {
+            self.put(key, value);
+        }
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

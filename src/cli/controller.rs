@@ -5,43 +5,23 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use kube::Client;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use super::valkey_args::ValkeyArgs;
+use super::store_args::StoreArgs;
 use crate::controller::http::{self, Probe};
 use crate::controller::metrics::Metrics;
 use crate::controller::{self, PodScope, Settings};
 use crate::election::{self, Election, stopped};
-use crate::store::memory::MemoryStore;
-use crate::store::valkey::ValkeyStore;
 use crate::store::{LeaseStore, StoreError};
-
-/// Which lease store to use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Backend {
-    /// Valkey (or Redis), shared by every replica.
-    Valkey,
-    /// In this process only: for a single replica without Valkey (leases do not survive a
-    /// restart of the controller).
-    Memory,
-}
 
 /// Flags of `targetlease controller`.
 #[derive(Debug, Args)]
 pub struct ControllerArgs {
-    /// Lease store backend.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "valkey",
-        env = "TARGETLEASE_BACKEND"
-    )]
-    backend: Backend,
     #[command(flatten)]
-    valkey: ValkeyArgs,
+    store: StoreArgs,
     /// Watch only these namespaces, comma-separated (default: every namespace). Each gets a
     /// watch of its own; the controller starts once every one has listed.
     #[arg(long, env = "TARGETLEASE_WATCH_NAMESPACE", value_delimiter = ',')]
@@ -98,28 +78,15 @@ pub struct ControllerArgs {
 
 impl ControllerArgs {
     fn open_store(&self) -> Result<Arc<dyn LeaseStore>, StoreError> {
-        match self.backend {
-            Backend::Memory => Ok(Arc::new(MemoryStore::new())),
-            // Lazy: the controller starts, and reports itself not ready, while Valkey is down.
-            Backend::Valkey => {
-                let mut config = self.valkey.config()?;
-                config.installation = self.installation_id.clone();
-                config.validate()?;
-                Ok(Arc::new(ValkeyStore::new_lazy(config)?))
-            }
-        }
+        self.store.open_lazy(self.installation_id.clone())
     }
 
     /// This installation's id: `--installation-id`, else a name for the store it uses (two
-    /// controllers on one Valkey key prefix are one installation; the chart always sets an id).
+    /// controllers on one key prefix are one installation; the chart always sets an id).
     fn installation(&self) -> String {
-        match (&self.installation_id, self.backend) {
-            (Some(id), _) if !id.is_empty() => id.clone(),
-            (_, Backend::Memory) => controller::installation::default_id("memory"),
-            (_, Backend::Valkey) => controller::installation::default_id(&format!(
-                "Valkey key prefix {}",
-                self.valkey.valkey_key_prefix
-            )),
+        match &self.installation_id {
+            Some(id) if !id.is_empty() => id.clone(),
+            _ => controller::installation::default_id(&self.store.describe()),
         }
     }
 
@@ -195,8 +162,8 @@ impl ControllerArgs {
             );
         }
         let metrics = Arc::new(Metrics::new());
-        if self.backend == Backend::Valkey {
-            metrics.store_call_timeout(self.valkey.valkey_timeout.0);
+        if let Some(timeout) = self.store.call_timeout() {
+            metrics.store_call_timeout(timeout);
         }
         let probe = Arc::new(Probe {
             client: client.clone(),
@@ -238,7 +205,13 @@ impl ControllerArgs {
             namespaces: self.watched_namespaces()?,
             holder_pods,
             identity: self.identity(),
-            shortest_ttl: controller::shortest_ttl(self.valkey.valkey_timeout.0, election.as_ref()),
+            // The in-memory store never waits; the Valkey deadline stands in, as it always has.
+            shortest_ttl: controller::shortest_ttl(
+                self.store
+                    .call_timeout()
+                    .unwrap_or(self.store.valkey.valkey_timeout.0),
+                election.as_ref(),
+            ),
             reconcile_concurrency: self.reconcile_concurrency,
             renewal_concurrency: usize::from(self.renewal_concurrency),
             installation: self.installation(),

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::exit;
 use super::flags::Span;
-use super::valkey_args::ValkeyArgs;
+use super::store_args::StoreArgs;
 use crate::store::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, GuardedKey,
     LeaseHandle, LeaseId, LeaseStore, Owner, Permits, ReleaseOutcome, ReleaseRequest, RenewOutcome,
@@ -142,7 +142,7 @@ pub enum LeaseCommand {
 #[derive(Debug, Args)]
 pub struct TargetArgs {
     #[command(flatten)]
-    valkey: ValkeyArgs,
+    store: StoreArgs,
     /// Namespace of the target.
     #[arg(long, default_value = "default")]
     namespace: String,
@@ -202,7 +202,7 @@ impl RequestArgs {
 impl TargetArgs {
     async fn open(&self) -> Result<(Arc<dyn LeaseStore>, TargetRef), StoreError> {
         let target = TargetRef::new(&self.namespace, &self.target)?;
-        Ok((self.valkey.open().await?, target))
+        Ok((self.store.open().await?, target))
     }
 }
 

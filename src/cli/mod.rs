@@ -2,12 +2,14 @@
 
 mod client;
 mod controller;
+mod etcd_args;
 pub mod exit;
 mod flags;
 mod lease;
 mod reference;
 mod run;
 mod status;
+mod store_args;
 mod valkey_args;
 mod wait;
 mod watch;

@@ -42,7 +42,7 @@ pub struct ValkeyArgs {
         long,
         env = "TARGETLEASE_VALKEY_URL",
         hide_env_values = true,
-        value_parser = SecretUrlParser,
+        value_parser = VALKEY_URL,
         conflicts_with_all = ["valkey_cluster_seeds", "valkey_sentinels"]
     )]
     pub valkey_url: Option<SecretUrl>,
@@ -54,7 +54,7 @@ pub struct ValkeyArgs {
         env = "TARGETLEASE_VALKEY_CLUSTER_SEEDS",
         hide_env_values = true,
         value_delimiter = ',',
-        value_parser = SecretUrlParser,
+        value_parser = VALKEY_URL,
         conflicts_with = "valkey_sentinels"
     )]
     pub valkey_cluster_seeds: Vec<SecretUrl>,
@@ -301,7 +301,10 @@ impl ValkeyArgs {
 }
 
 /// A password from its file, else from the environment's value (an empty one is none).
-fn password_source(file: &Option<PathBuf>, env_value: Option<String>) -> Option<PasswordSource> {
+pub(super) fn password_source(
+    file: &Option<PathBuf>,
+    env_value: Option<String>,
+) -> Option<PasswordSource> {
     match (file, env_value) {
         (Some(path), _) => Some(PasswordSource::File(path.clone())),
         (None, Some(value)) if !value.is_empty() => Some(PasswordSource::Value(Secret::new(value))),
@@ -313,10 +316,26 @@ fn parse_host_port(text: &str) -> Result<HostPort, String> {
     text.parse()
 }
 
-/// Parses a Valkey URL (or a bare `host:port`, taken as `redis://host:port`) without ever
-/// echoing it: clap's own error would print the value, password included.
+/// Parses a URL of one of `schemes` (or a bare `host:port`, taken as `default_scheme` +
+/// `host:port`) without ever echoing it: clap's own error would print the value, password
+/// included.
 #[derive(Clone, Copy, Debug)]
-struct SecretUrlParser;
+pub(super) struct SecretUrlParser {
+    default_scheme: &'static str,
+    schemes: &'static [&'static str],
+}
+
+/// A Valkey URL.
+const VALKEY_URL: SecretUrlParser = SecretUrlParser {
+    default_scheme: "redis://",
+    schemes: &["redis://", "rediss://", "valkey://", "valkeys://"],
+};
+
+/// An etcd member's client URL.
+pub(super) const ETCD_URL: SecretUrlParser = SecretUrlParser {
+    default_scheme: "http://",
+    schemes: &["http://", "https://"],
+};
 
 impl TypedValueParser for SecretUrlParser {
     type Value = SecretUrl;
@@ -339,16 +358,14 @@ impl TypedValueParser for SecretUrlParser {
         let text = if text.contains("://") {
             text.to_owned()
         } else {
-            format!("redis://{text}")
+            format!("{}{text}", self.default_scheme)
         };
         let url = SecretUrl::parse(&text).map_err(|e| fail(e.to_string()))?;
-        let scheme_ok = ["redis://", "rediss://", "valkey://", "valkeys://"]
-            .iter()
-            .any(|s| text.starts_with(s));
-        if !scheme_ok {
-            return Err(fail(
-                "the scheme must be redis://, rediss://, valkey:// or valkeys://".into(),
-            ));
+        if !self.schemes.iter().any(|s| text.starts_with(s)) {
+            return Err(fail(format!(
+                "the scheme must be {}",
+                self.schemes.join(", ")
+            )));
         }
         Ok(url)
     }

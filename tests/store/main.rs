@@ -1,5 +1,5 @@
-//! The lease store layer, on real servers: the contract on every backend, the store under
-//! attack, the ACL user, TLS and durability, Valkey Cluster and Sentinel, network and server
+//! The lease store layer, on real servers: the contract on every backend (etcd's own trials
+//! too), the store under attack, the ACL user, TLS and durability, Valkey Cluster and Sentinel, network and server
 //! faults, the model-based property tests and fuzzing, the script upgrades, and the
 //! linearizability of a history of killed clients. One binary, one suite after the other; a
 //! name filter selects trials by their suite's prefix (`cargo test --test store -- sentinel::`).
@@ -7,6 +7,7 @@
 mod adversarial;
 mod cluster;
 mod contract;
+mod etcd;
 mod faults;
 mod fuzz;
 mod linearizability;
@@ -22,6 +23,7 @@ fn main() {
             ("contract", contract::suite),
             ("adversarial", adversarial::suite),
             ("operations", operations::suite),
+            ("etcd", etcd::suite),
             ("cluster", cluster::suite),
             ("sentinel", sentinel::suite),
             ("faults", faults::suite),

@@ -1,0 +1,262 @@
+//! The etcd backend beyond the contract: the CLI answers as it does on Valkey, a record this
+//! version did not write fails closed and `repair` replaces it above every token, an
+//! unreachable member is skipped and an unreachable cluster is an error with its member named,
+//! never a hang or a panic. Each trial on its own etcd 3.7 member (a missing binary fails).
+
+use targetlease_test_support as support;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Conclusion};
+use serde_json::Value;
+use targetlease::redact::SecretUrl;
+use targetlease::store::etcd::{EtcdConfig, EtcdStore};
+use targetlease::store::{
+    AcquireOutcome, AcquireRequest, ErrorKind, LeaseId, LeaseStore, Owner, Permits, RepairOutcome,
+    RequestId, Slot, TargetRef, Token, Ttl,
+};
+
+use support::etcd::EtcdServer;
+use support::server::{Server, ServerKind, free_port};
+use support::suite::{self, trial};
+
+/// The suite's trials.
+pub fn suite(args: &Arguments) -> Conclusion {
+    suite::run(
+        args,
+        vec![
+            trial("cli::answers_as_on_valkey", cli_answers_as_on_valkey),
+            trial(
+                "records::unreadable_fail_closed_until_repaired",
+                unreadable_record_fails_closed_until_repaired,
+            ),
+            trial(
+                "members::unreachable_are_skipped_then_named",
+                unreachable_members_are_skipped_then_named,
+            ),
+        ],
+    )
+}
+
+fn store_on(urls: &[String]) -> EtcdStore {
+    let endpoints = urls
+        .iter()
+        .map(|u| SecretUrl::parse(u).expect("URL"))
+        .collect();
+    EtcdStore::new(EtcdConfig::new(endpoints)).expect("etcd store")
+}
+
+fn target() -> TargetRef {
+    TargetRef::new("shop", "db-migrate").expect("target")
+}
+
+fn acquire_request(lease_id: &str, floor: u64) -> AcquireRequest {
+    AcquireRequest {
+        target: target(),
+        lease_id: LeaseId::new(lease_id).expect("lease id"),
+        owner: Owner::new("worker").expect("owner"),
+        permits: Permits::new(1).expect("permits"),
+        ttl: Ttl::new(Duration::from_secs(30)).expect("ttl"),
+        min_token: floor,
+        request_id: RequestId::random(),
+    }
+}
+
+/// `targetlease lease ...` with `env`, answering its exit status and its one JSON object.
+fn lease(args: &[&str], env: &[(&str, String)]) -> (Option<i32>, Value) {
+    let out = Command::new(env!("CARGO_BIN_EXE_targetlease"))
+        .arg("lease")
+        .args(args)
+        .args(["--namespace", "shop", "--target", "cli"])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run targetlease");
+    let body = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{args:?}: not one JSON object on stdout ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), body)
+}
+
+/// The shape of an answer: its fields, with numbers replaced by their kind (tokens and times
+/// differ between backends, their presence and meaning must not).
+fn shape(body: &Value) -> Value {
+    match body {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    let v = match (k.as_str(), v) {
+                        ("requestId", _) => Value::String("id".into()),
+                        ("leaseId", _) => Value::String("hashed".into()),
+                        (_, Value::Number(_)) => Value::String("number".into()),
+                        _ => shape(v),
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(shape).collect()),
+        other => other.clone(),
+    }
+}
+
+// `targetlease lease acquire --backend etcd --etcd-endpoints ...` answers the same JSON, with the
+// same exit statuses, as on Valkey, call after call: acquire, held, renew, check, commit, read,
+// inspect, release, and a refusal.
+async fn cli_answers_as_on_valkey() {
+    let etcd = EtcdServer::start();
+    let valkey = Server::start(ServerKind::Valkey91);
+    let on_etcd = vec![
+        ("TARGETLEASE_BACKEND", "etcd".to_string()),
+        ("TARGETLEASE_ETCD_ENDPOINTS", etcd.url()),
+    ];
+    let on_valkey = vec![("TARGETLEASE_VALKEY_URL", valkey.url())];
+    let mut tokens = Vec::new();
+    for env in [&on_valkey, &on_etcd] {
+        let mut answers = Vec::new();
+        let mut call = |args: &[&str]| {
+            let (code, body) = lease(args, env);
+            answers.push((args[0].to_string(), code, shape(&body)));
+            body
+        };
+        let claim = ["--lease-id", "L1", "--owner", "w"];
+        let granted = call(&[&["acquire"][..], &claim, &["--ttl", "30s"]].concat());
+        let token = granted["token"].as_u64().expect("a token").to_string();
+        call(&["acquire", "--lease-id", "L2", "--owner", "x"]);
+        call(&[&["renew"][..], &claim, &["--token", &token, "--ttl", "30s"]].concat());
+        call(&["check", "--token", &token]);
+        call(&["commit", "--token", &token, "--key", "k", "--value", "v"]);
+        call(&["read", "--key", "k"]);
+        call(&["inspect"]);
+        call(&[&["release"][..], &claim, &["--token", &token]].concat());
+        call(&["check", "--token", "1"]);
+        tokens.push(answers);
+    }
+    let (valkey_answers, etcd_answers) = (&tokens[0], &tokens[1]);
+    for (on_valkey, on_etcd) in valkey_answers.iter().zip(etcd_answers) {
+        assert_eq!(on_etcd, on_valkey, "etcd answered otherwise than Valkey");
+    }
+    assert_eq!(valkey_answers.len(), etcd_answers.len());
+    // Not the same failure twice: every outcome the calls should give is there.
+    let outcomes: Vec<&str> = etcd_answers
+        .iter()
+        .filter_map(|(_, _, body)| body["outcome"].as_str())
+        .collect();
+    for wanted in [
+        "acquired",
+        "held",
+        "renewed",
+        "current",
+        "committed",
+        "released",
+        "stale",
+    ] {
+        assert!(outcomes.contains(&wanted), "no {wanted} in {outcomes:?}");
+    }
+}
+
+// A target's record that this version did not write (garbage, a later format, an unknown field)
+// fails closed: no call answers from it, and it is left as it was. `repair` replaces it with one
+// fenced above the floor and the clock; the next grant is above that.
+async fn unreadable_record_fails_closed_until_repaired() {
+    let etcd = EtcdServer::start();
+    let store = store_on(&[etcd.url()]);
+    let key = EtcdStore::key("targetlease", &target());
+    let granted = match store
+        .acquire(&acquire_request("L1", 0))
+        .await
+        .expect("acquire")
+    {
+        AcquireOutcome::Acquired(g) => g,
+        other => panic!("{other:?}"),
+    };
+    let valid = etcd.get(key.as_bytes()).expect("the record");
+    let text = String::from_utf8(valid.clone()).expect("JSON");
+    let later_format = text.replacen("\"format\":1", "\"format\":2", 1);
+    let unknown_field = text.replacen("\"format\":1", "\"format\":1,\"fences2\":[]", 1);
+    assert_ne!(later_format, text);
+    assert_ne!(unknown_field, text);
+    let floor = granted.token + 1_000;
+    for bad in [
+        b"{not json".to_vec(),
+        later_format.into_bytes(),
+        unknown_field.into_bytes(),
+    ] {
+        etcd.put(key.as_bytes(), &bad);
+        let refused = store
+            .acquire(&acquire_request("L2", 0))
+            .await
+            .expect_err("an acquire on an unreadable record");
+        assert_eq!(refused.kind(), ErrorKind::Corrupt, "{refused}");
+        assert!(refused.to_string().contains("repair"), "{refused}");
+        let token = Token::new(granted.token).expect("token");
+        let refused = store.check(&target(), Slot::ZERO, token).await;
+        assert_eq!(
+            refused.map_err(|e| e.kind()).err(),
+            Some(ErrorKind::Corrupt)
+        );
+        assert_eq!(
+            etcd.get(key.as_bytes()),
+            Some(bad),
+            "the record was rewritten"
+        );
+    }
+    let repaired = store.repair(&target(), floor).await.expect("repair");
+    let RepairOutcome::Repaired { fence, .. } = repaired else {
+        panic!("{repaired:?}")
+    };
+    assert!(fence >= floor, "{fence} < {floor}");
+    assert_eq!(
+        store.repair(&target(), floor).await.expect("repair"),
+        RepairOutcome::Intact { fence }
+    );
+    match store
+        .acquire(&acquire_request("L3", 0))
+        .await
+        .expect("acquire")
+    {
+        AcquireOutcome::Acquired(g) => assert!(g.token > fence, "{} <= {fence}", g.token),
+        other => panic!("{other:?}"),
+    }
+    // The old holder is fenced.
+    let old = Token::new(granted.token).expect("token");
+    assert!(matches!(
+        store.check(&target(), Slot::ZERO, old).await,
+        Ok(targetlease::store::CheckOutcome::Stale { .. })
+    ));
+}
+
+// A member that does not answer is skipped for the next; when none answers, the call fails
+// within its deadline with the member named and a kind a caller retries on.
+async fn unreachable_members_are_skipped_then_named() {
+    let etcd = EtcdServer::start();
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let store = Arc::new(store_on(&[dead.clone(), etcd.url()]));
+    assert!(matches!(
+        store.acquire(&acquire_request("L1", 0)).await,
+        Ok(AcquireOutcome::Acquired(_))
+    ));
+    store
+        .health()
+        .await
+        .expect("health through the live member");
+    let nowhere = store_on(std::slice::from_ref(&dead));
+    let started = Instant::now();
+    let e = nowhere
+        .acquire(&acquire_request("L1", 0))
+        .await
+        .expect_err("no member answers");
+    assert!(e.is_transient(), "{e}");
+    assert!(e.to_string().contains(&dead[7..]), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(nowhere.health().await.is_err());
+}

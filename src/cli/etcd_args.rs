@@ -131,8 +131,8 @@ mod tests {
         let cli = Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
             .map_err(|e| StoreError::InvalidConfig(e.to_string()))?;
         cli.etcd.config_with_env(|name| {
-            (name == ETCD_PASSWORD_ENV)
-                .then(|| password)?
+            password
+                .filter(|_| name == ETCD_PASSWORD_ENV)
                 .map(String::from)
         })
     }

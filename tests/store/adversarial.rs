@@ -5,7 +5,7 @@
 //! installations on one prefix; stale servers (a promoted replica that missed grants, an older
 //! snapshot restored), retries of grants that ended, scripts stopped half-way by an ACL rule.
 //! Each test was written to fail on the store as it was before and to pass now, run on every backend of the
-//! contract suite that offers what the test needs (memory, Valkey 9.1, Valkey 8.1, Redis 7.0).
+//! contract suite that offers what the test needs (memory, Valkey 9.1, Valkey 8.1, Redis 7.0, etcd 3.7).
 //! Prints a closing `adversarial: N passed, N failed` line.
 
 use targetlease_test_support as support;
@@ -27,7 +27,7 @@ use targetlease::store::{
 
 use support::contract_cases::{
     Harness, TTL, a_retry_never_answers_for_an_ended_grant, acquire_req, acquired, commit_req,
-    guarded, handle, permit_req, plain_variants, release_req, renew_req,
+    etcd_variants, guarded, handle, permit_req, plain_variants, release_req, renew_req,
     scripts_refused_half_way_leave_nothing_unreadable, slot, target, token_of,
     tokens_grow_past_a_promoted_replica, tokens_grow_past_a_restored_snapshot, trials_of,
     valkey_config,
@@ -825,5 +825,7 @@ pub fn suite(args: &Arguments) -> Conclusion {
         Store a_retry_never_answers_for_an_ended_grant,
         Admin scripts_refused_half_way_leave_nothing_unreadable,
     ];
-    suite::run(args, trials_of(&plain_variants(), &cases))
+    let mut variants = plain_variants().to_vec();
+    variants.extend(etcd_variants());
+    suite::run(args, trials_of(&variants, &cases))
 }

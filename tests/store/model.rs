@@ -658,6 +658,23 @@ fn server_matches_the_model(kind: ServerKind) {
     check(&runtime, cases(96), |_| (store.clone(), None));
 }
 
+fn etcd_matches_the_model() {
+    let server = support::etcd::EtcdServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let url = SecretUrl::parse(&server.url()).expect("url");
+    let store: Arc<dyn LeaseStore> = Arc::new(
+        targetlease::store::etcd::EtcdStore::new(targetlease::store::etcd::EtcdConfig::new(vec![
+            url,
+        ]))
+        .expect("etcd store"),
+    );
+    // Each case uses its own namespace, so cases do not see each other's keys.
+    check(&runtime, cases(96), |_| (store.clone(), None));
+}
+
 fn valkey_9_1_matches_the_model() {
     server_matches_the_model(ServerKind::Valkey91);
 }
@@ -682,6 +699,7 @@ pub fn suite(args: &Arguments) -> Conclusion {
             suite::blocking_trial("valkey_9_1_matches_the_model", valkey_9_1_matches_the_model),
             suite::blocking_trial("valkey_8_1_matches_the_model", valkey_8_1_matches_the_model),
             suite::blocking_trial("redis_7_0_matches_the_model", redis_7_0_matches_the_model),
+            suite::blocking_trial("etcd_3_7_matches_the_model", etcd_matches_the_model),
         ],
     )
 }

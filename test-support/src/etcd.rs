@@ -171,3 +171,155 @@ impl Drop for EtcdServer {
         let _ = self.child.wait();
     }
 }
+
+/// A three-member etcd cluster on loopback ports, each member killable, restartable (on its
+/// data) and stoppable (SIGSTOP: a member that stops answering, as behind a partition).
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    _dir: tempfile::TempDir,
+}
+
+struct Member {
+    args: Vec<String>,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Member {
+    fn spawn(&mut self) {
+        let child = Command::new(etcd_binary())
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        self.child = Some(child);
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `(its id, the leader's id)` as the member says, when it answers and has a leader.
+    fn view(&self) -> Option<(String, String)> {
+        let output = Command::new("curl")
+            .args(["-s", "--max-time", "1", "-X", "POST"])
+            .arg(format!("{}/v3/maintenance/status", self.url()))
+            .args(["-d", "{}"])
+            .output()
+            .ok()?;
+        let status: Value = serde_json::from_slice(&output.stdout).ok()?;
+        let me = status.pointer("/header/member_id")?.as_str()?.to_owned();
+        let leader = status.get("leader")?.as_str()?.to_owned();
+        (leader != "0").then_some((me, leader))
+    }
+}
+
+impl EtcdCluster {
+    /// Starts three members and waits until every one knows the leader.
+    pub fn start() -> EtcdCluster {
+        let dir = tempfile::tempdir().expect("etcd data folder");
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let initial = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members: Vec<Member> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (port, peer))| Member {
+                args: vec![
+                    format!("--name=m{i}"),
+                    format!("--data-dir={}", dir.path().join(format!("m{i}")).display()),
+                    format!("--listen-client-urls=http://127.0.0.1:{port}"),
+                    format!("--advertise-client-urls=http://127.0.0.1:{port}"),
+                    format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+                    format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+                    format!("--initial-cluster={initial}"),
+                    "--initial-cluster-state=new".into(),
+                    "--initial-cluster-token=targetlease-test".into(),
+                    "--log-level=error".into(),
+                ],
+                port: *port,
+                child: None,
+            })
+            .collect();
+        for member in &mut members {
+            member.spawn();
+        }
+        let cluster = EtcdCluster { members, _dir: dir };
+        cluster.wait_for_leader(&[0, 1, 2], Duration::from_secs(30));
+        cluster
+    }
+
+    /// The members' client URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.members.iter().map(Member::url).collect()
+    }
+
+    /// Waits until each of `members` answers and names the same leader; panics after `limit`.
+    pub fn wait_for_leader(&self, members: &[usize], limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let views: Vec<Option<(String, String)>> =
+                members.iter().map(|&i| self.members[i].view()).collect();
+            let leaders: Vec<&str> = views
+                .iter()
+                .filter_map(|v| v.as_ref().map(|(_, l)| l.as_str()))
+                .collect();
+            if leaders.len() == members.len() && leaders.windows(2).all(|w| w[0] == w[1]) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd members {members:?} agree on no leader after {limit:?}: {views:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The index of the member that leads now, if a member that answers says so.
+    pub fn leader(&self) -> Option<usize> {
+        let views: Vec<Option<(String, String)>> = self.members.iter().map(Member::view).collect();
+        let leader = views.iter().flatten().next()?.1.clone();
+        views
+            .iter()
+            .position(|v| v.as_ref().is_some_and(|(me, _)| *me == leader))
+    }
+
+    /// Kills member `i` (SIGKILL).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.members[i].spawn();
+    }
+
+    /// Stops (`true`, SIGSTOP) or resumes (`false`, SIGCONT) member `i`.
+    pub fn pause(&self, i: usize, stopped: bool) {
+        if let Some(child) = &self.members[i].child {
+            let signal = if stopped { "-STOP" } else { "-CONT" };
+            let _ = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status();
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.pause(i, false);
+            self.kill(i);
+        }
+    }
+}

@@ -15,10 +15,10 @@ use targetlease::redact::SecretUrl;
 use targetlease::store::etcd::{EtcdConfig, EtcdStore};
 use targetlease::store::{
     AcquireOutcome, AcquireRequest, ErrorKind, LeaseId, LeaseStore, Owner, Permits, RepairOutcome,
-    RequestId, Slot, TargetRef, Token, Ttl,
+    RequestId, Slot, StoreError, TargetRef, Token, Ttl,
 };
 
-use support::etcd::EtcdServer;
+use support::etcd::{EtcdCluster, EtcdServer};
 use support::server::{Server, ServerKind, free_port};
 use support::suite::{self, trial};
 
@@ -35,6 +35,11 @@ pub fn suite(args: &Arguments) -> Conclusion {
             trial(
                 "members::unreachable_are_skipped_then_named",
                 unreachable_members_are_skipped_then_named,
+            ),
+            suite::trial_with_limit(
+                "faults::members_killed_and_paused_never_give_two_holders",
+                Duration::from_secs(120),
+                members_killed_and_paused_never_give_two_holders,
             ),
         ],
     )
@@ -259,4 +264,199 @@ async fn unreachable_members_are_skipped_then_named() {
         started.elapsed()
     );
     assert!(nowhere.health().await.is_err());
+}
+
+/// What the clients of the fault trial saw.
+#[derive(Default)]
+struct Seen {
+    /// Every grant: when it returned, its target, request id and token.
+    grants: Vec<(Instant, usize, String, u64)>,
+    /// What broke a guarantee.
+    violations: Vec<String>,
+    /// Calls that failed after every retry within their deadline.
+    failed_calls: usize,
+}
+
+/// `call` until it succeeds or fails for good, retried with the same request (so with the same
+/// request id) while the failure is transient, for up to 20 s.
+async fn with_retries<T, F, Fut>(mut call: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        match call().await {
+            Err(e) if e.is_transient() && Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+// Three members; eight clients claim two targets over and over (acquire, renew, hold 30 ms,
+// release, every call retried with its request id while it fails transiently) while the leader
+// is killed and restarted, a follower is paused (SIGSTOP) and resumed, and then the leader is
+// paused until the others elect another and resumed. At no time do two clients hold one target
+// (a counter of holders inside the critical section, entered after the grant and left before
+// the release); every grant's token is above every token granted before its acquire began;
+// no request id is granted two tokens; no renewal 30 ms into a tenure finds it lost; and
+// clients are granted leases after every fault.
+async fn members_killed_and_paused_never_give_two_holders() {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+    let cluster = EtcdCluster::start();
+    let urls = cluster.urls();
+    let targets = [
+        TargetRef::new("shop", "faults-a").expect("target"),
+        TargetRef::new("shop", "faults-b").expect("target"),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let holders: Arc<[AtomicU32; 2]> = Arc::new([AtomicU32::new(0), AtomicU32::new(0)]);
+    let newest: Arc<[AtomicU64; 2]> = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut clients = Vec::new();
+    for client in 0..8usize {
+        let (stop, holders, newest, seen) =
+            (stop.clone(), holders.clone(), newest.clone(), seen.clone());
+        let store = store_on(&urls);
+        let target = targets[client % 2].clone();
+        let t = client % 2;
+        clients.push(tokio::spawn(async move {
+            let note = |what: String| seen.lock().expect("lock").violations.push(what);
+            while !stop.load(Ordering::SeqCst) {
+                let mut req = acquire_request(&format!("client-{client}"), 0);
+                req.target = target.clone();
+                req.ttl = Ttl::new(Duration::from_secs(5)).expect("ttl");
+                let before = newest[t].load(Ordering::SeqCst);
+                let granted = match with_retries(|| store.acquire(&req)).await {
+                    Ok(AcquireOutcome::Acquired(g)) => g,
+                    Ok(AcquireOutcome::Held { .. }) => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                    Ok(other) => {
+                        note(format!(
+                            "client {client}: a retried acquire answered {other:?}"
+                        ));
+                        continue;
+                    }
+                    Err(_) => {
+                        seen.lock().expect("lock").failed_calls += 1;
+                        continue;
+                    }
+                };
+                newest[t].fetch_max(granted.token, Ordering::SeqCst);
+                seen.lock().expect("lock").grants.push((
+                    Instant::now(),
+                    t,
+                    req.request_id.as_str().to_owned(),
+                    granted.token,
+                ));
+                if granted.token <= before {
+                    note(format!(
+                        "client {client}: token {} not above {before}, granted before its acquire",
+                        granted.token
+                    ));
+                }
+                let inside = holders[t].fetch_add(1, Ordering::SeqCst);
+                if inside != 0 {
+                    note(format!(
+                        "client {client}: granted token {} on target {t} beside {inside} holder(s)",
+                        granted.token
+                    ));
+                }
+                let handle = targetlease::store::LeaseHandle {
+                    target: target.clone(),
+                    permits: req.permits,
+                    slot: granted.slot,
+                    lease_id: req.lease_id.clone(),
+                    owner: req.owner.clone(),
+                    token: Token::new(granted.token).expect("token"),
+                };
+                let renew = targetlease::store::RenewRequest {
+                    lease: handle.clone(),
+                    ttl: req.ttl,
+                    request_id: RequestId::random(),
+                };
+                match with_retries(|| store.renew(&renew)).await {
+                    Ok(targetlease::store::RenewOutcome::Renewed { .. }) => {}
+                    Ok(lost) => note(format!("client {client}: renewal found {lost:?}")),
+                    Err(_) => seen.lock().expect("lock").failed_calls += 1,
+                }
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                holders[t].fetch_sub(1, Ordering::SeqCst);
+                let release = targetlease::store::ReleaseRequest {
+                    lease: handle,
+                    request_id: RequestId::random(),
+                };
+                if with_retries(|| store.release(&release)).await.is_err() {
+                    seen.lock().expect("lock").failed_calls += 1;
+                }
+            }
+        }));
+    }
+    // The faults, on a thread of their own (they wait on processes).
+    let faults = std::thread::spawn(move || {
+        let mut cluster = cluster;
+        let mut recovered = Vec::new();
+        let pause = |d: u64| std::thread::sleep(Duration::from_millis(d));
+        pause(1_500);
+        let leader = cluster.leader().expect("a leader");
+        cluster.kill(leader);
+        pause(2_000);
+        cluster.restart(leader);
+        cluster.wait_for_leader(&[0, 1, 2], Duration::from_secs(30));
+        recovered.push(("the leader killed and restarted", Instant::now()));
+        pause(1_500);
+        let leader = cluster.leader().expect("a leader");
+        let follower = (leader + 1) % 3;
+        cluster.pause(follower, true);
+        pause(2_000);
+        cluster.pause(follower, false);
+        cluster.wait_for_leader(&[0, 1, 2], Duration::from_secs(30));
+        recovered.push(("a follower paused and resumed", Instant::now()));
+        pause(1_500);
+        let leader = cluster.leader().expect("a leader");
+        cluster.pause(leader, true);
+        let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+        cluster.wait_for_leader(&others, Duration::from_secs(30));
+        pause(1_000);
+        cluster.pause(leader, false);
+        cluster.wait_for_leader(&[0, 1, 2], Duration::from_secs(30));
+        recovered.push((
+            "the leader paused until replaced, then resumed",
+            Instant::now(),
+        ));
+        pause(1_500);
+        (cluster, recovered)
+    });
+    let (cluster, recovered) = tokio::task::spawn_blocking(move || faults.join())
+        .await
+        .expect("join")
+        .expect("the faults ran");
+    stop.store(true, Ordering::SeqCst);
+    for client in clients {
+        client.await.expect("client");
+    }
+    drop(cluster);
+    let seen = seen.lock().expect("lock");
+    assert!(seen.violations.is_empty(), "{:#?}", seen.violations);
+    let mut tokens_of = std::collections::HashMap::new();
+    for (_, _, request, token) in &seen.grants {
+        let first = *tokens_of.entry(request.clone()).or_insert(*token);
+        assert_eq!(first, *token, "request id granted two tokens");
+    }
+    for (fault, at) in &recovered {
+        let after = seen.grants.iter().filter(|(when, ..)| when > at).count();
+        assert!(after > 0, "no grant after {fault}");
+    }
+    println!(
+        "{} grants on two targets, {} calls failed after every retry; faults: {:?}",
+        seen.grants.len(),
+        seen.failed_calls,
+        recovered.iter().map(|(f, _)| *f).collect::<Vec<_>>()
+    );
+    assert!(seen.grants.len() >= 40, "only {} grants", seen.grants.len());
 }

@@ -19,6 +19,7 @@ use targetlease::api::{Phase, TargetLease};
 use targetlease::store::{LeaseStore, MAX_TOKEN, MAX_TOKEN_LEAD_MICROS};
 
 use support::admin::Admin;
+use support::etcd::EtcdCluster;
 use support::kube::{
     ControllerProcess, condition, http_get, lease_yaml, metric, phase_of, token_of,
 };
@@ -3093,6 +3094,95 @@ pub fn suite(args: &Arguments) -> Conclusion {
         a_list_of_namespaces_is_watched_as_one,
         sentinel_failover_keeps_leases_held,
         alerts_and_dashboard_name_real_metrics,
+        etcd_backend_holds_hands_over_and_fences,
     ];
     run_scenarios(args, scenarios.to_vec())
+}
+
+// The controller on `--backend etcd`, a three-member cluster: a TargetLease is Held; a second
+// one on the same target waits; the etcd leader is killed and the holder stays Held with its
+// token all along; the holder's deletion hands the target over with a larger token; and
+// `targetlease lease check --backend etcd` calls the old token stale and the new one current.
+async fn etcd_backend_holds_hands_over_and_fences(mut s: Scenario) {
+    let mut etcd = tokio::task::spawn_blocking(EtcdCluster::start)
+        .await
+        .expect("start etcd");
+    let endpoints = etcd.urls().join(",");
+    let prefix = format!("tl-{}", s.ns);
+    s.controller.take();
+    let args = [
+        "--watch-namespace",
+        s.ns.as_str(),
+        "--backend",
+        "etcd",
+        "--etcd-endpoints",
+        endpoints.as_str(),
+        "--etcd-key-prefix",
+        prefix.as_str(),
+    ];
+    let kubeconfig = std::path::Path::new(s.cluster.kubeconfig());
+    s.controller = Some(ControllerProcess::start_reaching(
+        &s.cluster,
+        kubeconfig,
+        &args,
+        &[],
+    ));
+    s.apply("holder", "etcd-target", "worker-a", "ttlSeconds: 10");
+    let held = s.wait_phase("holder", Phase::Held, 30 * SEC).await;
+    let first = token_of(&held);
+    s.apply("waiter", "etcd-target", "worker-b", "ttlSeconds: 10");
+    s.wait_phase("waiter", Phase::Waiting, 30 * SEC).await;
+
+    // The leader killed: the holder stays Held with its token through the election and a
+    // renewal or two (every 10/3 s).
+    // `targetlease lease ...` on the controller's etcd and prefix, for this namespace's target.
+    let lease = |args: &[&str]| -> serde_json::Value {
+        let out = std::process::Command::new(support::kube::targetlease_bin())
+            .arg("lease")
+            .args(args)
+            .args(["--backend", "etcd", "--etcd-endpoints", endpoints.as_str()])
+            .args(["--etcd-key-prefix", prefix.as_str()])
+            .args(["--namespace", s.ns.as_str(), "--target", "etcd-target"])
+            .output()
+            .expect("run targetlease");
+        serde_json::from_slice(&out.stdout).expect("one JSON object")
+    };
+    let leader = etcd.leader().expect("an etcd leader");
+    etcd.kill(leader);
+    let watched_until = Instant::now() + 8 * SEC;
+    while Instant::now() < watched_until {
+        let lease = s.get("holder").await;
+        assert_eq!(phase_of(&lease), Some(Phase::Held), "{:?}", lease.status);
+        assert_eq!(token_of(&lease), first, "the holder's token changed");
+        let waiter = s.get("waiter").await;
+        assert_ne!(phase_of(&waiter), Some(Phase::Held), "two holders");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Renewed in etcd meanwhile (every 10/3 s): 8 s after Held, an unrenewed lease would have
+    // 2 s left.
+    let inspected = lease(&["inspect"]);
+    assert_eq!(
+        inspected["lease"]["token"].as_u64(),
+        Some(first),
+        "{inspected}"
+    );
+    let left = inspected["lease"]["expiresInMs"].as_u64().unwrap_or(0);
+    assert!(
+        left > 5_000,
+        "not renewed while a member was down: {inspected}"
+    );
+    s.delete("holder").await;
+    let taken = s.wait_phase("waiter", Phase::Held, 30 * SEC).await;
+    let second = token_of(&taken);
+    assert!(second > first, "{second} <= {first}");
+    let check = |token: u64| {
+        let token = token.to_string();
+        lease(&["check", "--token", &token])["outcome"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert_eq!(check(first), "stale");
+    assert_eq!(check(second), "current");
+    etcd.restart(leader);
 }

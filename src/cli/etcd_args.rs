@@ -140,7 +140,12 @@ mod tests {
     #[test]
     fn endpoints_and_defaults() {
         let c = config(
-            &["--etcd-endpoints", "127.0.0.1:2379,https://e2:2379"],
+            &[
+                "--etcd-endpoints",
+                "127.0.0.1:2379,https://e2:2379",
+                "--etcd-tls-ca-file",
+                "/ca.pem",
+            ],
             None,
         )
         .unwrap();
@@ -162,6 +167,11 @@ mod tests {
             &["--etcd-endpoints", "redis://e:1"],
             None,
             "the scheme must be",
+        );
+        refused(
+            &["--etcd-endpoints", "https://e:2379"],
+            None,
+            "--etcd-tls-ca-file",
         );
         refused(
             &["--etcd-endpoints", "http://u:secret@e:2379"],

@@ -608,6 +608,115 @@ fn sentinel_values_pass_the_sentinels_not_the_url(tools: &Tools) {
     );
 }
 
+fn etcd_values_pass_the_members_not_valkey(tools: &Tools) {
+    let file = chart_dir()
+        .join("ci/etcd-values.yaml")
+        .display()
+        .to_string();
+    let docs = tools.render_ok(&["-f", &file]);
+    let deploy = object(&docs, "Deployment", FULLNAME);
+    let c = &deploy["spec"]["template"]["spec"]["containers"][0];
+    assert!(strings(&c["args"]).contains(&"--backend=etcd".to_owned()));
+    let env = controller_env(&docs);
+    let value = |name: &str| env_value(&env, name).unwrap_or_else(|| panic!("no env {name}"));
+    assert_eq!(
+        value("TARGETLEASE_ETCD_ENDPOINTS"),
+        "https://etcd-0.etcd.etcd.svc:2379,https://etcd-1.etcd.etcd.svc:2379,\
+         https://etcd-2.etcd.etcd.svc:2379"
+    );
+    assert_eq!(value("TARGETLEASE_ETCD_KEY_PREFIX"), "targetlease-prod");
+    assert_eq!(value("TARGETLEASE_ETCD_TIMEOUT"), "2s");
+    assert_eq!(value("TARGETLEASE_ETCD_USERNAME"), "targetlease");
+    assert_eq!(
+        value("TARGETLEASE_ETCD_PASSWORD_FILE"),
+        "/etc/targetlease/etcd-password/password"
+    );
+    assert_eq!(
+        value("TARGETLEASE_ETCD_TLS_CA_FILE"),
+        "/etc/targetlease/etcd-tls/ca.crt"
+    );
+    assert_eq!(
+        value("TARGETLEASE_ETCD_TLS_CERT_FILE"),
+        "/etc/targetlease/etcd-tls/tls.crt"
+    );
+    assert_eq!(
+        value("TARGETLEASE_ETCD_TLS_KEY_FILE"),
+        "/etc/targetlease/etcd-tls/tls.key"
+    );
+    // Nothing of Valkey: no URL, no Secret of the chart, no checksum of one; no password in
+    // the environment.
+    assert!(
+        !env.iter()
+            .any(|(n, _)| n.starts_with("TARGETLEASE_VALKEY_") || n == "TARGETLEASE_ETCD_PASSWORD"),
+        "{env:?}"
+    );
+    assert!(of_kind(&docs, "Secret").is_empty(), "an unused URL Secret");
+    let pod = &deploy["spec"]["template"]["spec"];
+    let volumes = pod["volumes"].as_array().expect("volumes");
+    let volume = |name: &str| {
+        volumes
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no volume {name}"))
+    };
+    assert_eq!(
+        volume("etcd-tls")["secret"]["secretName"],
+        "targetlease-etcd-tls"
+    );
+    assert_eq!(
+        volume("etcd-password")["secret"]["secretName"],
+        "targetlease-etcd"
+    );
+    assert_eq!(
+        volume("etcd-password")["secret"]["items"],
+        json!([{"key": "password", "path": "password"}])
+    );
+    // Read-only for the pod's user and group, like Valkey's (0440, octal in Kubernetes' YAML).
+    for v in volumes {
+        assert_eq!(v["secret"]["defaultMode"], "0440", "{v}");
+    }
+    let egress = object(&docs, "NetworkPolicy", FULLNAME)["spec"]["egress"].to_string();
+    assert!(egress.contains("\"port\":2379"), "{egress}");
+
+    // Endpoints alone: the defaults, no mount.
+    let docs = tools.render_ok(&[
+        "--set",
+        "controller.backend=etcd",
+        "--set",
+        "etcd.endpoints={http://etcd:2379}",
+    ]);
+    let env = controller_env(&docs);
+    assert_eq!(
+        env_value(&env, "TARGETLEASE_ETCD_KEY_PREFIX"),
+        Some(json!("targetlease"))
+    );
+    for absent in [
+        "TARGETLEASE_ETCD_USERNAME",
+        "TARGETLEASE_ETCD_PASSWORD_FILE",
+        "TARGETLEASE_ETCD_TLS_CA_FILE",
+    ] {
+        assert!(!env.iter().any(|(n, _)| n == absent), "{absent}");
+    }
+    let pod = &object(&docs, "Deployment", FULLNAME)["spec"]["template"]["spec"];
+    assert!(pod["volumes"].is_null(), "{}", pod["volumes"]);
+
+    // No etcd block at all, as `helm upgrade --reuse-values` from a release before it leaves
+    // the values: Valkey renders as before, and etcd is refused with the value to set, not a
+    // template error.
+    let env = controller_env(&tools.render_ok(&["--set", "etcd=null"]));
+    assert!(
+        !env.iter().any(|(n, _)| n.starts_with("TARGETLEASE_ETCD_")),
+        "{env:?}"
+    );
+    let refused = tools
+        .render(&["--set", "etcd=null", "--set", "controller.backend=etcd"])
+        .expect_err("etcd without endpoints");
+    assert!(
+        refused.contains("controller.backend=etcd needs etcd.endpoints"),
+        "{refused}"
+    );
+}
+
 fn schema_refuses_bad_values(tools: &Tools) {
     let files = yaml_files(&repo().join("tests/chart/bad-values"));
     assert!(files.len() >= 5, "only {} bad values files", files.len());
@@ -1510,6 +1619,10 @@ pub fn suite(args: &Arguments) -> Conclusion {
         (
             "sentinel_values_pass_the_sentinels_not_the_url",
             sentinel_values_pass_the_sentinels_not_the_url,
+        ),
+        (
+            "etcd_values_pass_the_members_not_valkey",
+            etcd_values_pass_the_members_not_valkey,
         ),
         ("schema_refuses_bad_values", schema_refuses_bad_values),
         (

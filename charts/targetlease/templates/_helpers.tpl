@@ -80,6 +80,9 @@ so a URL Secret would be unused. */}}
 {{- if and (eq .Values.controller.backend "valkey") (not .Values.valkey.existingSecret.name) (not .Values.valkey.clusterSeeds) (not .Values.valkey.sentinel.addresses) }}true{{ end }}
 {{- end }}
 
+{{/* Where the etcd TLS Secret is mounted. */}}
+{{- define "targetlease.etcdTlsDir" -}}/etc/targetlease/etcd-tls{{- end }}
+
 {{/* Where the Valkey TLS Secret is mounted. */}}
 {{- define "targetlease.valkeyTlsDir" -}}/etc/targetlease/valkey-tls{{- end }}
 
@@ -127,6 +130,34 @@ so a URL Secret would be unused. */}}
 {{- end }}
 {{- if and (eq .Values.controller.backend "valkey") (not .Values.valkey.existingSecret.name) (not .Values.valkey.url) (not .Values.valkey.clusterSeeds) (not .Values.valkey.sentinel.addresses) }}
 {{- fail "controller.backend=valkey needs valkey.url or valkey.existingSecret.name (or valkey.clusterSeeds, or valkey.sentinel.addresses)" }}
+{{- end }}
+{{- /* The etcd block may be absent (helm upgrade --reuse-values from a release before it). */}}
+{{- $etcd := .Values.etcd | default dict }}
+{{- $etcdTls := dig "tls" dict $etcd }}
+{{- $etcdSecret := dig "existingSecret" dict $etcd }}
+{{- $endpoints := dig "endpoints" list $etcd }}
+{{- if and (eq .Values.controller.backend "etcd") (not $endpoints) }}
+{{- fail "controller.backend=etcd needs etcd.endpoints, the client URLs of the etcd members" }}
+{{- end }}
+{{- if and $endpoints (ne .Values.controller.backend "etcd") }}
+{{- fail (printf "etcd.endpoints is set but controller.backend is %s: set controller.backend=etcd, or empty etcd.endpoints" .Values.controller.backend) }}
+{{- end }}
+{{- if and (dig "enabled" false $etcdTls) (not (dig "secretName" "" $etcdTls)) }}
+{{- fail "etcd.tls.enabled needs etcd.tls.secretName (a Secret with the CA, and the client certificate and key for mutual TLS)" }}
+{{- end }}
+{{- if ne (empty (dig "certKey" "" $etcdTls)) (empty (dig "keyKey" "" $etcdTls)) }}
+{{- fail "etcd.tls.certKey and etcd.tls.keyKey go together (mutual TLS needs both)" }}
+{{- end }}
+{{- range $endpoints }}
+{{- if and (hasPrefix "https://" .) (not (dig "enabled" false $etcdTls)) }}
+{{- fail (printf "etcd endpoint %s is https:// but etcd.tls.enabled is false: the controller needs the CA of the members (etcd.tls.secretName, etcd.tls.caKey)" .) }}
+{{- end }}
+{{- end }}
+{{- if ne (empty (dig "username" "" $etcd)) (empty (dig "name" "" $etcdSecret)) }}
+{{- fail "etcd.username and etcd.existingSecret.name go together (the user and the Secret holding its password)" }}
+{{- end }}
+{{- if ne (empty (dig "name" "" $etcdSecret)) (empty (dig "passwordKey" "" $etcdSecret)) }}
+{{- fail "etcd.existingSecret.name and etcd.existingSecret.passwordKey go together (the Secret and the key of the password in it)" }}
 {{- end }}
 {{- end }}
 

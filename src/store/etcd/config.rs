@@ -77,6 +77,12 @@ impl EtcdConfig {
                     "etcd endpoint {url} must start with http:// or https://"
                 ));
             }
+            if raw.starts_with("https://") && self.tls.ca_file.is_none() {
+                return invalid(format!(
+                    "etcd endpoint {url} is https://: give the CA of the members with \
+                     --etcd-tls-ca-file (the system's CAs are not trusted for etcd)"
+                ));
+            }
             if url.has_password() {
                 return invalid(format!(
                     "etcd endpoint {url} carries a password: give the user with --etcd-username \

@@ -33,6 +33,10 @@ pub fn suite(args: &Arguments) -> Conclusion {
                 unreadable_record_fails_closed_until_repaired,
             ),
             trial(
+                "records::a_stale_copy_never_answers",
+                a_stale_copy_never_answers,
+            ),
+            trial(
                 "members::unreachable_are_skipped_then_named",
                 unreachable_members_are_skipped_then_named,
             ),
@@ -459,4 +463,83 @@ async fn members_killed_and_paused_never_give_two_holders() {
         recovered.iter().map(|(f, _)| *f).collect::<Vec<_>>()
     );
     assert!(seen.grants.len() >= 40, "only {} grants", seen.grants.len());
+}
+
+// A store starts a call from its last copy of the target's key; another process changed the
+// key since. Each answer is the one the key as it is now gives: a refusal that the copy would
+// have granted, a grant that the copy would have refused, a renewal of a lease the copy still
+// holds found lost, after a delete of every key the copy's grant gone.
+async fn a_stale_copy_never_answers() {
+    let etcd = EtcdServer::start();
+    let (mine, theirs) = (store_on(&[etcd.url()]), store_on(&[etcd.url()]));
+    let granted = |o: AcquireOutcome| match o {
+        AcquireOutcome::Acquired(g) => g,
+        other => panic!("{other:?}"),
+    };
+    let first = acquire_request("L1", 0);
+    let g1 = granted(mine.acquire(&first).await.expect("acquire"));
+    let handle = |req: &AcquireRequest, token: u64| targetlease::store::LeaseHandle {
+        target: req.target.clone(),
+        permits: req.permits,
+        slot: Slot::ZERO,
+        lease_id: req.lease_id.clone(),
+        owner: req.owner.clone(),
+        token: Token::new(token).expect("token"),
+    };
+    // Released and taken by another process: my copy still says L1 holds it.
+    let release = targetlease::store::ReleaseRequest {
+        lease: handle(&first, g1.token),
+        request_id: RequestId::random(),
+    };
+    theirs.release(&release).await.expect("release");
+    let mut other = acquire_request("L2", 0);
+    other.owner = Owner::new("other").expect("owner");
+    let g2 = granted(theirs.acquire(&other).await.expect("acquire"));
+    let renew = targetlease::store::RenewRequest {
+        lease: handle(&first, g1.token),
+        ttl: Ttl::new(Duration::from_secs(30)).expect("ttl"),
+        request_id: RequestId::random(),
+    };
+    assert!(matches!(
+        mine.renew(&renew).await.expect("renew"),
+        targetlease::store::RenewOutcome::Lost { .. }
+    ));
+    match mine
+        .acquire(&acquire_request("L3", 0))
+        .await
+        .expect("acquire")
+    {
+        AcquireOutcome::Held { owner, .. } => assert_eq!(owner, "other"),
+        other => panic!("a stale copy answered {other:?}"),
+    }
+    // Released by its holder elsewhere: my copy (now showing L2) would refuse; the key grants.
+    let release = targetlease::store::ReleaseRequest {
+        lease: handle(&other, g2.token),
+        request_id: RequestId::random(),
+    };
+    theirs.release(&release).await.expect("release");
+    let g3 = granted(
+        mine.acquire(&acquire_request("L3", 0))
+            .await
+            .expect("acquire"),
+    );
+    assert!(g3.token > g2.token);
+    // Every key deleted (data lost): my copy's grant is gone; a claim above the floor gets a
+    // larger token.
+    etcd.wipe();
+    let renew = targetlease::store::RenewRequest {
+        lease: handle(&acquire_request("L3", 0), g3.token),
+        ttl: Ttl::new(Duration::from_secs(30)).expect("ttl"),
+        request_id: RequestId::random(),
+    };
+    assert!(matches!(
+        mine.renew(&renew).await.expect("renew"),
+        targetlease::store::RenewOutcome::Lost { .. }
+    ));
+    let g4 = granted(
+        mine.acquire(&acquire_request("L4", g3.token))
+            .await
+            .expect("acquire"),
+    );
+    assert!(g4.token > g3.token);
 }

@@ -1,6 +1,6 @@
 //! The one place that talks to etcd: its JSON gateway (`/v3/...`, served by every member on its
 //! client port), over HTTP/1.1 with TLS when the endpoint says `https://`. Three operations
-//! only: read one key, replace one key if its revision is unchanged, and ask a member its
+//! only: read one key, replace one key if it still holds what was read, and ask a member its
 //! status. A call goes to the member that answered last and moves on to the next one when a
 //! member is unreachable or has no leader, until its deadline; an expired auth token is
 //! renewed once. Failures come back as [`StoreError`]s that name the member, never a password.
@@ -29,17 +29,16 @@ use crate::store::valkey::PasswordSource;
 /// How long to wait before trying the members again after every one failed.
 const ROUND_PAUSE: Duration = Duration::from_millis(50);
 
-/// A key as read: its value and the revision that last changed it.
+/// A key's value as read.
 #[derive(Debug, Clone)]
 pub(crate) struct Kv {
     pub(crate) value: Vec<u8>,
-    pub(crate) mod_revision: i64,
 }
 
 /// What a conditional write did.
 #[derive(Debug)]
 pub(crate) enum Swapped {
-    /// Written.
+    /// Written (or, without a value, found unchanged).
     Done,
     /// Not written: the key changed since it was read; this is how it is now.
     Changed(Option<Kv>),
@@ -112,25 +111,35 @@ impl Gateway {
         first_kv(&reply)
     }
 
-    /// Writes `value` to `key` if the key was last changed at `expected` (`None`: if it does
-    /// not exist); otherwise answers how the key is now, read in the same transaction.
+    /// Writes `value` to `key` if the key still holds `expected` (`None`: if it does not
+    /// exist); otherwise answers how the key is now, read in the same transaction. Without a
+    /// value, only confirms that the key still holds `expected` (a linearizable read that sends
+    /// nothing back when nothing changed).
+    ///
+    /// The value itself is compared, not the key's revision: a revision can come back with
+    /// other contents after a restore of a snapshot without `--bump-revision`, a value cannot
+    /// be the same and mean another state.
     pub(crate) async fn swap(
         &self,
         key: &str,
-        expected: Option<i64>,
-        value: &[u8],
+        expected: Option<&[u8]>,
+        value: Option<&[u8]>,
         deadline: Instant,
     ) -> Result<Swapped, StoreError> {
         let key = BASE64.encode(key);
         let compare = match expected {
-            Some(revision) => json!({"key": key, "target": "MOD", "result": "EQUAL",
-                                     "mod_revision": revision.to_string()}),
+            Some(held) => json!({"key": key, "target": "VALUE", "result": "EQUAL",
+                                 "value": BASE64.encode(held)}),
             None => json!({"key": key, "target": "CREATE", "result": "EQUAL",
                            "create_revision": "0"}),
         };
+        let success: Vec<Value> = value
+            .map(|v| json!({"request_put": {"key": key, "value": BASE64.encode(v)}}))
+            .into_iter()
+            .collect();
         let body = json!({
             "compare": [compare],
-            "success": [{"request_put": {"key": key, "value": BASE64.encode(value)}}],
+            "success": success,
             "failure": [{"request_range": {"key": key}}],
         });
         let reply = self.call("/v3/kv/txn", &body, deadline).await?;
@@ -331,18 +340,7 @@ fn first_kv(range: &Value) -> Result<Option<Kv>, StoreError> {
         // An empty value is left out of the JSON.
         None => Vec::new(),
     };
-    let mod_revision = kv
-        .get("mod_revision")
-        .and_then(|r| {
-            r.as_str()
-                .and_then(|s| s.parse().ok())
-                .or_else(|| r.as_i64())
-        })
-        .ok_or_else(|| unexpected("a key without its revision"))?;
-    Ok(Some(Kv {
-        value,
-        mod_revision,
-    }))
+    Ok(Some(Kv { value }))
 }
 
 fn unexpected(what: &str) -> StoreError {

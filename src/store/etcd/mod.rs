@@ -1,9 +1,9 @@
 //! The etcd backend: each target is one key, `<prefix>/targets/<namespace>/<target>`, whose
 //! value is the target's records as the protocol's rules keep them ([`Target`], JSON, in a
-//! versioned envelope). A call reads the key, applies the rules at the store's time, and writes
-//! the result back only if the key has not changed since it was read (a transaction comparing
-//! its revision); a call that lost the race applies the rules again to what the transaction
-//! read instead. etcd orders the transactions through its consensus, so every call acts on the
+//! versioned envelope). A call reads the key (or starts from this process's last copy of it),
+//! applies the rules at the store's time, and writes the result back only if the key still
+//! holds what the call read (a transaction comparing the value); a call that lost the race
+//! applies the rules again to what the transaction read instead. etcd orders the transactions through its consensus, so every call acts on the
 //! newest state a majority of members agreed on, and a member that missed writes never answers
 //! a read.
 //!
@@ -15,6 +15,8 @@
 mod client;
 pub mod config;
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -47,9 +49,14 @@ struct Envelope {
     target: Target,
 }
 
+/// How many target keys a store keeps its last copy of (see [`EtcdStore::mutate`]).
+const KNOWN_KEYS: usize = 16_384;
+
 /// The etcd lease store.
 pub struct EtcdStore {
     gateway: Gateway,
+    /// The last copy of each target key this process read or wrote.
+    known: Mutex<HashMap<String, Kv>>,
     prefix: String,
     reply_ttl_us: u64,
     call_timeout: Duration,
@@ -62,6 +69,7 @@ impl EtcdStore {
         config.validate()?;
         Ok(Self {
             gateway: Gateway::new(&config)?,
+            known: Mutex::new(HashMap::new()),
             prefix: config.key_prefix.clone(),
             reply_ttl_us: u64::try_from(config.reply_ttl.as_micros()).unwrap_or(u64::MAX),
             call_timeout: config.call_timeout,
@@ -123,17 +131,46 @@ impl EtcdStore {
 
     /// Reads a target and its store time.
     async fn read(&self, target: &TargetRef) -> Result<(Envelope, u64), StoreError> {
-        let key = Self::key(&self.prefix, target);
-        let kv = self.gateway.get(&key, self.deadline()).await?;
+        let kv = self.get(target).await?;
         let envelope = self.decode(target, kv.as_ref())?;
         let now = Self::now(envelope.clock_us);
         Ok((envelope, now))
     }
 
+    /// The copy of `key` this process read or wrote last, if it kept one.
+    fn known(&self, key: &str) -> Option<Kv> {
+        self.known.lock().ok()?.get(key).cloned()
+    }
+
+    /// Keeps `kv` as the copy of `key` (none: the key is absent), within [`KNOWN_KEYS`].
+    fn remember(&self, key: &str, kv: Option<&Kv>) {
+        let Ok(mut known) = self.known.lock() else {
+            return;
+        };
+        match kv {
+            Some(kv) => {
+                if known.len() >= KNOWN_KEYS && !known.contains_key(key) {
+                    // Any one: the copies only spare a round trip, never decide an answer.
+                    if let Some(evicted) = known.keys().next().cloned() {
+                        known.remove(&evicted);
+                    }
+                }
+                known.insert(key.to_owned(), kv.clone());
+            }
+            None => {
+                known.remove(key);
+            }
+        }
+    }
+
     /// Applies `op` to the target at the store's time and writes the result back if the
     /// target did not change meanwhile; otherwise applies it again to the target as it is now.
-    /// A retry of a call whose write landed but whose answer was lost finds the call's reply
-    /// cached in the target, so it is answered, not applied twice.
+    /// It starts from this process's last copy of the key when it has one, unread: the
+    /// transaction that writes the result compares the key's value with the copy, so an
+    /// answer never comes from an outdated copy (an answer that writes nothing, a refusal
+    /// included, is confirmed by a transaction that compares only). A retry of a call whose
+    /// write landed but whose answer was lost finds the call's reply cached in the target, so
+    /// it is answered, not applied twice.
     async fn mutate<T>(
         &self,
         target: &TargetRef,
@@ -141,26 +178,55 @@ impl EtcdStore {
     ) -> Result<T, StoreError> {
         let key = Self::key(&self.prefix, target);
         let deadline = self.deadline();
-        let mut kv = self.gateway.get(&key, deadline).await?;
+        let (mut kv, mut confirmed) = match self.known(&key) {
+            Some(copy) => (Some(copy), false),
+            None => (self.gateway.get(&key, deadline).await?, true),
+        };
         loop {
             let mut envelope = self.decode(target, kv.as_ref())?;
             let now = Self::now(envelope.clock_us);
             let before = encode(&envelope.target)?;
-            let outcome = op(&mut envelope.target, now, self.reply_ttl_us)?;
-            if encode(&envelope.target)? == before {
-                return Ok(outcome);
+            let outcome = op(&mut envelope.target, now, self.reply_ttl_us);
+            let changed = outcome.is_ok() && encode(&envelope.target)? != before;
+            if !changed && confirmed {
+                return outcome;
             }
-            envelope.clock_us = now;
-            let value = encode(&envelope)?;
-            let expected = kv.as_ref().map(|kv| kv.mod_revision);
-            match self.gateway.swap(&key, expected, &value, deadline).await? {
-                Swapped::Done => return Ok(outcome),
-                Swapped::Changed(now_there) => kv = now_there,
+            let value = if changed {
+                envelope.clock_us = now;
+                Some(encode(&envelope)?)
+            } else {
+                None
+            };
+            let expected = kv.as_ref().map(|kv| kv.value.as_slice());
+            match self
+                .gateway
+                .swap(&key, expected, value.as_deref(), deadline)
+                .await?
+            {
+                Swapped::Done => {
+                    if let Some(value) = value {
+                        self.remember(&key, Some(&Kv { value }));
+                    }
+                    return outcome;
+                }
+                Swapped::Changed(now_there) => {
+                    self.remember(&key, now_there.as_ref());
+                    kv = now_there;
+                    confirmed = true;
+                }
             }
             if Instant::now() >= deadline {
                 return Err(self.timed_out());
             }
         }
+    }
+
+    /// Reads a target's key (and keeps the copy).
+    async fn get(&self, target: &TargetRef) -> Result<Option<Kv>, StoreError> {
+        let key = Self::key(&self.prefix, target);
+        let kv = self.gateway.get(&key, self.deadline()).await?;
+        self.remember(&key, kv.as_ref());
+        Ok(kv)
     }
 }
 
@@ -212,8 +278,7 @@ impl LeaseStore for EtcdStore {
     }
 
     async fn inspect(&self, target: &TargetRef) -> Result<Inspection, StoreError> {
-        let key = Self::key(&self.prefix, target);
-        let kv = self.gateway.get(&key, self.deadline()).await?;
+        let kv = self.get(target).await?;
         if kv.is_none() {
             return Ok(nothing_at(SystemClock.now_micros()));
         }
@@ -243,13 +308,15 @@ impl LeaseStore for EtcdStore {
                 clock_us: now,
                 target: Target::fenced_at(fence),
             };
-            let expected = kv.as_ref().map(|kv| kv.mod_revision);
+            let expected = kv.as_ref().map(|kv| kv.value.as_slice());
+            let value = encode(&envelope)?;
             match self
                 .gateway
-                .swap(&key, expected, &encode(&envelope)?, deadline)
+                .swap(&key, expected, Some(&value), deadline)
                 .await?
             {
                 Swapped::Done => {
+                    self.remember(&key, Some(&Kv { value }));
                     return Ok(RepairOutcome::Repaired {
                         fence,
                         what: format!(
@@ -258,7 +325,10 @@ impl LeaseStore for EtcdStore {
                         ),
                     });
                 }
-                Swapped::Changed(now_there) => kv = now_there,
+                Swapped::Changed(now_there) => {
+                    self.remember(&key, now_there.as_ref());
+                    kv = now_there;
+                }
             }
             if Instant::now() >= deadline {
                 return Err(self.timed_out());

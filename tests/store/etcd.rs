@@ -37,6 +37,10 @@ pub fn suite(args: &Arguments) -> Conclusion {
                 a_stale_copy_never_answers,
             ),
             trial(
+                "records::replies_are_keys_that_expire",
+                replies_are_keys_that_expire,
+            ),
+            trial(
                 "members::unreachable_are_skipped_then_named",
                 unreachable_members_are_skipped_then_named,
             ),
@@ -542,4 +546,94 @@ async fn a_stale_copy_never_answers() {
             .expect("acquire"),
     );
     assert!(g4.token > g3.token);
+}
+
+// Each cached reply is a key of its own on an etcd lease: a target claimed and released 400
+// times keeps a record of the same size, its replies are 800 keys attached to a lease that
+// outlives the reply TTL, a retry still finds its reply, and when the lease is revoked (what a
+// data loss or a restore does to it) the next call takes a new one.
+async fn replies_are_keys_that_expire() {
+    let etcd = EtcdServer::start();
+    let store = store_on(&[etcd.url()]);
+    let key = EtcdStore::key("targetlease", &target());
+    let mut sizes = Vec::new();
+    let mut first = None;
+    for round in 0..400 {
+        let req = acquire_request("L1", 0);
+        let g = match store.acquire(&req).await.expect("acquire") {
+            AcquireOutcome::Acquired(g) => g,
+            other => panic!("{other:?}"),
+        };
+        first.get_or_insert((req.clone(), g.token));
+        let release = targetlease::store::ReleaseRequest {
+            lease: targetlease::store::LeaseHandle {
+                target: target(),
+                permits: req.permits,
+                slot: g.slot,
+                lease_id: req.lease_id.clone(),
+                owner: req.owner.clone(),
+                token: Token::new(g.token).expect("token"),
+            },
+            request_id: RequestId::random(),
+        };
+        store.release(&release).await.expect("release");
+        if round % 100 == 99 {
+            sizes.push(etcd.get(key.as_bytes()).expect("the record").len());
+        }
+    }
+    assert!(
+        sizes.iter().all(|s| *s == sizes[0] && *s < 2_048),
+        "the record grew with the calls: {sizes:?} bytes"
+    );
+    let replies = etcd.post(
+        "/v3/kv/range",
+        &serde_json::json!({
+            "key": base64_of("targetlease/replies/"),
+            "range_end": base64_of("targetlease/replies0"),
+            "count_only": true,
+        }),
+    );
+    assert_eq!(replies["count"].as_str(), Some("800"), "{replies}");
+    let leases = etcd.post("/v3/lease/leases", &serde_json::json!({}));
+    let ids: Vec<String> = leases["leases"]
+        .as_array()
+        .expect("leases")
+        .iter()
+        .filter_map(|l| l["ID"].as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        ids.len(),
+        1,
+        "one lease for every reply of the window: {leases}"
+    );
+    let ttl = etcd.post(
+        "/v3/lease/timetolive",
+        &serde_json::json!({"ID": ids[0], "keys": false}),
+    );
+    let granted: u64 = ttl["grantedTTL"]
+        .as_str()
+        .unwrap_or("0")
+        .parse()
+        .unwrap_or(0);
+    assert!(
+        granted > 60,
+        "the lease must outlive the 60 s reply TTL: {ttl}"
+    );
+    // A retry of the first acquire finds its reply (answered expired: its grant ended).
+    let (req, token) = first.expect("a first grant");
+    assert_eq!(
+        store.acquire(&req).await.expect("retry"),
+        AcquireOutcome::Expired { token }
+    );
+    // The lease revoked: the next call takes another.
+    etcd.post("/v3/lease/revoke", &serde_json::json!({"ID": ids[0]}));
+    assert!(matches!(
+        store.acquire(&acquire_request("L2", 0)).await,
+        Ok(AcquireOutcome::Acquired(_))
+    ));
+}
+
+fn base64_of(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
 }

@@ -1,7 +1,7 @@
 //! The one place that talks to etcd: its JSON gateway (`/v3/...`, served by every member on its
-//! client port), over HTTP/1.1 with TLS when the endpoint says `https://`. Three operations
-//! only: read one key, replace one key if it still holds what was read, and ask a member its
-//! status. A call goes to the member that answered last and moves on to the next one when a
+//! client port), over HTTP/1.1 with TLS when the endpoint says `https://`. Four operations
+//! only: read keys, write keys if others still hold what was read (one transaction), grant an
+//! etcd lease, and ask a member its status. A call goes to the member that answered last and moves on to the next one when a
 //! member is unreachable or has no leader, until its deadline; an expired auth token is
 //! renewed once. Failures come back as [`StoreError`]s that name the member, never a password.
 
@@ -38,10 +38,24 @@ pub(crate) struct Kv {
 /// What a conditional write did.
 #[derive(Debug)]
 pub(crate) enum Swapped {
-    /// Written (or, without a value, found unchanged).
+    /// Written (or, with nothing to write, found as expected).
     Done,
-    /// Not written: the key changed since it was read; this is how it is now.
-    Changed(Option<Kv>),
+    /// Not written: a key changed since it was read; this is how the expected keys are now, in
+    /// their order.
+    Changed(Vec<Option<Kv>>),
+}
+
+/// A key a transaction expects to hold a value (`None`: to be absent).
+pub(crate) struct Expect<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) value: Option<&'a [u8]>,
+}
+
+/// A key a transaction writes, attached to an etcd lease or not.
+pub(crate) struct Put<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) value: &'a [u8],
+    pub(crate) lease: Option<i64>,
 }
 
 /// A client of the members' JSON gateway.
@@ -99,57 +113,83 @@ impl Gateway {
             .map_or_else(String::new, |u| u.endpoint().to_owned())
     }
 
-    /// Reads `key` (a linearizable read: it reflects every write acknowledged before it).
-    pub(crate) async fn get(&self, key: &str, deadline: Instant) -> Result<Option<Kv>, StoreError> {
-        let reply = self
-            .call(
-                "/v3/kv/range",
-                &json!({"key": BASE64.encode(key)}),
-                deadline,
-            )
-            .await?;
-        first_kv(&reply)
+    /// Reads `keys` at one revision (linearizable reads: they reflect every write
+    /// acknowledged before them).
+    pub(crate) async fn get(
+        &self,
+        keys: &[&str],
+        deadline: Instant,
+    ) -> Result<Vec<Option<Kv>>, StoreError> {
+        let body = json!({"success": ranges(keys)});
+        let reply = self.call("/v3/kv/txn", &body, deadline).await?;
+        read_back(&reply, keys.len())
     }
 
-    /// Writes `value` to `key` if the key still holds `expected` (`None`: if it does not
-    /// exist); otherwise answers how the key is now, read in the same transaction. Without a
-    /// value, only confirms that the key still holds `expected` (a linearizable read that sends
-    /// nothing back when nothing changed).
+    /// Writes `puts` if every key of `expect` still holds what it expects; otherwise answers
+    /// how those keys are now, read in the same transaction. Without puts, only confirms them
+    /// (a linearizable read that sends nothing back when nothing changed).
     ///
-    /// The value itself is compared, not the key's revision: a revision can come back with
-    /// other contents after a restore of a snapshot without `--bump-revision`, a value cannot
-    /// be the same and mean another state.
+    /// Values are compared, not the keys' revisions: a revision can come back with other
+    /// contents after a restore of a snapshot without `--bump-revision`; a value cannot be the
+    /// same and mean another state.
     pub(crate) async fn swap(
         &self,
-        key: &str,
-        expected: Option<&[u8]>,
-        value: Option<&[u8]>,
+        expect: &[Expect<'_>],
+        puts: &[Put<'_>],
         deadline: Instant,
     ) -> Result<Swapped, StoreError> {
-        let key = BASE64.encode(key);
-        let compare = match expected {
-            Some(held) => json!({"key": key, "target": "VALUE", "result": "EQUAL",
-                                 "value": BASE64.encode(held)}),
-            None => json!({"key": key, "target": "CREATE", "result": "EQUAL",
-                           "create_revision": "0"}),
-        };
-        let success: Vec<Value> = value
-            .map(|v| json!({"request_put": {"key": key, "value": BASE64.encode(v)}}))
-            .into_iter()
+        let compare: Vec<Value> = expect
+            .iter()
+            .map(|e| {
+                let key = BASE64.encode(e.key);
+                match e.value {
+                    Some(held) => json!({"key": key, "target": "VALUE", "result": "EQUAL",
+                                         "value": BASE64.encode(held)}),
+                    None => json!({"key": key, "target": "CREATE", "result": "EQUAL",
+                                   "create_revision": "0"}),
+                }
+            })
             .collect();
-        let body = json!({
-            "compare": [compare],
-            "success": success,
-            "failure": [{"request_range": {"key": key}}],
-        });
+        let success: Vec<Value> = puts
+            .iter()
+            .map(|p| {
+                let mut put = json!({"key": BASE64.encode(p.key), "value": BASE64.encode(p.value)});
+                if let Some(lease) = p.lease {
+                    put["lease"] = json!(lease.to_string());
+                }
+                json!({ "request_put": put })
+            })
+            .collect();
+        let keys: Vec<&str> = expect.iter().map(|e| e.key).collect();
+        let body = json!({"compare": compare, "success": success, "failure": ranges(&keys)});
         let reply = self.call("/v3/kv/txn", &body, deadline).await?;
         if reply.get("succeeded").and_then(Value::as_bool) == Some(true) {
             return Ok(Swapped::Done);
         }
-        let range = reply
-            .pointer("/responses/0/response_range")
-            .ok_or_else(|| unexpected("a refused transaction without its read"))?;
-        Ok(Swapped::Changed(first_kv(range)?))
+        Ok(Swapped::Changed(read_back(&reply, keys.len())?))
+    }
+
+    /// Grants an etcd lease of `ttl_seconds`: what the keys attached to it are deleted with.
+    pub(crate) async fn grant_lease(
+        &self,
+        ttl_seconds: i64,
+        deadline: Instant,
+    ) -> Result<i64, StoreError> {
+        let reply = self
+            .call(
+                "/v3/lease/grant",
+                &json!({"TTL": ttl_seconds.to_string()}),
+                deadline,
+            )
+            .await?;
+        reply
+            .get("ID")
+            .and_then(|id| {
+                id.as_str()
+                    .and_then(|s| s.parse().ok())
+                    .or_else(|| id.as_i64())
+            })
+            .ok_or_else(|| unexpected("a lease grant without an id"))
     }
 
     /// Asks a member for its status: reachable, authenticated, with a leader.
@@ -326,6 +366,33 @@ impl Gateway {
         }
         Err(refused(&endpoint, &reply))
     }
+}
+
+/// Range requests of `keys`, one each.
+fn ranges(keys: &[&str]) -> Vec<Value> {
+    keys.iter()
+        .map(|k| json!({"request_range": {"key": BASE64.encode(k)}}))
+        .collect()
+}
+
+/// The `count` ranges a transaction read, in order (the branch it took holds only ranges).
+fn read_back(reply: &Value, count: usize) -> Result<Vec<Option<Kv>>, StoreError> {
+    let responses = reply
+        .get("responses")
+        .and_then(Value::as_array)
+        .ok_or_else(|| unexpected("a transaction without its reads"))?;
+    if responses.len() != count {
+        return Err(unexpected("a transaction with another number of reads"));
+    }
+    responses
+        .iter()
+        .map(|r| {
+            let range = r
+                .get("response_range")
+                .ok_or_else(|| unexpected("a read that is not a range"))?;
+            first_kv(range)
+        })
+        .collect()
 }
 
 /// The first key-value of a range reply, if any.

@@ -1,11 +1,18 @@
-//! The etcd backend: each target is one key, `<prefix>/targets/<namespace>/<target>`, whose
-//! value is the target's records as the protocol's rules keep them ([`Target`], JSON, in a
-//! versioned envelope). A call reads the key (or starts from this process's last copy of it),
-//! applies the rules at the store's time, and writes the result back only if the key still
-//! holds what the call read (a transaction comparing the value); a call that lost the race
-//! applies the rules again to what the transaction read instead. etcd orders the transactions through its consensus, so every call acts on the
-//! newest state a majority of members agreed on, and a member that missed writes never answers
-//! a read.
+//! The etcd backend. Each target is one key, `<prefix>/targets/<namespace>/<target>`, whose
+//! value is the target's records (slots, fences, guarded records) as the protocol's rules keep
+//! them, in a versioned JSON envelope. Each reply cached for a request id is a key of its own,
+//! `<prefix>/replies/<namespace>/<target>/<request id>`, attached to an etcd lease that deletes
+//! it some time after it stops counting: a busy target's record does not grow with its calls.
+//!
+//! A call applies the rules at the store's time to the target's record (this process's last
+//! copy of it, or the key read) and to its request id's reply (none expected: request ids are
+//! fresh), then writes the result in one transaction that succeeds only if the record still
+//! holds what the call read and the reply key is still as the call found it (values compared,
+//! not revisions). A call that lost the race applies the rules again to what the refused
+//! transaction read. So a call is one round trip when the copy is current, and an answer never
+//! comes from an outdated copy: an answer that writes nothing is confirmed by a transaction that
+//! only compares. etcd orders the transactions through its consensus: every call acts on the
+//! newest state a majority of members agreed on, and a member that missed writes never answers.
 //!
 //! The store's time: etcd has no clock to read, so the time is this process's clock, kept
 //! monotonic per target by the envelope, which records the latest time any caller wrote with
@@ -15,7 +22,7 @@
 mod client;
 pub mod config;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -23,43 +30,64 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use self::client::{Gateway, Kv, Swapped};
+use self::client::{Expect, Gateway, Kv, Put, Swapped};
 pub use self::config::{
     DEFAULT_ETCD_CALL_TIMEOUT, DEFAULT_ETCD_CONNECT_TIMEOUT, DEFAULT_ETCD_PREFIX, EtcdConfig,
     EtcdTls,
 };
 use super::memory::{Clock, SystemClock};
-use super::rules::{Target, nothing_at};
+use super::rules::{Cached, Target, TargetState, nothing_at};
 use super::{
     AcquireOutcome, AcquireRequest, CheckOutcome, CommitOutcome, CommitRequest, GuardedKey,
     GuardedValue, Inspection, LeaseStore, MAX_TOKEN_LEAD_MICROS, ReleaseOutcome, ReleaseRequest,
-    RenewOutcome, RenewRequest, RepairOutcome, Slot, StoreError, TargetRef, Token, check_token,
+    RenewOutcome, RenewRequest, RepairOutcome, RequestId, Slot, StoreError, TargetRef, Token,
+    check_token,
 };
 
-/// The format of the envelope this version writes (and the only one it reads).
+/// The format of the keys this version writes (and the only one it reads).
 const FORMAT: u32 = 1;
 
-/// A target's key's value.
+/// A target key's value.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Envelope {
     format: u32,
     /// The latest store time written with, in microseconds since the Unix epoch.
     clock_us: u64,
-    target: Target,
+    records: TargetState,
+}
+
+/// A reply key's value.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplyRecord {
+    format: u32,
+    cached: Cached,
 }
 
 /// How many target keys a store keeps its last copy of (see [`EtcdStore::mutate`]).
 const KNOWN_KEYS: usize = 16_384;
+
+/// How long one etcd lease takes new reply keys: each lives from its reply TTL to its reply TTL
+/// plus this (one lease grant per window, whatever the call rate).
+const REPLY_LEASE_WINDOW: Duration = Duration::from_secs(30);
 
 /// The etcd lease store.
 pub struct EtcdStore {
     gateway: Gateway,
     /// The last copy of each target key this process read or wrote.
     known: Mutex<HashMap<String, Kv>>,
+    /// The etcd lease new reply keys are attached to, and until when it takes them.
+    reply_lease: tokio::sync::Mutex<Option<(i64, Instant)>>,
     prefix: String,
-    reply_ttl_us: u64,
+    reply_ttl: Duration,
     call_timeout: Duration,
+}
+
+/// A target key and the call's reply key, as a call found them.
+struct Found {
+    record: Option<Kv>,
+    reply: Option<Kv>,
 }
 
 impl EtcdStore {
@@ -70,18 +98,30 @@ impl EtcdStore {
         Ok(Self {
             gateway: Gateway::new(&config)?,
             known: Mutex::new(HashMap::new()),
+            reply_lease: tokio::sync::Mutex::new(None),
             prefix: config.key_prefix.clone(),
-            reply_ttl_us: u64::try_from(config.reply_ttl.as_micros()).unwrap_or(u64::MAX),
+            reply_ttl: config.reply_ttl,
             call_timeout: config.call_timeout,
         })
     }
 
-    /// The key of a target.
+    /// The key of a target's records.
     pub fn key(prefix: &str, target: &TargetRef) -> String {
         format!(
             "{prefix}/targets/{}/{}",
             target.namespace(),
             target.target()
+        )
+    }
+
+    /// The key of the reply cached for `request_id` on a target (a request id has no `/`, so
+    /// the last segment names it).
+    pub fn reply_key(prefix: &str, target: &TargetRef, request_id: &RequestId) -> String {
+        format!(
+            "{prefix}/replies/{}/{}/{}",
+            target.namespace(),
+            target.target(),
+            request_id.as_str()
         )
     }
 
@@ -97,44 +137,64 @@ impl EtcdStore {
         }
     }
 
-    /// The envelope a key holds (an empty one when there is none); a value this version did
-    /// not write fails closed.
+    fn corrupt(key: &str, what: String) -> StoreError {
+        StoreError::Corrupt {
+            detail: format!("etcd key {key} {what}; `targetlease lease repair` replaces it"),
+        }
+    }
+
+    /// The envelope a target key holds (an empty one when there is none); a value this version
+    /// did not write fails closed.
     fn decode(&self, target: &TargetRef, kv: Option<&Kv>) -> Result<Envelope, StoreError> {
         let Some(kv) = kv else {
             return Ok(Envelope {
                 format: FORMAT,
                 clock_us: 0,
-                target: Target::default(),
+                records: TargetState::default(),
             });
         };
-        let corrupt = |what: String| StoreError::Corrupt {
-            detail: format!(
-                "etcd key {} {what}; `targetlease lease repair` replaces it",
-                Self::key(&self.prefix, target)
-            ),
-        };
-        let envelope: Envelope = serde_json::from_slice(&kv.value)
-            .map_err(|e| corrupt(format!("is not a target record this version reads ({e})")))?;
+        let key = Self::key(&self.prefix, target);
+        let envelope: Envelope = serde_json::from_slice(&kv.value).map_err(|e| {
+            Self::corrupt(
+                &key,
+                format!("is not a target record this version reads ({e})"),
+            )
+        })?;
         if envelope.format != FORMAT {
-            return Err(corrupt(format!(
-                "has format {} (this version reads {FORMAT})",
-                envelope.format
-            )));
+            return Err(Self::corrupt(
+                &key,
+                format!(
+                    "has format {} (this version reads {FORMAT})",
+                    envelope.format
+                ),
+            ));
         }
         Ok(envelope)
+    }
+
+    /// The reply a reply key holds, if any; a value this version did not write fails closed.
+    fn decode_reply(key: &str, kv: Option<&Kv>) -> Result<Option<Cached>, StoreError> {
+        let Some(kv) = kv else {
+            return Ok(None);
+        };
+        let record: ReplyRecord = serde_json::from_slice(&kv.value).map_err(|e| {
+            Self::corrupt(
+                key,
+                format!("is not a cached reply this version reads ({e})"),
+            )
+        })?;
+        if record.format != FORMAT {
+            return Err(Self::corrupt(
+                key,
+                format!("has format {} (this version reads {FORMAT})", record.format),
+            ));
+        }
+        Ok(Some(record.cached))
     }
 
     /// The store's time for a target last written at `clock_us`.
     fn now(clock_us: u64) -> u64 {
         SystemClock.now_micros().max(clock_us)
-    }
-
-    /// Reads a target and its store time.
-    async fn read(&self, target: &TargetRef) -> Result<(Envelope, u64), StoreError> {
-        let kv = self.get(target).await?;
-        let envelope = self.decode(target, kv.as_ref())?;
-        let now = Self::now(envelope.clock_us);
-        Ok((envelope, now))
     }
 
     /// The copy of `key` this process read or wrote last, if it kept one.
@@ -163,57 +223,143 @@ impl EtcdStore {
         }
     }
 
-    /// Applies `op` to the target at the store's time and writes the result back if the
-    /// target did not change meanwhile; otherwise applies it again to the target as it is now.
-    /// It starts from this process's last copy of the key when it has one, unread: the
-    /// transaction that writes the result compares the key's value with the copy, so an
-    /// answer never comes from an outdated copy (an answer that writes nothing, a refusal
-    /// included, is confirmed by a transaction that compares only). A retry of a call whose
-    /// write landed but whose answer was lost finds the call's reply cached in the target, so
-    /// it is answered, not applied twice.
+    /// The etcd lease to attach a new reply key to: it outlives the reply by at least the reply
+    /// TTL. `fresh`: the last one is gone (a data loss took it), grant another.
+    async fn reply_lease(&self, fresh: bool, deadline: Instant) -> Result<i64, StoreError> {
+        let mut lease = self.reply_lease.lock().await;
+        if let Some((id, until)) = *lease
+            && !fresh
+            && Instant::now() < until
+        {
+            return Ok(id);
+        }
+        let ttl = self.reply_ttl + REPLY_LEASE_WINDOW;
+        let seconds = i64::try_from(ttl.as_secs() + 1).unwrap_or(i64::MAX);
+        let granted = Instant::now();
+        let id = self.gateway.grant_lease(seconds, deadline).await?;
+        *lease = Some((id, granted + REPLY_LEASE_WINDOW));
+        Ok(id)
+    }
+
+    /// Applies `op` to the target's records and to `request_id`'s cached reply at the store's
+    /// time, and writes what changed if neither changed meanwhile; otherwise applies it again to
+    /// them as they are now (see the module's documentation). A retry of a call whose write
+    /// landed but whose answer was lost finds the call's reply, so it is answered, not applied
+    /// twice.
     async fn mutate<T>(
         &self,
         target: &TargetRef,
+        request_id: &RequestId,
         mut op: impl FnMut(&mut Target, u64, u64) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let key = Self::key(&self.prefix, target);
+        let reply_key = Self::reply_key(&self.prefix, target, request_id);
+        let rid = request_id.as_str();
+        let reply_ttl_us = u64::try_from(self.reply_ttl.as_micros()).unwrap_or(u64::MAX);
         let deadline = self.deadline();
-        let (mut kv, mut confirmed) = match self.known(&key) {
-            Some(copy) => (Some(copy), false),
-            None => (self.gateway.get(&key, deadline).await?, true),
-        };
-        loop {
-            let mut envelope = self.decode(target, kv.as_ref())?;
-            let now = Self::now(envelope.clock_us);
-            let before = encode(&envelope.target)?;
-            let outcome = op(&mut envelope.target, now, self.reply_ttl_us);
-            let changed = outcome.is_ok() && encode(&envelope.target)? != before;
-            if !changed && confirmed {
-                return outcome;
+        // A fresh request id has no reply yet: with a copy of the record, nothing is read first.
+        let (mut found, mut confirmed) = match self.known(&key) {
+            Some(copy) => (
+                Found {
+                    record: Some(copy),
+                    reply: None,
+                },
+                false,
+            ),
+            None => {
+                let mut both = self.gateway.get(&[&key, &reply_key], deadline).await?;
+                let reply = both.pop().flatten();
+                let record = both.pop().flatten();
+                self.remember(&key, record.as_ref());
+                (Found { record, reply }, true)
             }
-            let value = if changed {
-                envelope.clock_us = now;
+        };
+        let mut fresh_lease = false;
+        loop {
+            let envelope = self.decode(target, found.record.as_ref())?;
+            let cached = Self::decode_reply(&reply_key, found.reply.as_ref())?;
+            let now = Self::now(envelope.clock_us);
+            let before = encode(&envelope.records)?;
+            let cached_before = cached.as_ref().map(encode).transpose()?;
+            let replies: BTreeMap<String, Cached> =
+                cached.into_iter().map(|c| (rid.to_owned(), c)).collect();
+            let mut working = Target::from_parts(envelope.records, replies);
+            let outcome = op(&mut working, now, reply_ttl_us);
+            let (records, mut replies) = working.into_parts();
+            let record = if outcome.is_ok() && encode(&records)? != before {
+                let envelope = Envelope {
+                    format: FORMAT,
+                    clock_us: now,
+                    records,
+                };
                 Some(encode(&envelope)?)
             } else {
                 None
             };
-            let expected = kv.as_ref().map(|kv| kv.value.as_slice());
-            match self
-                .gateway
-                .swap(&key, expected, value.as_deref(), deadline)
-                .await?
-            {
-                Swapped::Done => {
-                    if let Some(value) = value {
+            let reply = match replies.remove(rid) {
+                Some(cached) if outcome.is_ok() => {
+                    let text = encode(&cached)?;
+                    (Some(&text) != cached_before.as_ref()).then(|| {
+                        encode(&ReplyRecord {
+                            format: FORMAT,
+                            cached,
+                        })
+                    })
+                }
+                _ => None,
+            }
+            .transpose()?;
+            if record.is_none() && reply.is_none() && confirmed {
+                return outcome;
+            }
+            let lease = match &reply {
+                Some(_) => Some(self.reply_lease(fresh_lease, deadline).await?),
+                None => None,
+            };
+            let expect = [
+                Expect {
+                    key: &key,
+                    value: found.record.as_ref().map(|kv| kv.value.as_slice()),
+                },
+                Expect {
+                    key: &reply_key,
+                    value: found.reply.as_ref().map(|kv| kv.value.as_slice()),
+                },
+            ];
+            let mut puts = Vec::new();
+            if let Some(value) = &record {
+                puts.push(Put {
+                    key: &key,
+                    value,
+                    lease: None,
+                });
+            }
+            if let Some(value) = &reply {
+                puts.push(Put {
+                    key: &reply_key,
+                    value,
+                    lease,
+                });
+            }
+            match self.gateway.swap(&expect, &puts, deadline).await {
+                Ok(Swapped::Done) => {
+                    if let Some(value) = record {
                         self.remember(&key, Some(&Kv { value }));
                     }
                     return outcome;
                 }
-                Swapped::Changed(now_there) => {
-                    self.remember(&key, now_there.as_ref());
-                    kv = now_there;
+                Ok(Swapped::Changed(mut now_there)) => {
+                    let reply = now_there.pop().flatten();
+                    let record = now_there.pop().flatten();
+                    self.remember(&key, record.as_ref());
+                    found = Found { record, reply };
                     confirmed = true;
                 }
+                // The lease went with a data loss (or a restore): take a new one, once.
+                Err(e) if !fresh_lease && e.to_string().contains("requested lease not found") => {
+                    fresh_lease = true;
+                }
+                Err(e) => return Err(e),
             }
             if Instant::now() >= deadline {
                 return Err(self.timed_out());
@@ -221,40 +367,64 @@ impl EtcdStore {
         }
     }
 
-    /// Reads a target's key (and keeps the copy).
-    async fn get(&self, target: &TargetRef) -> Result<Option<Kv>, StoreError> {
+    /// Reads a target's records and their store time (and keeps the copy).
+    async fn read(&self, target: &TargetRef) -> Result<(Option<Envelope>, u64), StoreError> {
         let key = Self::key(&self.prefix, target);
-        let kv = self.gateway.get(&key, self.deadline()).await?;
+        let kv = self
+            .gateway
+            .get(&[&key], self.deadline())
+            .await?
+            .pop()
+            .flatten();
         self.remember(&key, kv.as_ref());
-        Ok(kv)
+        if kv.is_none() {
+            return Ok((None, SystemClock.now_micros()));
+        }
+        let envelope = self.decode(target, kv.as_ref())?;
+        let now = Self::now(envelope.clock_us);
+        Ok((Some(envelope), now))
     }
 }
 
 fn encode(value: &impl Serialize) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(value)
-        .map_err(|e| StoreError::UnexpectedReply(format!("cannot encode a target record: {e}")))
+        .map_err(|e| StoreError::UnexpectedReply(format!("cannot encode a record: {e}")))
+}
+
+/// The target of a read, from its records (no reply is needed to read).
+fn readable(envelope: Option<Envelope>) -> Target {
+    let records = envelope.map(|e| e.records).unwrap_or_default();
+    Target::from_parts(records, BTreeMap::new())
 }
 
 #[async_trait]
 impl LeaseStore for EtcdStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome, StoreError> {
-        self.mutate(&req.target, |t, now, ttl| t.acquire(req, now, ttl))
-            .await
+        self.mutate(&req.target, &req.request_id, |t, now, ttl| {
+            t.acquire(req, now, ttl)
+        })
+        .await
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<RenewOutcome, StoreError> {
-        self.mutate(&req.lease.target, |t, now, ttl| t.renew(req, now, ttl))
-            .await
+        self.mutate(&req.lease.target, &req.request_id, |t, now, ttl| {
+            t.renew(req, now, ttl)
+        })
+        .await
     }
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseOutcome, StoreError> {
-        self.mutate(&req.lease.target, |t, now, ttl| t.release(req, now, ttl))
-            .await
+        self.mutate(&req.lease.target, &req.request_id, |t, now, ttl| {
+            t.release(req, now, ttl)
+        })
+        .await
     }
 
     async fn commit(&self, req: &CommitRequest) -> Result<CommitOutcome, StoreError> {
-        self.mutate(&req.target, |t, now, ttl| t.commit(req, now, ttl))
-            .await
+        self.mutate(&req.target, &req.request_id, |t, now, ttl| {
+            t.commit(req, now, ttl)
+        })
+        .await
     }
 
     async fn read_guarded(
@@ -264,7 +434,7 @@ impl LeaseStore for EtcdStore {
         key: &GuardedKey,
     ) -> Result<Option<GuardedValue>, StoreError> {
         let (envelope, _) = self.read(target).await?;
-        Ok(envelope.target.read_guarded(slot, key))
+        Ok(readable(envelope).read_guarded(slot, key))
     }
 
     async fn check(
@@ -274,47 +444,49 @@ impl LeaseStore for EtcdStore {
         token: Token,
     ) -> Result<CheckOutcome, StoreError> {
         let (envelope, _) = self.read(target).await?;
-        envelope.target.check(slot, token)
+        readable(envelope).check(slot, token)
     }
 
     async fn inspect(&self, target: &TargetRef) -> Result<Inspection, StoreError> {
-        let kv = self.get(target).await?;
-        if kv.is_none() {
-            return Ok(nothing_at(SystemClock.now_micros()));
+        match self.read(target).await? {
+            (None, now) => Ok(nothing_at(now)),
+            (envelope, now) => Ok(readable(envelope).inspect(now)),
         }
-        let mut envelope = self.decode(target, kv.as_ref())?;
-        let now = Self::now(envelope.clock_us);
-        Ok(envelope.target.inspect(now))
     }
 
-    /// A target record this version cannot read is replaced by an empty one whose fence is the
-    /// largest of `floor` and the store's time plus [`MAX_TOKEN_LEAD_MICROS`]: every lease in it
-    /// is gone, and every token issued from it is refused as stale.
+    /// A target record this version cannot read is replaced by one whose fence is the largest
+    /// of `floor` and the store's time plus [`MAX_TOKEN_LEAD_MICROS`]: every lease in it is
+    /// gone, and every token issued from it is refused as stale. Cached replies stay: a retry
+    /// of a grant from before is answered `expired`, never granted again.
     async fn repair(&self, target: &TargetRef, floor: u64) -> Result<RepairOutcome, StoreError> {
         check_token("floor", floor, false)?;
         let key = Self::key(&self.prefix, target);
         let deadline = self.deadline();
-        let mut kv = self.gateway.get(&key, deadline).await?;
+        let mut kv = self.gateway.get(&[&key], deadline).await?.pop().flatten();
         loop {
             if let Ok(envelope) = self.decode(target, kv.as_ref()) {
+                self.remember(&key, kv.as_ref());
                 return Ok(RepairOutcome::Intact {
-                    fence: envelope.target.newest(),
+                    fence: readable(Some(envelope)).newest(),
                 });
             }
             let now = SystemClock.now_micros();
             let fence = floor.max(now.saturating_add(MAX_TOKEN_LEAD_MICROS));
-            let envelope = Envelope {
+            let value = encode(&Envelope {
                 format: FORMAT,
                 clock_us: now,
-                target: Target::fenced_at(fence),
-            };
-            let expected = kv.as_ref().map(|kv| kv.value.as_slice());
-            let value = encode(&envelope)?;
-            match self
-                .gateway
-                .swap(&key, expected, Some(&value), deadline)
-                .await?
-            {
+                records: Target::fenced_at(fence),
+            })?;
+            let expect = [Expect {
+                key: &key,
+                value: kv.as_ref().map(|kv| kv.value.as_slice()),
+            }];
+            let puts = [Put {
+                key: &key,
+                value: &value,
+                lease: None,
+            }];
+            match self.gateway.swap(&expect, &puts, deadline).await? {
                 Swapped::Done => {
                     self.remember(&key, Some(&Kv { value }));
                     return Ok(RepairOutcome::Repaired {
@@ -325,10 +497,7 @@ impl LeaseStore for EtcdStore {
                         ),
                     });
                 }
-                Swapped::Changed(now_there) => {
-                    self.remember(&key, now_there.as_ref());
-                    kv = now_there;
-                }
+                Swapped::Changed(mut now_there) => kv = now_there.pop().flatten(),
             }
             if Instant::now() >= deadline {
                 return Err(self.timed_out());

@@ -6,6 +6,8 @@
 
 mod state;
 
+pub(crate) use self::state::{Cached, TargetState};
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -473,12 +475,27 @@ pub(crate) fn nothing_at(now: u64) -> Inspection {
 }
 
 impl Target {
-    /// A target that replaces an unreadable record: nothing held, every slot fenced at `fence`
+    /// Records that replace an unreadable record: nothing held, every slot fenced at `fence`
     /// (the next grant in any slot is above it).
-    pub(crate) fn fenced_at(fence: u64) -> Target {
-        let mut target = Target::default();
-        target.records.restore_fence(Slot::ZERO, fence);
-        target.records.top = Some(fence);
-        target
+    pub(crate) fn fenced_at(fence: u64) -> TargetState {
+        let mut records = TargetState::default();
+        records.restore_fence(Slot::ZERO, fence);
+        records.top = Some(fence);
+        records
+    }
+
+    /// A target from its records and the replies a backend that keeps them apart found for
+    /// the call at hand.
+    pub(crate) fn from_parts(records: TargetState, replies: BTreeMap<String, Cached>) -> Target {
+        Target {
+            records,
+            replies,
+            swept_at: 0,
+        }
+    }
+
+    /// Its records and its cached replies.
+    pub(crate) fn into_parts(self) -> (TargetState, BTreeMap<String, Cached>) {
+        (self.records, self.replies)
     }
 }

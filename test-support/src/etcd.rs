@@ -290,6 +290,48 @@ impl EtcdCluster {
             .position(|v| v.as_ref().is_some_and(|(me, _)| *me == leader))
     }
 
+    /// Every key under `prefix` and its value, as the first member that answers has them.
+    pub fn under(&self, prefix: &str) -> Vec<(String, Vec<u8>)> {
+        let mut end = prefix.as_bytes().to_vec();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let body = json!({"key": BASE64.encode(prefix), "range_end": BASE64.encode(&end)});
+        for member in &self.members {
+            let output = Command::new("curl")
+                .args(["-s", "--max-time", "5", "-X", "POST"])
+                .arg(format!("{}/v3/kv/range", member.url()))
+                .arg("-d")
+                .arg(body.to_string())
+                .output();
+            let Some(reply) = output
+                .ok()
+                .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
+                .filter(|r| r.get("header").is_some())
+            else {
+                continue;
+            };
+            let decode = |v: Option<&Value>| {
+                BASE64
+                    .decode(v.and_then(Value::as_str).unwrap_or(""))
+                    .unwrap_or_default()
+            };
+            return reply
+                .get("kvs")
+                .and_then(Value::as_array)
+                .map(|kvs| {
+                    kvs.iter()
+                        .map(|kv| {
+                            let key = String::from_utf8_lossy(&decode(kv.get("key"))).into_owned();
+                            (key, decode(kv.get("value")))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+        }
+        panic!("no etcd member answered a read of {prefix}");
+    }
+
     /// Kills member `i` (SIGKILL).
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.members[i].child.take() {

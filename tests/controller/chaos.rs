@@ -22,8 +22,14 @@
 //! while they run: never more Held than a target's permits, never two on one slot, never more
 //! commands at once than the permits.
 //!
+//! `chaos_on_etcd` keeps the leases in a three-member etcd (`--backend etcd`). Its faults: the
+//! etcd leader killed and started again, a member stopped (SIGSTOP) and resumed, each for 1 to
+//! 4 s, and those of the first trial that do not act on Valkey; both etcd faults come first.
+//! None of them counts as data loss: etcd acknowledges a write once a majority has it, so the
+//! checker allows no excess at any moment.
+//!
 //! `TARGETLEASE_CHAOS_SECONDS` sets the length of the first trial's fault phase (default 150 s);
-//! the Sentinel trial's lasts 30% of it, at least 45 s.
+//! the Sentinel and etcd trials' last 30% of it, at least 45 s.
 
 use targetlease_test_support as support;
 
@@ -44,12 +50,16 @@ use rand::{Rng, SeedableRng};
 use targetlease::api::{Phase, TargetLease};
 use tokio::process::{Child, Command};
 
+use support::etcd::EtcdCluster;
 use support::kube::{Cluster, ControllerProcess};
 use support::proxy::{Mode, Proxy};
 use support::scenario::shared_control_plane;
 use support::sentinel::{self, MASTER, Topology, text};
 use support::server::{Server, ServerKind};
 use support::suite;
+
+/// The key prefix of the etcd trial's controllers.
+const ETCD_PREFIX: &str = "chaos-etcd";
 
 /// The permits of each workload target (`target-<i>`): half exclusive, half shared.
 const PERMITS: [u32; 6] = [1, 2, 1, 3, 1, 2];
@@ -494,6 +504,8 @@ enum Fault {
     ControllerOutage,
     SentinelFailover,
     SentinelPrimaryKilled,
+    EtcdLeaderKilled,
+    EtcdMemberPaused,
 }
 
 const FAULTS: [Fault; 15] = [
@@ -532,6 +544,25 @@ const SENTINEL_FAULTS: [Fault; 12] = [
     Fault::SentinelPrimaryKilled,
 ];
 
+/// The faults of the etcd trial: those that do not touch Valkey, and the members' own.
+const ETCD_FAULTS: [Fault; 12] = [
+    Fault::ControllerKill,
+    Fault::LeaderChange,
+    Fault::ApiServerCrash,
+    Fault::LeaderPartition,
+    Fault::LeaderLeaseDeleted,
+    Fault::RunPartition,
+    Fault::RunDeleted,
+    Fault::RunReleased,
+    Fault::RunTtlEdited,
+    Fault::ControllerOutage,
+    Fault::EtcdLeaderKilled,
+    Fault::EtcdMemberPaused,
+];
+
+/// The faults the etcd trial must inject at least once: they come first.
+const ETCD_REQUIRED: [Fault; 2] = [Fault::EtcdLeaderKilled, Fault::EtcdMemberPaused];
+
 /// The faults the Sentinel trial must inject at least once (it fails otherwise): they come
 /// first, in this order, and one skipped (no replica in sync) is tried again next.
 const SENTINEL_REQUIRED: [Fault; 2] = [Fault::SentinelPrimaryKilled, Fault::SentinelFailover];
@@ -541,8 +572,8 @@ struct Setup {
     name: &'static str,
     /// The namespace of its TargetLeases, its leader Lease and its `run`s.
     ns: &'static str,
-    /// Through a Sentinel topology rather than one Valkey behind a TCP proxy.
-    sentinel: bool,
+    /// Where the controllers keep their leases.
+    store: StoreKind,
     /// Length of the fault phase.
     seconds: u64,
     faults: Vec<Fault>,
@@ -569,11 +600,16 @@ impl Setup {
             .into_iter()
             .filter(|f| sentinel_faults.contains(f))
             .collect();
+        let etcd_faults = chosen(&ETCD_FAULTS);
+        let etcd_required = ETCD_REQUIRED
+            .into_iter()
+            .filter(|f| etcd_faults.contains(f))
+            .collect();
         vec![
             Setup {
                 name: "chaos_with_independent_checker",
                 ns: "chaos",
-                sentinel: false,
+                store: StoreKind::Proxied,
                 seconds: fault_seconds(),
                 faults: chosen(&FAULTS),
                 required: Vec::new(),
@@ -581,13 +617,32 @@ impl Setup {
             Setup {
                 name: "chaos_through_sentinel",
                 ns: "chaos-sentinel",
-                sentinel: true,
+                store: StoreKind::Sentinel,
                 seconds: sentinel_fault_seconds(),
                 faults: sentinel_faults,
                 required,
             },
+            Setup {
+                name: "chaos_on_etcd",
+                ns: "chaos-etcd",
+                store: StoreKind::Etcd,
+                seconds: sentinel_fault_seconds(),
+                faults: etcd_faults,
+                required: etcd_required,
+            },
         ]
     }
+}
+
+/// Where a trial's controllers keep their leases.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StoreKind {
+    /// One Valkey behind a TCP proxy.
+    Proxied,
+    /// A Valkey primary with replicas, through three sentinels.
+    Sentinel,
+    /// A three-member etcd cluster (`--backend etcd`).
+    Etcd,
 }
 
 /// The `run` holders alive now: their serial number and their proxy to the API server.
@@ -614,6 +669,8 @@ enum Valkey {
     },
     /// A primary with two replicas and three sentinels, reached through the sentinels.
     Sentinel(Topology),
+    /// Three etcd members (`--backend etcd`, every member an endpoint).
+    Etcd(EtcdCluster),
 }
 
 struct World {
@@ -669,6 +726,20 @@ impl World {
                 ]);
                 ControllerProcess::start_reaching(&self.cluster, &kubeconfig, &args, &[])
             }
+            Valkey::Etcd(etcd) => {
+                let endpoints = etcd.urls().join(",");
+                args.extend([
+                    "--backend",
+                    "etcd",
+                    "--etcd-endpoints",
+                    &endpoints,
+                    "--etcd-key-prefix",
+                    ETCD_PREFIX,
+                    "--etcd-timeout",
+                    "1s",
+                ]);
+                ControllerProcess::start_reaching(&self.cluster, &kubeconfig, &args, &[])
+            }
         }
     }
 
@@ -681,7 +752,7 @@ impl World {
                 standby,
                 proxy,
             } => (valkey, standby, proxy),
-            Valkey::Sentinel(_) => panic!("a proxied Valkey fault in the Sentinel trial"),
+            _ => panic!("a proxied Valkey fault in another trial"),
         }
     }
 
@@ -690,6 +761,7 @@ impl World {
         match &self.valkey {
             Valkey::Proxied { valkey, .. } => Some(valkey.port),
             Valkey::Sentinel(topology) => tokio::task::block_in_place(|| topology.primary_port()),
+            Valkey::Etcd(_) => None,
         }
     }
 
@@ -815,6 +887,37 @@ impl World {
                         return false;
                     }
                 }
+            }
+            Fault::EtcdLeaderKilled | Fault::EtcdMemberPaused => {
+                let Valkey::Etcd(etcd) = &mut self.valkey else {
+                    panic!("an etcd fault in a Valkey trial");
+                };
+                let down = Duration::from_millis(rng.random_range(1000..4000));
+                let member = if fault == Fault::EtcdLeaderKilled {
+                    tokio::task::block_in_place(|| etcd.leader())
+                } else {
+                    Some(rng.random_range(0..3))
+                };
+                let Some(member) = member else {
+                    eprintln!("    no etcd member names a leader: skipped");
+                    return false;
+                };
+                let kill = fault == Fault::EtcdLeaderKilled;
+                if kill {
+                    etcd.kill(member);
+                } else {
+                    etcd.pause(member, true);
+                }
+                tokio::time::sleep(down).await;
+                let Valkey::Etcd(etcd) = &mut self.valkey else {
+                    unreachable!()
+                };
+                if kill {
+                    etcd.restart(member);
+                } else {
+                    etcd.pause(member, false);
+                }
+                eprintln!("    member {member} down for {down:?}");
             }
             Fault::RunPartition => {
                 // One `run` loses the API server (its node is partitioned) for longer than it
@@ -1442,13 +1545,18 @@ async fn chaos(cluster: Arc<Cluster>, setup: Setup) {
     let ns = setup.ns;
     cluster.kubectl_ok(&["create", "namespace", ns]);
     let client = cluster.client().await;
-    let valkey = if setup.sentinel {
+    let valkey = if setup.store == StoreKind::Sentinel {
         let topology = tokio::task::spawn_blocking(|| {
             Topology::start(sentinel::Options::plain(ServerKind::Valkey91))
         })
         .await
         .expect("start the Sentinel topology");
         Valkey::Sentinel(topology)
+    } else if setup.store == StoreKind::Etcd {
+        let etcd = tokio::task::spawn_blocking(EtcdCluster::start)
+            .await
+            .expect("start etcd");
+        Valkey::Etcd(etcd)
     } else {
         let valkey = durable_valkey(None);
         let standby = durable_valkey(Some(&valkey));
@@ -1597,10 +1705,10 @@ async fn chaos(cluster: Arc<Cluster>, setup: Setup) {
     let (commands, command_peaks) = check_commands(&checker, runs_dir.path(), &lost_at);
 
     let violations = checker.violations.lock().unwrap().clone();
-    let store = if setup.sentinel {
-        "Valkey through 3 sentinels (1 primary, 2 replicas)"
-    } else {
-        "Valkey behind a TCP proxy"
+    let store = match setup.store {
+        StoreKind::Sentinel => "Valkey through 3 sentinels (1 primary, 2 replicas)",
+        StoreKind::Etcd => "etcd, 3 members",
+        StoreKind::Proxied => "Valkey behind a TCP proxy",
     };
     println!(
         "chaos summary of {} ({seconds} s of faults, 2 controller replicas, {store}, {TARGETS} targets with permits {PERMITS:?}, ttl {TTL_SECONDS} s):",
@@ -1612,7 +1720,7 @@ async fn chaos(cluster: Arc<Cluster>, setup: Setup) {
     for (fault, n) in &skipped {
         println!("  faults skipped: {fault:?} x{n}");
     }
-    if setup.sentinel {
+    if setup.store == StoreKind::Sentinel {
         println!(
             "  Sentinel failovers: {}, longest until every sentinel named the new primary: {:?}",
             world.failovers.len(),
@@ -1685,12 +1793,36 @@ async fn chaos(cluster: Arc<Cluster>, setup: Setup) {
     );
 }
 
-/// Leases in Valkey whose lease id is not the uid of a live TargetLease.
+/// Leases in the store whose lease id is not the uid of a live TargetLease.
 async fn leaked_leases(world: &World, api: &Api<TargetLease>) -> Vec<String> {
     let Ok(list) = api.list(&ListParams::default()).await else {
         return vec!["(list failed)".into()];
     };
     let live: HashSet<String> = list.items.iter().filter_map(|l| l.uid()).collect();
+    if let Valkey::Etcd(etcd) = &world.valkey {
+        let ns = world.ns;
+        let records =
+            tokio::task::block_in_place(|| etcd.under(&format!("{ETCD_PREFIX}/targets/{ns}/")));
+        let mut leaked = Vec::new();
+        for (key, value) in records {
+            let Ok(record) = serde_json::from_slice::<serde_json::Value>(&value) else {
+                leaked.push(format!("{key} (unreadable)"));
+                continue;
+            };
+            let slots = record["records"]["slots"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+            for (slot, state) in slots {
+                if let Some(id) = state["lease"]["lease_id"].as_str()
+                    && !live.contains(id)
+                {
+                    leaked.push(format!("{key} slot {slot}"));
+                }
+            }
+        }
+        return leaked;
+    }
     let Some(port) = world.primary_port() else {
         return vec!["(no primary named)".into()];
     };

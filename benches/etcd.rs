@@ -326,4 +326,14 @@ fn main() {
     std::fs::write(&file, &report).expect("write the report");
     eprintln!("report: {}", file.display());
     drop(cluster);
+    // The smoke mode checks that every run produced numbers; it never looks at speed. (A call
+    // that fails panics its task, which fails the run before this.)
+    let failed = runs
+        .iter()
+        .filter(|r| r.cycles_per_sec.is_nan() || r.cycles_per_sec <= 0.0 || r.p99_us == 0)
+        .count();
+    println!("bench: {} passed, {failed} failed", runs.len() - failed);
+    if failed > 0 || runs.is_empty() {
+        std::process::exit(1);
+    }
 }

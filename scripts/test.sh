@@ -93,7 +93,8 @@ controller="$(executable test controller)"
 packaging="$(executable test packaging)"
 store_bench="$(executable bench store)"
 controller_bench="$(executable bench controller)"
-for exe in "$unit" "$store" "$controller" "$packaging" "$store_bench" "$controller_bench"; do
+etcd_bench="$(executable bench etcd)"
+for exe in "$unit" "$store" "$controller" "$packaging" "$store_bench" "$controller_bench" "$etcd_bench"; do
   [[ -x "$exe" ]] || { echo "a test executable is missing from the build's output" >&2; exit 1; }
 done
 # What `cargo test` gives the tests it runs: the package's folder, here and in the environment.
@@ -128,13 +129,14 @@ lane() {
 lane_pids=()
 
 step "three lanes side by side: the store layer, the controller layer, the packaging layer"
-export store controller packaging store_bench controller_bench log_dir
+export store controller packaging store_bench controller_bench etcd_bench log_dir
 export -f finished
 lane store \
   'cargo-doc cargo test --locked --doc' \
   'cargo-store "$store"' \
   'suite-bench-store "$store_bench" --smoke' \
-  'suite-bench-controller "$controller_bench" --smoke'
+  'suite-bench-controller "$controller_bench" --smoke' \
+  'suite-bench-etcd "$etcd_bench" --smoke'
 lane controller \
   'cargo-controller "$controller" --skip chaos::' \
   'suite-docs bash scripts/docs-test.sh'
@@ -152,7 +154,7 @@ step "chaos, alone on the machine"
 "$controller" chaos:: >"$log_dir/cargo-chaos.log" 2>&1 || echo cargo-chaos >>"$log_dir/failed"
 
 step "the logs, lane by lane"
-for log in cargo-doc cargo-store suite-bench-store suite-bench-controller cargo-controller \
+for log in cargo-doc cargo-store suite-bench-store suite-bench-controller suite-bench-etcd cargo-controller \
   suite-docs cargo-charts suite-e2e cargo-packaging cargo-chaos; do
   printf '\n=== %s\n' "$log"
   cat "$log_dir/$log.log"

@@ -34,6 +34,7 @@ use tokio::sync::mpsc;
 
 use clap::Parser;
 use common::{CommonArgs, cpu_seconds, loadavg, machine, quantile, status_kib};
+use support::etcd::EtcdCluster;
 use support::kube::{Cluster, ControllerProcess, condition, http_get, metric, phase_of};
 use support::proxy::{Mode, Proxy};
 use support::server::{Server, ServerKind};
@@ -77,6 +78,10 @@ struct Options {
     /// Objects per request kind in the api phase [default: 1000; smoke: 10]
     #[arg(long)]
     api_ops: Option<usize>,
+    /// Where the controller keeps its leases: valkey, or etcd (three members; the small and
+    /// handover phases only)
+    #[arg(long, default_value = "valkey", value_parser = ["valkey", "etcd"])]
+    store: String,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -88,7 +93,10 @@ const HANDOVER_LIMIT: Duration = Duration::from_secs(30);
 struct Bench {
     cluster: Arc<Cluster>,
     client: Client,
+    /// Valkey: the store, or (with etcd) only the clock `truth` reads, this machine's.
     valkey: Server,
+    /// Three etcd members when the controller keeps its leases there.
+    etcd: Option<EtcdCluster>,
     valkey_conn: redis::aio::MultiplexedConnection,
     in_flight: usize,
     ttl: u32,
@@ -882,14 +890,36 @@ impl Bench {
         // The controller refuses a TTL shorter than three Valkey call timeouts: the smoke run's
         // 2 s TTL needs a shorter call timeout than the default 2 s.
         let timeout = if self.ttl < 6 { "500ms" } else { "2s" };
-        let controller = ControllerProcess::start_with(
-            &self.cluster,
-            kubeconfig.unwrap_or(Path::new(self.cluster.kubeconfig())),
-            &self.valkey.url(),
-            &["--watch-namespace", ns, "--valkey-timeout", timeout],
-            // The production default; the tests use debug.
-            &[("TARGETLEASE_LOG", "info")],
-        );
+        let kubeconfig = kubeconfig.unwrap_or(Path::new(self.cluster.kubeconfig()));
+        // The production default; the tests use debug.
+        let log = [("TARGETLEASE_LOG", "info")];
+        let controller = match &self.etcd {
+            Some(etcd) => {
+                let endpoints = etcd.urls().join(",");
+                ControllerProcess::start_reaching(
+                    &self.cluster,
+                    kubeconfig,
+                    &[
+                        "--watch-namespace",
+                        ns,
+                        "--backend",
+                        "etcd",
+                        "--etcd-endpoints",
+                        &endpoints,
+                        "--etcd-timeout",
+                        timeout,
+                    ],
+                    &log,
+                )
+            }
+            None => ControllerProcess::start_with(
+                &self.cluster,
+                kubeconfig,
+                &self.valkey.url(),
+                &["--watch-namespace", ns, "--valkey-timeout", timeout],
+                &log,
+            ),
+        };
         eprintln!("controller for {ns}: pid {}", controller.pid());
         controller
     }
@@ -1297,14 +1327,20 @@ impl Bench {
         let per = latencies.len().max(1) as f64;
         let store_calls = store_after.0.saturating_sub(store_before.0);
         let store_usec = store_after.1.saturating_sub(store_before.1);
+        let store_line = if self.etcd.is_some() {
+            "  store: etcd, three members (its calls are not counted here)\n".to_owned()
+        } else {
+            format!(
+                "  store: {:.2} script calls per hand-over, {:.0} µs each in Valkey\n",
+                store_calls as f64 / per,
+                store_usec as f64 / store_calls.max(1) as f64,
+            )
+        };
         self.say(&format!(
             "  step by step (each hand-over's instants as this benchmark saw them; the waiter's \
              side is the release in the store, the wake, the waiter's acquire and its status \
-             write):\n{}  store: {:.2} script calls per hand-over, {:.0} µs each in Valkey\n  API \
-             requests during these hand-overs, per hand-over:\n{}\n",
+             write):\n{}{store_line}  API requests during these hand-overs, per hand-over:\n{}\n",
             steps.table(),
-            store_calls as f64 / per,
-            store_usec as f64 / store_calls.max(1) as f64,
             api_table(&api_delta, per, "hand-over"),
         ));
         let svg = self.out.join(format!("handover-{label}.svg"));
@@ -1848,6 +1884,7 @@ fn main() {
         overload_latency_ms,
         overload_ttls,
         api_ops,
+        store,
         common,
     } = Options::parse();
     let overload_latency = Duration::from_millis(common.pick(overload_latency_ms, 3000, 1000));
@@ -1865,6 +1902,17 @@ fn main() {
     cluster.install_crd();
     let cluster = Arc::new(cluster);
     let valkey = Server::start(ServerKind::Valkey91);
+    let etcd = (store == "etcd").then(|| {
+        let unsupported: Vec<&String> = phases
+            .iter()
+            .filter(|p| !["small", "handover"].contains(&p.as_str()))
+            .collect();
+        assert!(
+            unsupported.is_empty(),
+            "--store etcd runs the small and handover phases only, not {unsupported:?}: give --phases small,handover"
+        );
+        EtcdCluster::start()
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1881,6 +1929,7 @@ fn main() {
             cluster: cluster.clone(),
             client,
             valkey,
+            etcd,
             valkey_conn,
             in_flight,
             ttl,

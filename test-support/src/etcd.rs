@@ -34,17 +34,46 @@ pub struct EtcdServer {
     child: Child,
     /// The client port.
     pub port: u16,
+    /// `http` or `https`.
+    scheme: &'static str,
+    /// What curl needs to reach it (the CA, a client certificate).
+    curl: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
 impl EtcdServer {
     /// Starts a member and waits until it has a leader (itself).
     pub fn start() -> EtcdServer {
+        Self::start_with(None)
+    }
+
+    /// Starts a member serving clients over TLS with `certs`' member certificate (signed by
+    /// `ca.crt`), asking for a client certificate signed by it when `mtls`.
+    pub fn start_tls(certs: &super::tls::Certs, mtls: bool) -> EtcdServer {
+        Self::start_with(Some((certs, mtls)))
+    }
+
+    fn start_with(tls: Option<(&super::tls::Certs, bool)>) -> EtcdServer {
         let dir = tempfile::tempdir().expect("etcd data folder");
         let (port, peer) = (free_port(), free_port());
-        let client = format!("http://127.0.0.1:{port}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{port}");
         let peer_url = format!("http://127.0.0.1:{peer}");
+        let path = |certs: &super::tls::Certs, n: &str| certs.path(n).display().to_string();
+        let (mut tls_args, mut curl) = (Vec::new(), Vec::new());
+        if let Some((certs, mtls)) = tls {
+            tls_args.push(format!("--cert-file={}", path(certs, "member.crt")));
+            tls_args.push(format!("--key-file={}", path(certs, "member.key")));
+            curl.extend(["--cacert".to_owned(), path(certs, "ca.crt")]);
+            if mtls {
+                tls_args.push("--client-cert-auth".into());
+                tls_args.push(format!("--trusted-ca-file={}", path(certs, "ca.crt")));
+                curl.extend(["--cert".to_owned(), path(certs, "client.crt")]);
+                curl.extend(["--key".to_owned(), path(certs, "client.key")]);
+            }
+        }
         let child = Command::new(etcd_binary())
+            .args(&tls_args)
             .arg("--name=contract")
             .arg(format!("--data-dir={}", dir.path().join("data").display()))
             .arg(format!("--listen-client-urls={client}"))
@@ -61,6 +90,8 @@ impl EtcdServer {
         let server = EtcdServer {
             child,
             port,
+            scheme,
+            curl,
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -84,12 +115,23 @@ impl EtcdServer {
 
     /// The client URL.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.port)
     }
 
     fn try_post(&self, path: &str, body: &Value) -> Option<Value> {
-        let output = Command::new("curl")
+        self.try_post_as(path, body, None)
+    }
+
+    /// A call to the gateway with the auth token `token`, if any.
+    pub fn try_post_as(&self, path: &str, body: &Value, token: Option<&str>) -> Option<Value> {
+        let mut command = Command::new("curl");
+        command
             .args(["-s", "--max-time", "5", "-X", "POST"])
+            .args(&self.curl);
+        if let Some(token) = token {
+            command.args(["-H", &format!("Authorization: {token}")]);
+        }
+        let output = command
             .arg(format!("{}{path}", self.url()))
             .arg("-d")
             .arg(body.to_string())

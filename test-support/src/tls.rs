@@ -20,6 +20,11 @@ subjectKeyIdentifier = hash\n";
 const SERVER_EXT: &str = "basicConstraints = CA:FALSE\nkeyUsage = digitalSignature\n\
 extendedKeyUsage = serverAuth\nsubjectAltName = IP:127.0.0.1,DNS:localhost,DNS:valkey.test\n";
 
+/// A server certificate that is also a client's: an etcd member's, whose JSON gateway connects
+/// to the member's own gRPC port with it when clients must show a certificate.
+const SERVER_AND_CLIENT_EXT: &str = "basicConstraints = CA:FALSE\nkeyUsage = digitalSignature\n\
+extendedKeyUsage = serverAuth,clientAuth\nsubjectAltName = IP:127.0.0.1,DNS:localhost\n";
+
 const CLIENT_EXT: &str =
     "basicConstraints = CA:FALSE\nkeyUsage = digitalSignature\nextendedKeyUsage = clientAuth\n";
 
@@ -31,6 +36,8 @@ impl Certs {
         std::fs::write(certs.path("ca.cnf"), CA_CONFIG).expect("write ca.cnf");
         std::fs::write(certs.path("server.ext"), SERVER_EXT).expect("write server.ext");
         std::fs::write(certs.path("client.ext"), CLIENT_EXT).expect("write client.ext");
+        std::fs::write(certs.path("server-and-client.ext"), SERVER_AND_CLIENT_EXT)
+            .expect("write server-and-client.ext");
         for ca in ["ca", "other-ca"] {
             certs.openssl(&[
                 "req",
@@ -55,6 +62,7 @@ impl Certs {
             ]);
         }
         certs.leaf("server", "ca", "valkey.test", "server.ext");
+        certs.leaf("member", "ca", "etcd.test", "server-and-client.ext");
         certs.leaf("client", "ca", "targetlease", "client.ext");
         certs.leaf("other-client", "other-ca", "intruder", "client.ext");
         certs

@@ -1,9 +1,9 @@
 //! The one place that talks to etcd: its JSON gateway (`/v3/...`, served by every member on its
-//! client port), over HTTP/1.1 with TLS when the endpoint says `https://`. Four operations
-//! only: read keys, write keys if others still hold what was read (one transaction), grant an
-//! etcd lease, and ask a member its status. A call goes to the member that answered last and moves on to the next one when a
-//! member is unreachable or has no leader, until its deadline; an expired auth token is
-//! renewed once. Failures come back as [`StoreError`]s that name the member, never a password.
+//! client port), over HTTP/1.1 with TLS when the endpoint says `https://`. Three operations
+//! only: read keys, write keys if others still hold what was read (one transaction), and grant
+//! an etcd lease. A call goes to the member that answered last and moves on to the next one
+//! when a member is unreachable, hangs (each is given a share of the deadline) or has no
+//! leader, until its deadline; an expired auth token is renewed once. Failures come back as [`StoreError`]s that name the member, never a password.
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -29,14 +29,20 @@ use crate::store::valkey::PasswordSource;
 /// How long to wait before trying the members again after every one failed.
 const ROUND_PAUSE: Duration = Duration::from_millis(50);
 
-/// A key's value as read.
-#[derive(Debug, Clone)]
+/// The least time one member is given, however many are left to ask.
+const MIN_ATTEMPT: Duration = Duration::from_millis(200);
+
+/// The largest answer read (a target's record and a reply are a few KiB; etcd's own request
+/// limit is 1.5 MiB).
+const MAX_REPLY_BYTES: usize = 8 * 1024 * 1024;
+
+/// A key's value as read (no `Debug`: a value may hold lease ids).
+#[derive(Clone)]
 pub(crate) struct Kv {
     pub(crate) value: Vec<u8>,
 }
 
 /// What a conditional write did.
-#[derive(Debug)]
 pub(crate) enum Swapped {
     /// Written (or, with nothing to write, found as expected).
     Done,
@@ -192,20 +198,6 @@ impl Gateway {
             .ok_or_else(|| unexpected("a lease grant without an id"))
     }
 
-    /// Asks a member for its status: reachable, authenticated, with a leader.
-    pub(crate) async fn status(&self, deadline: Instant) -> Result<(), StoreError> {
-        let reply = self
-            .call("/v3/maintenance/status", &json!({}), deadline)
-            .await?;
-        match reply.get("leader").and_then(Value::as_str) {
-            Some(leader) if leader != "0" => Ok(()),
-            _ => Err(StoreError::Unavailable {
-                endpoint: self.endpoint(),
-                cause: "the member has no leader".into(),
-            }),
-        }
-    }
-
     /// One call: each member in turn from the preferred one, in rounds until `deadline`.
     async fn call(&self, path: &str, body: &Value, deadline: Instant) -> Result<Value, StoreError> {
         let body = Bytes::from(body.to_string());
@@ -217,7 +209,14 @@ impl Gateway {
             let Some(url) = self.endpoints.get(member % count) else {
                 return Err(StoreError::InvalidConfig("no etcd endpoint".into()));
             };
-            match self.attempt(url, path, body.clone(), deadline).await {
+            // One member gets a share of what is left, so that a member that hangs (stopped,
+            // or behind a partition that drops packets) leaves time to ask the next one.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let share = (left / u32::try_from(count - tried % count).unwrap_or(1))
+                .max(MIN_ATTEMPT)
+                .min(left);
+            let attempt = Instant::now() + share;
+            match self.attempt(url, path, body.clone(), attempt).await {
                 Ok(reply) => {
                     self.preferred.store(member % count, Ordering::Relaxed);
                     return Ok(reply);
@@ -234,7 +233,16 @@ impl Gateway {
                         cause: "etcd refused a fresh auth token".into(),
                     });
                 }
-                Err(Failed::Elsewhere(e)) => last = Some(e),
+                Err(Failed::Elsewhere(e)) => {
+                    // The next call starts at the next member, not at this one again.
+                    let _ = self.preferred.compare_exchange(
+                        member % count,
+                        (member + 1) % count,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    );
+                    last = Some(e);
+                }
             }
             member += 1;
             tried += 1;
@@ -343,16 +351,24 @@ impl Gateway {
                 .await
                 .map_err(|e| transport(&endpoint, &e))?;
             let status = response.status();
-            let bytes = response
-                .into_body()
+            let bytes = http_body_util::Limited::new(response.into_body(), MAX_REPLY_BYTES)
                 .collect()
                 .await
-                .map_err(|e| transport(&endpoint, &e))?
+                .map_err(|e| {
+                    Failed::Elsewhere(StoreError::UnexpectedReply(format!(
+                        "etcd at {endpoint}: the answer could not be read ({e})"
+                    )))
+                })?
                 .to_bytes();
             Ok::<_, Failed>((status, bytes))
         };
         let (status, bytes) = match timeout_at(deadline, exchange).await {
-            Err(_) => return Err(Failed::Final(self.timed_out())),
+            Err(_) => {
+                return Err(Failed::Elsewhere(StoreError::Timeout {
+                    endpoint,
+                    after_ms: u64::try_from(self.call_timeout.as_millis()).unwrap_or(u64::MAX),
+                }));
+            }
             Ok(Err(failed)) => return Err(failed),
             Ok(Ok(reply)) => reply,
         };
@@ -416,17 +432,29 @@ fn unexpected(what: &str) -> StoreError {
 
 /// A request that never got its answer: a TLS failure is final, the rest is for another member.
 fn transport(endpoint: &str, error: &(dyn std::error::Error + 'static)) -> Failed {
-    let mut source = Some(error);
     let mut causes = Vec::new();
-    while let Some(e) = source {
+    // rustls's error arrives wrapped in I/O errors (by tokio-rustls, then hyper-rustls), whose
+    // `source` skips the error they wrap: each wrapped error is looked into as well.
+    let mut pending: Vec<&(dyn std::error::Error + 'static)> = vec![error];
+    while let Some(e) = pending.pop() {
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
             return Failed::Final(StoreError::Tls {
                 endpoint: endpoint.to_owned(),
                 cause: tls.to_string(),
             });
         }
-        causes.push(e.to_string());
-        source = e.source();
+        if causes.last() != Some(&e.to_string()) {
+            causes.push(e.to_string());
+        }
+        if let Some(inner) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            pending.push(inner);
+        }
+        if let Some(next) = e.source() {
+            pending.push(next);
+        }
     }
     Failed::Elsewhere(StoreError::Unavailable {
         endpoint: endpoint.to_owned(),
@@ -445,14 +473,28 @@ fn refused(endpoint: &str, reply: &Value) -> Failed {
         .to_owned();
     let endpoint = endpoint.to_owned();
     match code {
-        // Unauthenticated: an expired or revoked token, or a wrong password.
-        16 if message.contains("invalid auth token") => Failed::Reauthenticate,
+        // An expired or revoked token, or one from before a change of users or roles (etcd's
+        // own client takes a new token on both).
+        16 | 3 | 9
+            if message.contains("invalid auth token")
+                || message.contains("revision of auth store is old") =>
+        {
+            Failed::Reauthenticate
+        }
+        // Unauthenticated, a wrong user or password (invalid argument), a missing permission.
         16 | 7 => Failed::Final(StoreError::AccessDenied {
             endpoint,
             cause: message,
         }),
-        // Unavailable, deadline exceeded (no leader, leader changed, a slow member), aborted.
-        14 | 4 | 10 => Failed::Elsewhere(StoreError::Unavailable {
+        3 if message.contains("authentication failed") || message.contains("user name") => {
+            Failed::Final(StoreError::AccessDenied {
+                endpoint,
+                cause: message,
+            })
+        }
+        // Unavailable, deadline exceeded (no leader, leader changed, a slow member), aborted,
+        // too many requests.
+        14 | 4 | 10 | 8 => Failed::Elsewhere(StoreError::Unavailable {
             endpoint,
             cause: message,
         }),

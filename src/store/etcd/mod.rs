@@ -14,10 +14,11 @@
 //! only compares. etcd orders the transactions through its consensus: every call acts on the
 //! newest state a majority of members agreed on, and a member that missed writes never answers.
 //!
-//! The store's time: etcd has no clock to read, so the time is this process's clock, kept
-//! monotonic per target by the envelope, which records the latest time any caller wrote with
-//! (a caller whose clock is behind uses that instead). Leases expire on that time; tokens
-//! follow the token rule on it (docs/internals/store.md).
+//! The store's time: etcd has no clock to read, so the time is the clock of the process that
+//! makes the call (the controller's, for every call it makes): leases expire on it and tokens
+//! follow the token rule on it (docs/internals/store.md). No other caller's clock is trusted: a
+//! caller whose clock is ahead would otherwise make every other caller's leases expire early.
+//! Tokens still only grow, whatever the clocks: each is above the slot's fence.
 
 mod client;
 pub mod config;
@@ -52,7 +53,8 @@ const FORMAT: u32 = 1;
 #[serde(deny_unknown_fields)]
 struct Envelope {
     format: u32,
-    /// The latest store time written with, in microseconds since the Unix epoch.
+    /// When it was written, by the writer's clock, in microseconds since the Unix epoch: for an
+    /// operator reading the key; no call reads it.
     clock_us: u64,
     records: TargetState,
 }
@@ -157,7 +159,10 @@ impl EtcdStore {
         let envelope: Envelope = serde_json::from_slice(&kv.value).map_err(|e| {
             Self::corrupt(
                 &key,
-                format!("is not a target record this version reads ({e})"),
+                format!(
+                    "is not a target record this version reads ({})",
+                    unreadable(&e)
+                ),
             )
         })?;
         if envelope.format != FORMAT {
@@ -180,7 +185,10 @@ impl EtcdStore {
         let record: ReplyRecord = serde_json::from_slice(&kv.value).map_err(|e| {
             Self::corrupt(
                 key,
-                format!("is not a cached reply this version reads ({e})"),
+                format!(
+                    "is not a cached reply this version reads ({})",
+                    unreadable(&e)
+                ),
             )
         })?;
         if record.format != FORMAT {
@@ -192,9 +200,9 @@ impl EtcdStore {
         Ok(Some(record.cached))
     }
 
-    /// The store's time for a target last written at `clock_us`.
-    fn now(clock_us: u64) -> u64 {
-        SystemClock.now_micros().max(clock_us)
+    /// The store's time: this process's clock.
+    fn now() -> u64 {
+        SystemClock.now_micros()
     }
 
     /// The copy of `key` this process read or wrote last, if it kept one.
@@ -226,7 +234,10 @@ impl EtcdStore {
     /// The etcd lease to attach a new reply key to: it outlives the reply by at least the reply
     /// TTL. `fresh`: the last one is gone (a data loss took it), grant another.
     async fn reply_lease(&self, fresh: bool, deadline: Instant) -> Result<i64, StoreError> {
-        let mut lease = self.reply_lease.lock().await;
+        // A grant in flight holds the others up, within their own deadlines.
+        let mut lease = tokio::time::timeout_at(deadline, self.reply_lease.lock())
+            .await
+            .map_err(|_| self.timed_out())?;
         if let Some((id, until)) = *lease
             && !fresh
             && Instant::now() < until
@@ -266,19 +277,25 @@ impl EtcdStore {
                 },
                 false,
             ),
-            None => {
-                let mut both = self.gateway.get(&[&key, &reply_key], deadline).await?;
-                let reply = both.pop().flatten();
-                let record = both.pop().flatten();
-                self.remember(&key, record.as_ref());
-                (Found { record, reply }, true)
-            }
+            None => (self.read_both(target, &reply_key, deadline).await?, true),
         };
-        let mut fresh_lease = false;
+        // Whether the etcd lease of new replies was found gone and a new one is to be taken,
+        // and whether that was done in this call already (once is enough).
+        let (mut fresh_lease, mut lease_renewed) = (false, false);
         loop {
-            let envelope = self.decode(target, found.record.as_ref())?;
+            let envelope = match self.decode(target, found.record.as_ref()) {
+                Ok(envelope) => envelope,
+                // A copy is never the reason for a refusal: read what the key holds now.
+                Err(_) if !confirmed => {
+                    self.remember(&key, None);
+                    found = self.read_both(target, &reply_key, deadline).await?;
+                    confirmed = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let cached = Self::decode_reply(&reply_key, found.reply.as_ref())?;
-            let now = Self::now(envelope.clock_us);
+            let now = Self::now();
             let before = encode(&envelope.records)?;
             let cached_before = cached.as_ref().map(encode).transpose()?;
             let replies: BTreeMap<String, Cached> =
@@ -316,6 +333,7 @@ impl EtcdStore {
                 Some(_) => Some(self.reply_lease(fresh_lease, deadline).await?),
                 None => None,
             };
+            fresh_lease = false;
             let expect = [
                 Expect {
                     key: &key,
@@ -351,13 +369,14 @@ impl EtcdStore {
                 Ok(Swapped::Changed(mut now_there)) => {
                     let reply = now_there.pop().flatten();
                     let record = now_there.pop().flatten();
-                    self.remember(&key, record.as_ref());
+                    self.remember_readable(target, &key, record.as_ref());
                     found = Found { record, reply };
                     confirmed = true;
                 }
                 // The lease went with a data loss (or a restore): take a new one, once.
-                Err(e) if !fresh_lease && e.to_string().contains("requested lease not found") => {
+                Err(e) if !lease_renewed && e.to_string().contains("requested lease not found") => {
                     fresh_lease = true;
+                    lease_renewed = true;
                 }
                 Err(e) => return Err(e),
             }
@@ -367,7 +386,34 @@ impl EtcdStore {
         }
     }
 
-    /// Reads a target's records and their store time (and keeps the copy).
+    /// Reads a target key and a reply key at one revision (and keeps the target's copy when
+    /// it is readable).
+    async fn read_both(
+        &self,
+        target: &TargetRef,
+        reply_key: &str,
+        deadline: Instant,
+    ) -> Result<Found, StoreError> {
+        let key = Self::key(&self.prefix, target);
+        let mut both = self.gateway.get(&[&key, reply_key], deadline).await?;
+        let reply = both.pop().flatten();
+        let record = both.pop().flatten();
+        self.remember_readable(target, &key, record.as_ref());
+        Ok(Found { record, reply })
+    }
+
+    /// Keeps `kv` as the copy of `key` if this version can read it; else forgets the copy (an
+    /// unreadable value is never answered from: the next call reads the key again, and finds it
+    /// repaired if it was).
+    fn remember_readable(&self, target: &TargetRef, key: &str, kv: Option<&Kv>) {
+        if self.decode(target, kv).is_ok() {
+            self.remember(key, kv);
+        } else {
+            self.remember(key, None);
+        }
+    }
+
+    /// Reads a target's records (and keeps the copy) and the store's time.
     async fn read(&self, target: &TargetRef) -> Result<(Option<Envelope>, u64), StoreError> {
         let key = Self::key(&self.prefix, target);
         let kv = self
@@ -376,14 +422,24 @@ impl EtcdStore {
             .await?
             .pop()
             .flatten();
-        self.remember(&key, kv.as_ref());
+        self.remember_readable(target, &key, kv.as_ref());
         if kv.is_none() {
-            return Ok((None, SystemClock.now_micros()));
+            return Ok((None, Self::now()));
         }
         let envelope = self.decode(target, kv.as_ref())?;
-        let now = Self::now(envelope.clock_us);
-        Ok((Some(envelope), now))
+        Ok((Some(envelope), Self::now()))
     }
+}
+
+/// What is wrong with a value that does not parse, without quoting the value (it may hold a
+/// lease id).
+fn unreadable(e: &serde_json::Error) -> String {
+    format!(
+        "{:?} at line {} column {}",
+        e.classify(),
+        e.line(),
+        e.column()
+    )
 }
 
 fn encode(value: &impl Serialize) -> Result<Vec<u8>, StoreError> {
@@ -470,7 +526,7 @@ impl LeaseStore for EtcdStore {
                     fence: readable(Some(envelope)).newest(),
                 });
             }
-            let now = SystemClock.now_micros();
+            let now = Self::now();
             let fence = floor.max(now.saturating_add(MAX_TOKEN_LEAD_MICROS));
             let value = encode(&Envelope {
                 format: FORMAT,
@@ -505,7 +561,10 @@ impl LeaseStore for EtcdStore {
         }
     }
 
+    /// A linearizable read of one key under the prefix: a member answers, a leader and a
+    /// quorum are there, and the user may read its prefix (no other right is asked).
     async fn health(&self) -> Result<(), StoreError> {
-        self.gateway.status(self.deadline()).await
+        let key = format!("{}/health", self.prefix);
+        self.gateway.get(&[&key], self.deadline()).await.map(drop)
     }
 }

@@ -14,12 +14,23 @@ use crate::store::{
 };
 
 /// A cached reply and the call it answered.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Cached {
     pub(crate) reply: Reply,
+    /// The call's arguments, lease id included: kept whole for the comparison, never shown.
     pub(crate) binding: String,
     pub(crate) expires_us: u64,
+}
+
+impl std::fmt::Debug for Cached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cached")
+            .field("reply", &self.reply)
+            .field("binding", &"***")
+            .field("expires_us", &self.expires_us)
+            .finish()
+    }
 }
 
 /// One target: its slots (slot 0 is the exclusive lease's), as the scripts keep them.

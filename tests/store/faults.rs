@@ -114,8 +114,11 @@ async fn calls_succeed_again_once_the_fault_heals() {
     let (result, _) = timed(f.store.health()).await;
     result.expect("healthy again without restarting anything");
     measured("stall healed until a call succeeds", healed.elapsed());
-    // Every connection reset: the next call reconnects within its own deadline.
+    // Every connection reset: the next call reconnects within its own deadline. (The reset
+    // reaches the client when the proxy's tasks run: on a loaded machine the call could
+    // otherwise wait on the old connection until its reset arrives, with its deadline.)
     f.proxy.cut();
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let (renewed, took) = timed(f.store.renew(&support::contract_cases::renew_req(
         handle(&t, "lease-a", "alice", g.token),
         TTL,

@@ -219,8 +219,13 @@ impl ValkeyStore {
         let limit = self.config().call_timeout;
         let deadline = Instant::now() + limit;
         let mut attempt = 0;
+        // The failure of the attempt before, for when the last one had too little time left to
+        // say anything but that (a sentinel round cut to a few milliseconds): the one before
+        // says why the call failed.
+        let mut earlier: Option<StoreError> = None;
         loop {
             attempt += 1;
+            let starved = deadline.saturating_duration_since(Instant::now()) < STARVED_ATTEMPT;
             let failure = match pool.checkout(deadline).await {
                 Err(e) => e,
                 Ok(mut checkout) => {
@@ -248,7 +253,13 @@ impl ValkeyStore {
             // harmlessly. A timeout has used up the deadline; everything else does not heal.
             let pause = self.inner.backoff.delay(attempt);
             if failure.kind() != ErrorKind::Unavailable || Instant::now() + pause >= deadline {
-                return Err(failure);
+                return Err(match earlier {
+                    Some(earlier) if starved && failure.kind() == ErrorKind::Unavailable => earlier,
+                    _ => failure,
+                });
+            }
+            if !starved {
+                earlier = Some(failure.clone());
             }
             debug!(endpoint = %self.endpoint(), error = %failure, attempt, "retrying within the call deadline");
             tokio::time::sleep(pause).await;
@@ -422,6 +433,10 @@ impl Request<'_> {
         }
     }
 }
+
+/// An attempt that starts with less than this left before the call's deadline is too short to
+/// tell why the call fails (see `call`).
+const STARVED_ATTEMPT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How much of what is left of a call's deadline `WAITAOF` leaves for its reply to arrive: a
 /// tenth, and at least this much (a retry late in the deadline has little time left, and a

@@ -165,7 +165,10 @@ pub(super) async fn permit_retries_never_take_two_slots(h: Harness) {
 //     every token issued on the target, and the expired holder's renew is refused.
 pub(super) async fn expired_permits_are_reclaimed(h: Harness) {
     let t = target("permit-expiry");
-    let short = acquired(&*h.store, &permit_req(&t, "short", "sam", 3, SHORT_TTL)).await;
+    // Long enough for the three grants below on a loaded machine (a TLS connect each): with
+    // 300 ms the short one expired before the third grant once.
+    let short_ttl = Duration::from_secs(2);
+    let short = acquired(&*h.store, &permit_req(&t, "short", "sam", 3, short_ttl)).await;
     let long_a = acquired(&*h.store, &permit_req(&t, "long-a", "ann", 3, TTL)).await;
     let long_b = acquired(&*h.store, &permit_req(&t, "long-b", "ben", 3, TTL)).await;
     assert_eq!(
@@ -182,7 +185,7 @@ pub(super) async fn expired_permits_are_reclaimed(h: Harness) {
         AcquireOutcome::Held { owner, .. } => assert_eq!(owner, "sam"),
         other => panic!("a fourth permit of three: {other:?}"),
     }
-    h.pass(PAST_SHORT_TTL).await;
+    h.pass(short_ttl + Duration::from_millis(300)).await;
     let late = acquired(&*h.store, &permit_req(&t, "late", "lou", 3, TTL)).await;
     assert_eq!(late.slot, slot(0), "the expired slot is the one reclaimed");
     assert!(late.token > long_b.token, "{late:?} after {long_b:?}");

@@ -825,6 +825,7 @@ pub fn suite(args: &Arguments) -> Conclusion {
         Store a_retry_never_answers_for_an_ended_grant,
         Admin scripts_refused_half_way_leave_nothing_unreadable,
     ];
+    support::etcd::prepare();
     let mut variants = plain_variants().to_vec();
     variants.extend(etcd_variants());
     suite::run(args, trials_of(&variants, &cases))

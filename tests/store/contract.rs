@@ -12,6 +12,7 @@ use support::suite;
 
 /// The suite's trials.
 pub fn suite(args: &Arguments) -> Conclusion {
+    support::etcd::prepare();
     let mut variants = plain_variants().to_vec();
     variants.extend(etcd_variants());
     suite::run(args, trials(&variants))

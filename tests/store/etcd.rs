@@ -25,6 +25,7 @@ use support::tls::Certs;
 
 /// The suite's trials.
 pub fn suite(args: &Arguments) -> Conclusion {
+    support::etcd::prepare();
     suite::run(
         args,
         vec![

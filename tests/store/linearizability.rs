@@ -1300,6 +1300,7 @@ const FLIP_SEARCH: Duration = Duration::from_secs(20);
 
 /// The suite's two histories.
 pub fn suite(args: &Arguments) -> Conclusion {
+    support::etcd::prepare();
     let mut args = args.clone();
     // One history at a time unless asked otherwise: two recorders sharing the cores would slow
     // each other's clients, and fewer calls contend less.

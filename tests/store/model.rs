@@ -689,6 +689,7 @@ fn redis_7_0_matches_the_model() {
 
 /// The suite's trials (each holds a server and a runtime of its own).
 pub fn suite(args: &Arguments) -> Conclusion {
+    support::etcd::prepare();
     suite::run(
         args,
         vec![

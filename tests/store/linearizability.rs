@@ -1290,13 +1290,13 @@ fn refuse_a_flip(checker: &Path, dir: &Path, history: &[Value], flip: &Flip, cut
 
 /// How long all the searches for one mutation may take: a failing run ends in minutes, not
 /// hours.
-const FLIP_BUDGET: Duration = Duration::from_secs(120);
+const FLIP_BUDGET: Duration = Duration::from_secs(240);
 
 /// How long the checker may search the whole recorded history (or a copy changed in one call).
 const FULL_SEARCH: Duration = Duration::from_secs(120);
 
 /// How long the checker may search one cut, flipped or not, before the next cut is tried.
-const FLIP_SEARCH: Duration = Duration::from_secs(20);
+const FLIP_SEARCH: Duration = Duration::from_secs(40);
 
 /// The suite's two histories.
 pub fn suite(args: &Arguments) -> Conclusion {

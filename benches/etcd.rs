@@ -35,7 +35,7 @@ use targetlease::store::{
 
 use common::{CommonArgs, loadavg, machine, median, quantile};
 use support::etcd::EtcdCluster;
-use support::kube::repo;
+use support::kube::go_build;
 
 /// Options after `cargo bench --bench etcd --`.
 #[derive(Debug, Parser)]
@@ -72,19 +72,7 @@ struct Run {
 /// The Go baseline, built once into `dir`.
 fn build_baseline(dir: &Path) -> PathBuf {
     let out = dir.join("etcd-mutex");
-    // As e2e/build.sh finds it: on PATH, else where the Go tarball installs itself.
-    let go = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|d| d.join("go"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("/usr/local/go/bin/go"));
-    let status = Command::new(go)
-        .args(["build", "-o"])
-        .arg(&out)
-        .arg(".")
-        .current_dir(repo().join("benches/etcd-mutex"))
-        .status()
-        .expect("go is not installed (the baseline is a Go program)");
-    assert!(status.success(), "building benches/etcd-mutex failed");
+    go_build("benches/etcd-mutex", &out, "the baseline");
     out
 }
 

@@ -25,6 +25,24 @@ pub fn repo() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")))
 }
 
+/// Builds the Go program in the repository folder `package` into `out` with the Go that
+/// `e2e/build.sh` uses (on PATH, else where the Go tarball installs itself); panics naming
+/// `what` when Go is missing or the build fails.
+pub fn go_build(package: &str, out: &Path, what: &str) {
+    let go = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join("go"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("/usr/local/go/bin/go"));
+    let status = Command::new(go)
+        .args(["build", "-o"])
+        .arg(out)
+        .arg(".")
+        .current_dir(repo().join(package))
+        .status()
+        .unwrap_or_else(|e| panic!("go is not installed ({what} is a Go program): {e}"));
+    assert!(status.success(), "building {package} failed");
+}
+
 /// The `targetlease` binary of the build that runs the current test or benchmark: Cargo puts a
 /// package's binaries next to the `deps/` folder that holds its test executables (debug for
 /// tests, release for benchmarks). `TARGETLEASE_BIN` overrides it.

@@ -31,7 +31,7 @@ use libtest_mimic::{Arguments, Conclusion};
 use serde_json::{Value, json};
 
 use support::etcd::EtcdCluster;
-use support::kube::{repo, targetlease_bin};
+use support::kube::{go_build, targetlease_bin};
 use support::server::{Server, ServerKind};
 
 const TARGETS: usize = 3;
@@ -380,19 +380,7 @@ impl Drop for Evidence {
 /// Builds the Porcupine checker (tests/porcupine, a Go module) into `dir`.
 fn build_checker(dir: &Path) -> PathBuf {
     let out = dir.join("linearize");
-    // As e2e/build.sh finds it: on PATH, else where the Go tarball installs itself.
-    let go = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|d| d.join("go"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("/usr/local/go/bin/go"));
-    let status = Command::new(go)
-        .args(["build", "-o"])
-        .arg(&out)
-        .arg(".")
-        .current_dir(repo().join("tests/porcupine"))
-        .status()
-        .expect("go is not installed (the checker is a Go program)");
-    assert!(status.success(), "building tests/porcupine failed");
+    go_build("tests/porcupine", &out, "the checker");
     out
 }
 

@@ -29,6 +29,12 @@ pub fn repo() -> PathBuf {
 /// `e2e/build.sh` uses (on PATH, else where the Go tarball installs itself); panics naming
 /// `what` when Go is missing or the build fails.
 pub fn go_build(package: &str, out: &Path, what: &str) {
+    go_build_in(package, ".", out, what);
+}
+
+/// [`go_build`] of the package `target` as the Go module in the repository folder `module`
+/// pins it (a `tool` of its go.mod: a program of another module, at the version written there).
+pub fn go_build_in(module: &str, target: &str, out: &Path, what: &str) {
     let go = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
         .map(|d| d.join("go"))
         .find(|p| p.is_file())
@@ -36,11 +42,11 @@ pub fn go_build(package: &str, out: &Path, what: &str) {
     let status = Command::new(go)
         .args(["build", "-o"])
         .arg(out)
-        .arg(".")
-        .current_dir(repo().join(package))
+        .arg(target)
+        .current_dir(repo().join(module))
         .status()
         .unwrap_or_else(|e| panic!("go is not installed ({what} is a Go program): {e}"));
-    assert!(status.success(), "building {package} failed");
+    assert!(status.success(), "building {target} in {module} failed");
 }
 
 /// The `targetlease` binary of the build that runs the current test or benchmark: Cargo puts a

@@ -12,8 +12,11 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
-use super::kube::e2e_bin;
+use super::kube::{e2e_bin, go_build_in};
 use super::server::free_port;
+use peers::PeerNet;
+
+mod peers;
 
 /// The etcd binary (built once per machine by `e2e/build.sh`).
 fn etcd_binary() -> PathBuf {
@@ -223,14 +226,19 @@ impl Drop for EtcdServer {
 }
 
 /// A three-member etcd cluster on loopback ports, each member killable, restartable (on its
-/// data) and stoppable (SIGSTOP: a member that stops answering, as behind a partition).
+/// data), stoppable (SIGSTOP: a member that stops answering) and cut off from the others by
+/// its peer network (a partition: it still answers clients); the whole cluster can be
+/// restored from a snapshot, as an operator restores one with `etcdutl`.
 pub struct EtcdCluster {
     members: Vec<Member>,
-    _dir: tempfile::TempDir,
+    peers: PeerNet,
+    dir: tempfile::TempDir,
 }
 
 struct Member {
+    /// Its arguments but `--data-dir`.
     args: Vec<String>,
+    data_dir: PathBuf,
     port: u16,
     child: Option<Child>,
 }
@@ -239,6 +247,7 @@ impl Member {
     fn spawn(&mut self) {
         let child = Command::new(etcd_binary())
             .args(&self.args)
+            .arg(format!("--data-dir={}", self.data_dir.display()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -266,33 +275,31 @@ impl Member {
     }
 }
 
+/// The cluster token every member and every restore uses.
+const CLUSTER_TOKEN: &str = "targetlease-test";
+
 impl EtcdCluster {
     /// Starts three members and waits until every one knows the leader.
     pub fn start() -> EtcdCluster {
         let dir = tempfile::tempdir().expect("etcd data folder");
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
-        let initial = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
-            .collect::<Vec<_>>()
-            .join(",");
+        let peers = PeerNet::start(&ports.iter().map(|(_, peer)| *peer).collect::<Vec<_>>());
         let mut members: Vec<Member> = ports
             .iter()
             .enumerate()
             .map(|(i, (port, peer))| Member {
                 args: vec![
                     format!("--name=m{i}"),
-                    format!("--data-dir={}", dir.path().join(format!("m{i}")).display()),
                     format!("--listen-client-urls=http://127.0.0.1:{port}"),
                     format!("--advertise-client-urls=http://127.0.0.1:{port}"),
                     format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
-                    format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
-                    format!("--initial-cluster={initial}"),
+                    format!("--initial-advertise-peer-urls={}", peer_url(&peers, i)),
+                    format!("--initial-cluster={}", initial_cluster(&peers)),
                     "--initial-cluster-state=new".into(),
-                    "--initial-cluster-token=targetlease-test".into(),
+                    format!("--initial-cluster-token={CLUSTER_TOKEN}"),
                     "--log-level=error".into(),
                 ],
+                data_dir: dir.path().join(format!("m{i}")),
                 port: *port,
                 child: None,
             })
@@ -300,7 +307,11 @@ impl EtcdCluster {
         for member in &mut members {
             member.spawn();
         }
-        let cluster = EtcdCluster { members, _dir: dir };
+        let cluster = EtcdCluster {
+            members,
+            peers,
+            dir,
+        };
         cluster.wait_for_leader(&[0, 1, 2], Duration::from_secs(30));
         cluster
     }
@@ -310,7 +321,8 @@ impl EtcdCluster {
         self.members.iter().map(Member::url).collect()
     }
 
-    /// Waits until each of `members` answers and names the same leader; panics after `limit`.
+    /// Waits until each of `members` answers and names the same leader, one of them; panics
+    /// after `limit`.
     pub fn wait_for_leader(&self, members: &[usize], limit: Duration) {
         let deadline = Instant::now() + limit;
         loop {
@@ -320,7 +332,11 @@ impl EtcdCluster {
                 .iter()
                 .filter_map(|v| v.as_ref().map(|(_, l)| l.as_str()))
                 .collect();
-            if leaders.len() == members.len() && leaders.windows(2).all(|w| w[0] == w[1]) {
+            let among = views
+                .iter()
+                .flatten()
+                .any(|(me, _)| Some(me.as_str()) == leaders.first().copied());
+            if leaders.len() == members.len() && leaders.windows(2).all(|w| w[0] == w[1]) && among {
                 return;
             }
             assert!(
@@ -405,6 +421,145 @@ impl EtcdCluster {
                 .status();
         }
     }
+}
+
+impl EtcdCluster {
+    /// Cuts member `i` off from the other two (every peer connection to or from it closed,
+    /// new ones refused); its client port keeps answering. Panics when it does not answer.
+    pub fn partition(&self, i: usize) {
+        let (me, _) = self.members[i]
+            .view()
+            .unwrap_or_else(|| panic!("etcd member {i} does not answer"));
+        self.peers.cut(Some((i, &me)));
+    }
+
+    /// Waits until member `i` answers and names no leader (one cut off from the others stops
+    /// naming one within an election timeout); panics after `limit`.
+    pub fn wait_until_leaderless(&self, i: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.members[i].view().is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "etcd member {i} still names a leader after {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Joins the cut member to the others again.
+    pub fn heal(&self) {
+        self.peers.cut(None);
+    }
+
+    /// A snapshot of the cluster's data as `etcdctl snapshot save` takes one (the
+    /// Maintenance API's stream, which ends with the data's hash), from the first member that
+    /// gives a whole one.
+    pub fn snapshot(&self) -> Vec<u8> {
+        for member in &self.members {
+            let output = Command::new("curl")
+                .args(["-s", "-N", "--max-time", "30", "-X", "POST"])
+                .arg(format!("{}/v3/maintenance/snapshot", member.url()))
+                .args(["-d", "{}"])
+                .output();
+            let Ok(output) = output else { continue };
+            let mut data = Vec::new();
+            let mut complete = false;
+            for part in serde_json::Deserializer::from_slice(&output.stdout).into_iter::<Value>() {
+                let Ok(part) = part else { break };
+                let Some(blob) = part.pointer("/result/blob").and_then(Value::as_str) else {
+                    break;
+                };
+                data.extend(BASE64.decode(blob).expect("a snapshot's base64"));
+                complete = part
+                    .pointer("/result/remaining_bytes")
+                    .is_none_or(|r| r.as_str().is_none_or(|r| r == "0"));
+            }
+            if complete && !data.is_empty() {
+                return data;
+            }
+        }
+        panic!("no etcd member gave a whole snapshot");
+    }
+
+    /// Stops every member and restores each from `snapshot` with `etcdutl snapshot restore`
+    /// (the documented procedure: `--bump-revision` by `bump` and `--mark-compacted` when
+    /// `bump` is set; without it revisions are handed out again), then starts them on the
+    /// restored data and waits for a leader. Everything written since the snapshot is lost.
+    pub fn restore(&mut self, snapshot: &[u8], bump: Option<u64>) {
+        for i in 0..self.members.len() {
+            self.pause(i, false);
+            self.kill(i);
+        }
+        let file = self.dir.path().join("snapshot.db");
+        std::fs::write(&file, snapshot).expect("write the snapshot");
+        for (i, member) in self.members.iter().enumerate() {
+            let _ = std::fs::remove_dir_all(&member.data_dir);
+            let mut restore = Command::new(etcdutl_binary());
+            restore
+                .args(["snapshot", "restore"])
+                .arg(&file)
+                .arg(format!("--name=m{i}"))
+                .arg(format!("--data-dir={}", member.data_dir.display()))
+                .arg(format!(
+                    "--initial-cluster={}",
+                    initial_cluster(&self.peers)
+                ))
+                .arg(format!("--initial-cluster-token={CLUSTER_TOKEN}"))
+                .arg(format!(
+                    "--initial-advertise-peer-urls={}",
+                    peer_url(&self.peers, i)
+                ));
+            if let Some(bump) = bump {
+                restore.arg(format!("--bump-revision={bump}"));
+                restore.arg("--mark-compacted");
+            }
+            let output = restore.output().expect("run etcdutl");
+            assert!(
+                output.status.success(),
+                "etcdutl snapshot restore failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        for member in &mut self.members {
+            member.spawn();
+        }
+        self.wait_for_leader(&[0, 1, 2], Duration::from_secs(30));
+    }
+}
+
+/// The peer URL member `i` advertises: its proxy.
+fn peer_url(peers: &PeerNet, i: usize) -> String {
+    format!("http://127.0.0.1:{}", peers.port(i))
+}
+
+/// `--initial-cluster` of the three members.
+fn initial_cluster(peers: &PeerNet) -> String {
+    (0..3)
+        .map(|i| format!("m{i}={}", peer_url(peers, i)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// etcdutl at the etcd's version (the Go module in `tests/etcdutl`), built once per process
+/// next to the test executables (in Cargo's target folder); built under a name of its own and
+/// renamed, so processes that build it at once never run a half-written file.
+fn etcdutl_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test executable's path");
+        let dir = exe.parent().expect("the test executable's folder");
+        let out = dir.join("etcdutl");
+        let building = dir.join(format!("etcdutl.{}", std::process::id()));
+        go_build_in(
+            "tests/etcdutl",
+            "go.etcd.io/etcd/etcdutl/v3",
+            &building,
+            "etcdutl",
+        );
+        std::fs::rename(&building, &out).expect("move etcdutl in place");
+        out
+    })
+    .clone()
 }
 
 impl Drop for EtcdCluster {

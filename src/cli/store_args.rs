@@ -19,8 +19,8 @@ use crate::store::{LeaseStore, StoreError};
 pub enum Backend {
     /// Valkey (or Redis), shared by every replica.
     Valkey,
-    /// etcd 3.5 or later (its JSON gateway, on by default): exclusion that survives the loss of
-    /// a member, at the cost of a consensus round per call.
+    /// etcd 3.5 or later (its gRPC API): exclusion that survives the loss of a member, at the
+    /// cost of a consensus round per call.
     Etcd,
     /// In this process only: for a single replica without Valkey (leases do not survive a
     /// restart of the controller).

@@ -1,27 +1,32 @@
-//! The one place that talks to etcd: its JSON gateway (`/v3/...`, served by every member on its
-//! client port), over HTTP/1.1 with TLS when the endpoint says `https://`. Three operations
-//! only: read keys, write keys if others still hold what was read (one transaction), and grant
-//! an etcd lease. A call goes to the member that answered last and moves on to the next one
-//! when a member is unreachable, hangs (each is given a share of the deadline) or has no
-//! leader, until its deadline; an expired auth token is renewed once. Failures come back as [`StoreError`]s that name the member, never a password.
+//! The one place that talks to etcd: its gRPC API (served by every member on its client port),
+//! over HTTP/2, with TLS when the endpoint says `https://`. Three operations only: read keys,
+//! write keys if others still hold what was read (one transaction), and grant an etcd lease. A
+//! call goes to the member that answered last and moves on to the next one when a member is
+//! unreachable, hangs (each is given a share of the deadline) or has no leader, until its
+//! deadline; an expired auth token is renewed once. Failures come back as [`StoreError`]s that
+//! name the member, never a password.
 
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
+use hyper::header::HeaderMap;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use serde_json::{Value, json};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::{Instant, sleep, timeout_at};
 
 use super::config::EtcdConfig;
+use super::proto::{
+    self, AuthenticateRequest, AuthenticateResponse, Compare, CompareWith, LeaseGrantRequest,
+    LeaseGrantResponse, PutRequest, RangeRequest, Request, RequestOp, Response, TxnRequest,
+    TxnResponse,
+};
+use super::tls;
 use crate::redact::{Secret, SecretUrl};
 use crate::store::StoreError;
 use crate::store::valkey::PasswordSource;
@@ -64,9 +69,11 @@ pub(crate) struct Put<'a> {
     pub(crate) lease: Option<i64>,
 }
 
-/// A client of the members' JSON gateway.
-pub(crate) struct Gateway {
+/// A client of the members' gRPC API.
+pub(crate) struct Members {
     http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// The TLS settings the connections use, for [`tls::refusal`].
+    tls: Arc<rustls::ClientConfig>,
     endpoints: Vec<SecretUrl>,
     /// The member that answered last: calls start there.
     preferred: AtomicUsize,
@@ -86,23 +93,33 @@ enum Failed {
     Final(StoreError),
 }
 
-impl Gateway {
+impl Members {
     pub(crate) fn new(config: &EtcdConfig) -> Result<Self, StoreError> {
-        let tls = tls_config(config)?;
+        let tls = Arc::new(tls::client_config(config)?);
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_connect_timeout(Some(config.connect_timeout));
         http.set_nodelay(true);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
+            .with_tls_config((*tls).clone())
             .https_or_http()
-            .enable_http1()
+            .enable_http2()
             .wrap_connector(http);
+        // One HTTP/2 connection per member, calls multiplexed on it (without TLS, HTTP/2 from
+        // the first byte, as gRPC clients speak to etcd). Pings find a connection that went
+        // dead without a word (a partition that drops packets) so the next call opens another.
         let http = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .http2_keep_alive_timeout(Duration::from_secs(5))
+            .http2_keep_alive_while_idle(true)
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
         Ok(Self {
             http,
+            tls,
             endpoints: config.endpoints.clone(),
             preferred: AtomicUsize::new(0),
             credentials: config.username.clone().zip(config.password.clone()),
@@ -126,9 +143,12 @@ impl Gateway {
         keys: &[&str],
         deadline: Instant,
     ) -> Result<Vec<Option<Kv>>, StoreError> {
-        let body = json!({"success": ranges(keys)});
-        let reply = self.call("/v3/kv/txn", &body, deadline).await?;
-        read_back(&reply, keys.len())
+        let txn = TxnRequest {
+            success: ranges(keys),
+            ..TxnRequest::default()
+        };
+        let reply: TxnResponse = self.call(proto::TXN, &txn, deadline).await?;
+        read_back(reply, keys.len())
     }
 
     /// Writes `puts` if every key of `expect` still holds what it expects; otherwise answers
@@ -144,35 +164,44 @@ impl Gateway {
         puts: &[Put<'_>],
         deadline: Instant,
     ) -> Result<Swapped, StoreError> {
-        let compare: Vec<Value> = expect
+        let compare = expect
             .iter()
-            .map(|e| {
-                let key = BASE64.encode(e.key);
-                match e.value {
-                    Some(held) => json!({"key": key, "target": "VALUE", "result": "EQUAL",
-                                         "value": BASE64.encode(held)}),
-                    None => json!({"key": key, "target": "CREATE", "result": "EQUAL",
-                                   "create_revision": "0"}),
-                }
+            .map(|e| match e.value {
+                Some(held) => Compare {
+                    result: 0,
+                    target: proto::TARGET_VALUE,
+                    key: e.key.as_bytes().to_vec(),
+                    with: Some(CompareWith::Value(held.to_vec())),
+                },
+                None => Compare {
+                    result: 0,
+                    target: proto::TARGET_CREATE,
+                    key: e.key.as_bytes().to_vec(),
+                    with: Some(CompareWith::CreateRevision(0)),
+                },
             })
             .collect();
-        let success: Vec<Value> = puts
+        let success = puts
             .iter()
-            .map(|p| {
-                let mut put = json!({"key": BASE64.encode(p.key), "value": BASE64.encode(p.value)});
-                if let Some(lease) = p.lease {
-                    put["lease"] = json!(lease.to_string());
-                }
-                json!({ "request_put": put })
+            .map(|p| RequestOp {
+                request: Some(Request::Put(PutRequest {
+                    key: p.key.as_bytes().to_vec(),
+                    value: p.value.to_vec(),
+                    lease: p.lease.unwrap_or(0),
+                })),
             })
             .collect();
         let keys: Vec<&str> = expect.iter().map(|e| e.key).collect();
-        let body = json!({"compare": compare, "success": success, "failure": ranges(&keys)});
-        let reply = self.call("/v3/kv/txn", &body, deadline).await?;
-        if reply.get("succeeded").and_then(Value::as_bool) == Some(true) {
+        let txn = TxnRequest {
+            compare,
+            success,
+            failure: ranges(&keys),
+        };
+        let reply: TxnResponse = self.call(proto::TXN, &txn, deadline).await?;
+        if reply.succeeded {
             return Ok(Swapped::Done);
         }
-        Ok(Swapped::Changed(read_back(&reply, keys.len())?))
+        Ok(Swapped::Changed(read_back(reply, keys.len())?))
     }
 
     /// Grants an etcd lease of `ttl_seconds`: what the keys attached to it are deleted with.
@@ -181,26 +210,25 @@ impl Gateway {
         ttl_seconds: i64,
         deadline: Instant,
     ) -> Result<i64, StoreError> {
-        let reply = self
-            .call(
-                "/v3/lease/grant",
-                &json!({"TTL": ttl_seconds.to_string()}),
-                deadline,
-            )
-            .await?;
-        reply
-            .get("ID")
-            .and_then(|id| {
-                id.as_str()
-                    .and_then(|s| s.parse().ok())
-                    .or_else(|| id.as_i64())
-            })
-            .ok_or_else(|| unexpected("a lease grant without an id"))
+        let request = LeaseGrantRequest { ttl: ttl_seconds };
+        let reply: LeaseGrantResponse = self.call(proto::LEASE_GRANT, &request, deadline).await?;
+        if !reply.error.is_empty() || reply.id == 0 {
+            return Err(unexpected(&format!(
+                "a lease grant without an id ({})",
+                reply.error
+            )));
+        }
+        Ok(reply.id)
     }
 
     /// One call: each member in turn from the preferred one, in rounds until `deadline`.
-    async fn call(&self, path: &str, body: &Value, deadline: Instant) -> Result<Value, StoreError> {
-        let body = Bytes::from(body.to_string());
+    async fn call<M: prost::Message + Default>(
+        &self,
+        path: &str,
+        request: &impl prost::Message,
+        deadline: Instant,
+    ) -> Result<M, StoreError> {
+        let body = Bytes::from(proto::frame(request));
         let count = self.endpoints.len().max(1);
         let mut member = self.preferred.load(Ordering::Relaxed);
         let (mut tried, mut reauthenticated) = (0, false);
@@ -284,12 +312,15 @@ impl Gateway {
             return Ok(Some(token));
         }
         let password = password.load().map_err(Failed::Final)?;
-        let body = json!({"name": user, "password": password.expose()}).to_string();
-        let reply = self
+        let request = AuthenticateRequest {
+            name: user.clone(),
+            password: password.expose().to_owned(),
+        };
+        let reply: AuthenticateResponse = self
             .send(
                 url,
-                "/v3/auth/authenticate",
-                Bytes::from(body),
+                proto::AUTHENTICATE,
+                Bytes::from(proto::frame(&request)),
                 None,
                 deadline,
             )
@@ -302,42 +333,46 @@ impl Gateway {
                 }),
                 other => other,
             })?;
-        let token = reply
-            .get("token")
-            .and_then(Value::as_str)
-            .map(Secret::new)
-            .ok_or_else(|| Failed::Final(unexpected("an authentication without a token")))?;
+        if reply.token.is_empty() {
+            return Err(Failed::Final(unexpected(
+                "an authentication without a token",
+            )));
+        }
+        let token = Secret::new(&reply.token);
         if let Ok(mut cached) = self.token.lock() {
             *cached = Some(token.clone());
         }
         Ok(Some(token))
     }
 
-    async fn attempt(
+    async fn attempt<M: prost::Message + Default>(
         &self,
         url: &SecretUrl,
         path: &str,
         body: Bytes,
         deadline: Instant,
-    ) -> Result<Value, Failed> {
+    ) -> Result<M, Failed> {
         let token = self.auth_token(url, deadline).await?;
         self.send(url, path, body, token.as_ref(), deadline).await
     }
 
-    /// One HTTP request to one member.
-    async fn send(
+    /// One gRPC call to one member: its answer, or why it failed (`grpc-status`, in the
+    /// headers of an answer without a body or in the trailers after it).
+    async fn send<M: prost::Message + Default>(
         &self,
         url: &SecretUrl,
         path: &str,
         body: Bytes,
         token: Option<&Secret>,
         deadline: Instant,
-    ) -> Result<Value, Failed> {
+    ) -> Result<M, Failed> {
         let endpoint = url.endpoint().to_owned();
         let uri = format!("{}{path}", url.expose().trim_end_matches('/'));
-        let mut request = hyper::Request::post(uri).header("content-type", "application/json");
+        let mut request = hyper::Request::post(uri)
+            .header("content-type", "application/grpc")
+            .header("te", "trailers");
         if let Some(token) = token {
-            request = request.header("authorization", token.expose());
+            request = request.header("token", token.expose());
         }
         let request = request.body(Full::new(body)).map_err(|e| {
             Failed::Final(StoreError::InvalidConfig(format!(
@@ -345,24 +380,31 @@ impl Gateway {
             )))
         })?;
         let exchange = async {
-            let response = self
-                .http
-                .request(request)
-                .await
-                .map_err(|e| transport(&endpoint, &e))?;
-            let status = response.status();
-            let bytes = http_body_util::Limited::new(response.into_body(), MAX_REPLY_BYTES)
+            let response = match self.http.request(request).await {
+                Ok(response) => response,
+                Err(e) => {
+                    return Err(match tls::refusal(&self.tls, url).await {
+                        Some(tls) => Failed::Final(StoreError::Tls {
+                            endpoint: endpoint.clone(),
+                            cause: tls.to_string(),
+                        }),
+                        None => transport(&endpoint, &e),
+                    });
+                }
+            };
+            let (head, body) = response.into_parts();
+            let collected = http_body_util::Limited::new(body, MAX_REPLY_BYTES)
                 .collect()
                 .await
                 .map_err(|e| {
                     Failed::Elsewhere(StoreError::UnexpectedReply(format!(
                         "etcd at {endpoint}: the answer could not be read ({e})"
                     )))
-                })?
-                .to_bytes();
-            Ok::<_, Failed>((status, bytes))
+                })?;
+            let trailers = collected.trailers().cloned();
+            Ok::<_, Failed>((head, trailers, collected.to_bytes()))
         };
-        let (status, bytes) = match timeout_at(deadline, exchange).await {
+        let (head, trailers, bytes) = match timeout_at(deadline, exchange).await {
             Err(_) => {
                 return Err(Failed::Elsewhere(StoreError::Timeout {
                     endpoint,
@@ -372,58 +414,95 @@ impl Gateway {
             Ok(Err(failed)) => return Err(failed),
             Ok(Ok(reply)) => reply,
         };
-        let reply: Value = serde_json::from_slice(&bytes).map_err(|_| {
-            Failed::Elsewhere(StoreError::UnexpectedReply(format!(
-                "etcd at {endpoint} answered HTTP {status} with something other than JSON"
-            )))
-        })?;
-        if status.is_success() {
-            return Ok(reply);
+        if !head.status.is_success() {
+            // Not a gRPC answer: something else listens there, or a proxy refused.
+            return Err(Failed::Elsewhere(StoreError::Unavailable {
+                endpoint,
+                cause: format!("answered HTTP {} instead of gRPC", head.status),
+            }));
         }
-        Err(refused(&endpoint, &reply))
+        let status = trailers
+            .as_ref()
+            .and_then(grpc_status)
+            .or_else(|| grpc_status(&head.headers));
+        match status {
+            Some((0, _)) => proto::unframe(&bytes).ok_or_else(|| {
+                Failed::Elsewhere(StoreError::UnexpectedReply(format!(
+                    "etcd at {endpoint} answered with something other than the message asked for"
+                )))
+            }),
+            Some((code, message)) => Err(refused(&endpoint, code, message)),
+            None => Err(Failed::Elsewhere(StoreError::Unavailable {
+                endpoint,
+                cause: "the answer ended without a gRPC status".into(),
+            })),
+        }
     }
+}
+
+/// `grpc-status` and `grpc-message` (percent-decoded) of headers or trailers, if there.
+fn grpc_status(headers: &HeaderMap) -> Option<(i64, String)> {
+    let code = headers.get("grpc-status")?.to_str().ok()?.parse().ok()?;
+    let message = headers
+        .get("grpc-message")
+        .map(|m| percent_decode(m.as_bytes()))
+        .unwrap_or_default();
+    Some((code, message))
+}
+
+/// gRPC's percent-encoding of a status message (`%XX` for bytes outside printable ASCII and
+/// `%` itself).
+fn percent_decode(text: &[u8]) -> String {
+    let mut out = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        let hex = text
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (text[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Range requests of `keys`, one each.
-fn ranges(keys: &[&str]) -> Vec<Value> {
+fn ranges(keys: &[&str]) -> Vec<RequestOp> {
     keys.iter()
-        .map(|k| json!({"request_range": {"key": BASE64.encode(k)}}))
-        .collect()
-}
-
-/// The `count` ranges a transaction read, in order (the branch it took holds only ranges).
-fn read_back(reply: &Value, count: usize) -> Result<Vec<Option<Kv>>, StoreError> {
-    let responses = reply
-        .get("responses")
-        .and_then(Value::as_array)
-        .ok_or_else(|| unexpected("a transaction without its reads"))?;
-    if responses.len() != count {
-        return Err(unexpected("a transaction with another number of reads"));
-    }
-    responses
-        .iter()
-        .map(|r| {
-            let range = r
-                .get("response_range")
-                .ok_or_else(|| unexpected("a read that is not a range"))?;
-            first_kv(range)
+        .map(|k| RequestOp {
+            request: Some(Request::Range(RangeRequest {
+                key: k.as_bytes().to_vec(),
+            })),
         })
         .collect()
 }
 
-/// The first key-value of a range reply, if any.
-fn first_kv(range: &Value) -> Result<Option<Kv>, StoreError> {
-    let Some(kv) = range.pointer("/kvs/0") else {
-        return Ok(None);
-    };
-    let value = match kv.get("value").and_then(Value::as_str) {
-        Some(text) => BASE64
-            .decode(text)
-            .map_err(|_| unexpected("a value that is not base64"))?,
-        // An empty value is left out of the JSON.
-        None => Vec::new(),
-    };
-    Ok(Some(Kv { value }))
+/// The `count` ranges a transaction read, in order (the branch it took holds only ranges):
+/// the first key-value of each, if any.
+fn read_back(reply: TxnResponse, count: usize) -> Result<Vec<Option<Kv>>, StoreError> {
+    if reply.responses.len() != count {
+        return Err(unexpected("a transaction with another number of reads"));
+    }
+    reply
+        .responses
+        .into_iter()
+        .map(|r| match r.response {
+            Some(Response::Range(range)) => Ok(range
+                .kvs
+                .into_iter()
+                .next()
+                .map(|kv| Kv { value: kv.value })),
+            _ => Err(unexpected("a read that is not a range")),
+        })
+        .collect()
 }
 
 fn unexpected(what: &str) -> StoreError {
@@ -462,15 +541,8 @@ fn transport(endpoint: &str, error: &(dyn std::error::Error + 'static)) -> Faile
     })
 }
 
-/// An error answer of the gateway (`{"code": <gRPC code>, "message": ...}`).
-fn refused(endpoint: &str, reply: &Value) -> Failed {
-    let code = reply.get("code").and_then(Value::as_i64).unwrap_or(-1);
-    let message = reply
-        .get("message")
-        .or_else(|| reply.get("error"))
-        .and_then(Value::as_str)
-        .unwrap_or("no message")
-        .to_owned();
+/// A gRPC error status of a member: `code` and its message.
+fn refused(endpoint: &str, code: i64, message: String) -> Failed {
     let endpoint = endpoint.to_owned();
     match code {
         // An expired or revoked token, or one from before a change of users or roles (etcd's
@@ -501,43 +573,5 @@ fn refused(endpoint: &str, reply: &Value) -> Failed {
         _ => Failed::Final(StoreError::UnexpectedReply(format!(
             "etcd at {endpoint} refused the call (code {code}): {message}"
         ))),
-    }
-}
-
-/// The TLS settings: the CA file's certificates as the only roots, and the client certificate
-/// for mTLS.
-fn tls_config(config: &EtcdConfig) -> Result<rustls::ClientConfig, StoreError> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let invalid = |what: &str, path: &std::path::Path, e: &dyn std::fmt::Display| {
-        StoreError::InvalidConfig(format!("cannot read {what} {}: {e}", path.display()))
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    if let Some(path) = &config.tls.ca_file {
-        let certs =
-            CertificateDer::pem_file_iter(path).map_err(|e| invalid("CA file", path, &e))?;
-        for cert in certs {
-            let cert = cert.map_err(|e| invalid("CA file", path, &e))?;
-            roots.add(cert).map_err(|e| invalid("CA file", path, &e))?;
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| StoreError::InvalidConfig(format!("TLS: {e}")))?
-        .with_root_certificates(roots);
-    match (&config.tls.cert_file, &config.tls.key_file) {
-        (Some(cert), Some(key)) => {
-            let chain = CertificateDer::pem_file_iter(cert)
-                .map_err(|e| invalid("client certificate", cert, &e))?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| invalid("client certificate", cert, &e))?;
-            let key_der =
-                PrivateKeyDer::from_pem_file(key).map_err(|e| invalid("client key", key, &e))?;
-            builder
-                .with_client_auth_cert(chain, key_der)
-                .map_err(|e| StoreError::InvalidConfig(format!("client certificate: {e}")))
-        }
-        _ => Ok(builder.with_no_client_auth()),
     }
 }

@@ -22,6 +22,8 @@
 
 mod client;
 pub mod config;
+mod proto;
+mod tls;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -31,7 +33,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use self::client::{Expect, Gateway, Kv, Put, Swapped};
+use self::client::{Expect, Kv, Members, Put, Swapped};
 pub use self::config::{
     DEFAULT_ETCD_CALL_TIMEOUT, DEFAULT_ETCD_CONNECT_TIMEOUT, DEFAULT_ETCD_PREFIX, EtcdConfig,
     EtcdTls,
@@ -76,7 +78,7 @@ const REPLY_LEASE_WINDOW: Duration = Duration::from_secs(30);
 
 /// The etcd lease store.
 pub struct EtcdStore {
-    gateway: Gateway,
+    members: Members,
     /// The last copy of each target key this process read or wrote.
     known: Mutex<HashMap<String, Kv>>,
     /// The etcd lease new reply keys are attached to, and until when it takes them.
@@ -98,7 +100,7 @@ impl EtcdStore {
     pub fn new(config: EtcdConfig) -> Result<Self, StoreError> {
         config.validate()?;
         Ok(Self {
-            gateway: Gateway::new(&config)?,
+            members: Members::new(&config)?,
             known: Mutex::new(HashMap::new()),
             reply_lease: tokio::sync::Mutex::new(None),
             prefix: config.key_prefix.clone(),
@@ -134,7 +136,7 @@ impl EtcdStore {
     /// A call whose transactions kept losing races until its deadline.
     fn timed_out(&self) -> StoreError {
         StoreError::Timeout {
-            endpoint: self.gateway.endpoint(),
+            endpoint: self.members.endpoint(),
             after_ms: u64::try_from(self.call_timeout.as_millis()).unwrap_or(u64::MAX),
         }
     }
@@ -247,7 +249,7 @@ impl EtcdStore {
         let ttl = self.reply_ttl + REPLY_LEASE_WINDOW;
         let seconds = i64::try_from(ttl.as_secs() + 1).unwrap_or(i64::MAX);
         let granted = Instant::now();
-        let id = self.gateway.grant_lease(seconds, deadline).await?;
+        let id = self.members.grant_lease(seconds, deadline).await?;
         *lease = Some((id, granted + REPLY_LEASE_WINDOW));
         Ok(id)
     }
@@ -359,7 +361,7 @@ impl EtcdStore {
                     lease,
                 });
             }
-            match self.gateway.swap(&expect, &puts, deadline).await {
+            match self.members.swap(&expect, &puts, deadline).await {
                 Ok(Swapped::Done) => {
                     if let Some(value) = record {
                         self.remember(&key, Some(&Kv { value }));
@@ -395,7 +397,7 @@ impl EtcdStore {
         deadline: Instant,
     ) -> Result<Found, StoreError> {
         let key = Self::key(&self.prefix, target);
-        let mut both = self.gateway.get(&[&key, reply_key], deadline).await?;
+        let mut both = self.members.get(&[&key, reply_key], deadline).await?;
         let reply = both.pop().flatten();
         let record = both.pop().flatten();
         self.remember_readable(target, &key, record.as_ref());
@@ -417,7 +419,7 @@ impl EtcdStore {
     async fn read(&self, target: &TargetRef) -> Result<(Option<Envelope>, u64), StoreError> {
         let key = Self::key(&self.prefix, target);
         let kv = self
-            .gateway
+            .members
             .get(&[&key], self.deadline())
             .await?
             .pop()
@@ -518,7 +520,7 @@ impl LeaseStore for EtcdStore {
         check_token("floor", floor, false)?;
         let key = Self::key(&self.prefix, target);
         let deadline = self.deadline();
-        let mut kv = self.gateway.get(&[&key], deadline).await?.pop().flatten();
+        let mut kv = self.members.get(&[&key], deadline).await?.pop().flatten();
         loop {
             if let Ok(envelope) = self.decode(target, kv.as_ref()) {
                 self.remember(&key, kv.as_ref());
@@ -542,7 +544,7 @@ impl LeaseStore for EtcdStore {
                 value: &value,
                 lease: None,
             }];
-            match self.gateway.swap(&expect, &puts, deadline).await? {
+            match self.members.swap(&expect, &puts, deadline).await? {
                 Swapped::Done => {
                     self.remember(&key, Some(&Kv { value }));
                     return Ok(RepairOutcome::Repaired {
@@ -565,6 +567,6 @@ impl LeaseStore for EtcdStore {
     /// quorum are there, and the user may read its prefix (no other right is asked).
     async fn health(&self) -> Result<(), StoreError> {
         let key = format!("{}/health", self.prefix);
-        self.gateway.get(&[&key], self.deadline()).await.map(drop)
+        self.members.get(&[&key], self.deadline()).await.map(drop)
     }
 }

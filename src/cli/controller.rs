@@ -60,7 +60,7 @@ pub struct ControllerArgs {
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
     /// This installation's identity (the chart sets `<namespace>/<release>`): the controller
-    /// claims the Valkey key prefix for it and refuses to work on a prefix that another
+    /// claims the store's key prefix (Valkey's or etcd's) for it and refuses to work on a prefix that another
     /// installation claimed, so two installations never share leases by accident; and it acts
     /// only in namespaces whose Lease `targetlease-installation` names it (it creates the Lease
     /// where there is none), so two installations never act on one TargetLease. Without it, the

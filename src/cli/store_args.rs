@@ -45,7 +45,8 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
-    /// The store, without a call to it yet. `installation` is claimed on Valkey's key prefix.
+    /// The store, without a call to it yet. `installation` claims the key prefix (Valkey's or
+    /// etcd's) for this installation.
     pub fn open_lazy(
         &self,
         installation: Option<String>,
@@ -58,7 +59,11 @@ impl StoreArgs {
                 config.validate()?;
                 Ok(Arc::new(ValkeyStore::new_lazy(config)?))
             }
-            Backend::Etcd => Ok(Arc::new(EtcdStore::new(self.etcd.config()?)?)),
+            Backend::Etcd => {
+                let mut config = self.etcd.config()?;
+                config.installation = installation;
+                Ok(Arc::new(EtcdStore::new(config)?))
+            }
         }
     }
 

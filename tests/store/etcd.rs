@@ -43,6 +43,10 @@ pub fn suite(args: &Arguments) -> Conclusion {
                 replies_are_keys_that_expire,
             ),
             trial(
+                "records::two_installations_never_share_a_prefix",
+                two_installations_never_share_a_prefix,
+            ),
+            trial(
                 "members::unreachable_are_skipped_then_named",
                 unreachable_members_are_skipped_then_named,
             ),
@@ -701,6 +705,104 @@ async fn a_restored_snapshot_grants_above_every_lost_token() {
     tokio::task::spawn_blocking(move || drop(cluster))
         .await
         .expect("stop etcd");
+}
+
+// Two installations on one prefix: the first claims it at its first call; the second is
+// refused on every kind of call and at its health check, naming the first, and writes nothing;
+// the first carries on and a process of it that starts again is let in; the second on its own
+// prefix works; once the first's key is deleted (the documented way to hand a prefix over), the
+// second claims it, and the first's health check then reports the prefix taken. A process
+// without an installation (a `targetlease lease` command) is not asked.
+async fn two_installations_never_share_a_prefix() {
+    let etcd = EtcdServer::start();
+    let store_of = |installation: &str, prefix: &str| {
+        let mut config = EtcdConfig::new(vec![SecretUrl::parse(&etcd.url()).expect("URL")]);
+        config.installation = Some(installation.into());
+        config.key_prefix = prefix.into();
+        EtcdStore::new(config).expect("etcd store")
+    };
+    let first = store_of("prod/targetlease", "shared");
+    let granted = first.acquire(&acquire_request("L1", 0)).await;
+    assert!(
+        matches!(granted, Ok(AcquireOutcome::Acquired(_))),
+        "{granted:?}"
+    );
+    let marker = EtcdStore::installation_key("shared");
+    assert_eq!(
+        etcd.get(marker.as_bytes()).as_deref(),
+        Some(&b"prod/targetlease"[..])
+    );
+
+    let second = store_of("staging/targetlease", "shared");
+    let other_target = TargetRef::new("shop", "other").expect("target");
+    let refusals = [
+        second
+            .acquire(&AcquireRequest {
+                target: other_target.clone(),
+                ..acquire_request("L2", 0)
+            })
+            .await
+            .map(drop),
+        second.inspect(&target()).await.map(drop),
+        second
+            .check(
+                &target(),
+                Slot::new(0).expect("slot"),
+                Token::new(1).expect("token"),
+            )
+            .await
+            .map(drop),
+        second.repair(&target(), 0).await.map(drop),
+        second.health().await,
+    ];
+    for refused in refusals {
+        let e = refused.expect_err("the second installation is refused");
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+        assert!(e.to_string().contains("prod/targetlease"), "{e}");
+    }
+    let key = EtcdStore::key("shared", &other_target);
+    assert_eq!(
+        etcd.get(key.as_bytes()),
+        None,
+        "the refused installation wrote"
+    );
+
+    first
+        .health()
+        .await
+        .expect("the first installation's health");
+    let restarted = store_of("prod/targetlease", "shared");
+    restarted
+        .health()
+        .await
+        .expect("the first installation, started again");
+    let inspected = restarted.inspect(&target()).await.expect("inspect");
+    assert!(
+        inspected.lease.is_some(),
+        "the first installation's lease is gone"
+    );
+    let elsewhere = store_of("staging/targetlease", "staging");
+    assert!(matches!(
+        elsewhere.acquire(&acquire_request("L3", 0)).await,
+        Ok(AcquireOutcome::Acquired(_))
+    ));
+    let command = store_on(&[etcd.url()]);
+    command
+        .inspect(&target())
+        .await
+        .expect("no installation, no claim");
+
+    etcd.post(
+        "/v3/kv/deleterange",
+        &serde_json::json!({"key": base64_of(&marker)}),
+    );
+    second.health().await.expect("the prefix handed over");
+    let e = first
+        .health()
+        .await
+        .expect_err("the prefix is the other's now");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("staging/targetlease"), "{e}");
 }
 
 // A store starts a call from its last copy of the target's key; another process changed the

@@ -46,6 +46,11 @@ pub struct EtcdConfig {
     pub call_timeout: Duration,
     /// How long a reply stays cached for retries with the same request id.
     pub reply_ttl: Duration,
+    /// This installation's identity. When set, the store claims the key prefix for it (the
+    /// `<prefix>/installation` key) before its first call and at every health check, and is
+    /// refused when another installation holds the prefix: two controllers without a shared
+    /// leader never share leases by accident.
+    pub installation: Option<String>,
 }
 
 impl EtcdConfig {
@@ -61,6 +66,7 @@ impl EtcdConfig {
             connect_timeout: DEFAULT_ETCD_CONNECT_TIMEOUT,
             call_timeout: DEFAULT_ETCD_CALL_TIMEOUT,
             reply_ttl: DEFAULT_REPLY_TTL,
+            installation: None,
         }
     }
 
@@ -112,6 +118,14 @@ impl EtcdConfig {
         }
         if self.call_timeout.is_zero() || self.connect_timeout.is_zero() {
             return invalid("etcd deadlines must be above zero".into());
+        }
+        if let Some(id) = &self.installation
+            && !crate::store::names::is_name(id, 253, b"._:/-")
+        {
+            return invalid(
+                "the installation id must be 1 to 253 characters of A-Z, a-z, 0-9 and . _ : / -"
+                    .into(),
+            );
         }
         if self.reply_ttl < self.call_timeout * REPLY_TTL_PER_CALL_TIMEOUT {
             return invalid(format!(

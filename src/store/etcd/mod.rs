@@ -27,6 +27,7 @@ mod tls;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -86,6 +87,11 @@ pub struct EtcdStore {
     prefix: String,
     reply_ttl: Duration,
     call_timeout: Duration,
+    /// The installation this store claims the prefix for, if any.
+    installation: Option<String>,
+    /// Whether the claim succeeded once: calls then go ahead without asking again (the health
+    /// check asks every time).
+    claimed: AtomicBool,
 }
 
 /// A target key and the call's reply key, as a call found them.
@@ -106,7 +112,65 @@ impl EtcdStore {
             prefix: config.key_prefix.clone(),
             reply_ttl: config.reply_ttl,
             call_timeout: config.call_timeout,
+            installation: config.installation.clone(),
+            claimed: AtomicBool::new(false),
         })
+    }
+
+    /// The key that names the installation a prefix belongs to.
+    pub fn installation_key(prefix: &str) -> String {
+        format!("{prefix}/installation")
+    }
+
+    /// Claims the prefix for this installation before the first call (once it succeeded, not
+    /// again; `always` asks again, for the health check): one transaction that writes the
+    /// installation key if absent and reads it otherwise. Another installation's name there
+    /// refuses the call, and every call after it until the key is deleted or names this one.
+    async fn claim_prefix(&self, always: bool, deadline: Instant) -> Result<(), StoreError> {
+        let Some(id) = &self.installation else {
+            return Ok(());
+        };
+        if !always && self.claimed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let key = Self::installation_key(&self.prefix);
+        let expect = [Expect {
+            key: &key,
+            value: None,
+        }];
+        let puts = [Put {
+            key: &key,
+            value: id.as_bytes(),
+            lease: None,
+        }];
+        loop {
+            let holder = match self.members.swap(&expect, &puts, deadline).await? {
+                Swapped::Done => None,
+                // Deleted between the compare and the read: claim it again.
+                Swapped::Changed(mut now) => match now.pop().flatten() {
+                    Some(holder) => Some(holder),
+                    None if Instant::now() < deadline => continue,
+                    None => return Err(self.timed_out()),
+                },
+            };
+            return match holder {
+                Some(other) if other.value != id.as_bytes() => {
+                    self.claimed.store(false, Ordering::Relaxed);
+                    Err(StoreError::InvalidConfig(format!(
+                        "the etcd key prefix {:?} belongs to another installation ({}); two \
+                         installations on one prefix would share leases without a shared \
+                         leader: give this one its own --etcd-key-prefix (or delete the key \
+                         {key} if that installation is gone)",
+                        self.prefix,
+                        String::from_utf8_lossy(&other.value)
+                    )))
+                }
+                _ => {
+                    self.claimed.store(true, Ordering::Relaxed);
+                    Ok(())
+                }
+            };
+        }
     }
 
     /// The key of a target's records.
@@ -270,6 +334,7 @@ impl EtcdStore {
         let rid = request_id.as_str();
         let reply_ttl_us = u64::try_from(self.reply_ttl.as_micros()).unwrap_or(u64::MAX);
         let deadline = self.deadline();
+        self.claim_prefix(false, deadline).await?;
         // A fresh request id has no reply yet: with a copy of the record, nothing is read first.
         let (mut found, mut confirmed) = match self.known(&key) {
             Some(copy) => (
@@ -418,12 +483,9 @@ impl EtcdStore {
     /// Reads a target's records (and keeps the copy) and the store's time.
     async fn read(&self, target: &TargetRef) -> Result<(Option<Envelope>, u64), StoreError> {
         let key = Self::key(&self.prefix, target);
-        let kv = self
-            .members
-            .get(&[&key], self.deadline())
-            .await?
-            .pop()
-            .flatten();
+        let deadline = self.deadline();
+        self.claim_prefix(false, deadline).await?;
+        let kv = self.members.get(&[&key], deadline).await?.pop().flatten();
         self.remember_readable(target, &key, kv.as_ref());
         if kv.is_none() {
             return Ok((None, Self::now()));
@@ -520,6 +582,7 @@ impl LeaseStore for EtcdStore {
         check_token("floor", floor, false)?;
         let key = Self::key(&self.prefix, target);
         let deadline = self.deadline();
+        self.claim_prefix(false, deadline).await?;
         let mut kv = self.members.get(&[&key], deadline).await?.pop().flatten();
         loop {
             if let Ok(envelope) = self.decode(target, kv.as_ref()) {
@@ -564,9 +627,17 @@ impl LeaseStore for EtcdStore {
     }
 
     /// A linearizable read of one key under the prefix: a member answers, a leader and a
-    /// quorum are there, and the user may read its prefix (no other right is asked).
+    /// quorum are there, and the user may read its prefix (no other right is asked). With an
+    /// installation, the claim of the prefix instead (a transaction, so the same proof): a
+    /// prefix another installation took since is reported here, not only at the next call.
     async fn health(&self) -> Result<(), StoreError> {
+        let deadline = self.deadline();
+        if self.installation.is_some() {
+            // Claims the prefix, or finds it claimed: a transaction that reads or writes the
+            // installation key is as much a health check as the read below.
+            return self.claim_prefix(true, deadline).await;
+        }
         let key = format!("{}/health", self.prefix);
-        self.members.get(&[&key], self.deadline()).await.map(drop)
+        self.members.get(&[&key], deadline).await.map(drop)
     }
 }

@@ -3123,6 +3123,7 @@ pub fn suite(args: &Arguments) -> Conclusion {
         sentinel_failover_keeps_leases_held,
         alerts_and_dashboard_name_real_metrics,
         etcd_backend_holds_hands_over_and_fences,
+        a_move_from_valkey_to_etcd_never_shows_two_held,
     ];
     run_scenarios(args, scenarios.to_vec())
 }
@@ -3213,4 +3214,91 @@ async fn etcd_backend_holds_hands_over_and_fences(mut s: Scenario) {
     assert_eq!(check(first), "stale");
     assert_eq!(check(second), "current");
     etcd.restart(leader);
+}
+
+// An installation moved from Valkey to etcd (docs/operations.md, "Moving an installation from
+// Valkey to etcd"): a TargetLease Held on Valkey, a second one waiting; the controller stops and
+// one on etcd starts in its place. The holder is Held again in etcd with a token above its
+// Valkey token (the status token is the floor), the waiter keeps waiting, and at no moment
+// (sampled every 50 ms) do both show Held.
+async fn a_move_from_valkey_to_etcd_never_shows_two_held(mut s: Scenario) {
+    // The installation keeps its id across the move, as the chart's does (`<namespace>/<release>`):
+    // the namespace stays its own. Without an id, each backend names another installation.
+    const ID: &str = "shop/targetlease";
+    s.controller.take();
+    s.controller = Some(s.start_controller(&["--installation-id", ID]));
+    s.apply("holder", "moved-target", "worker-a", "ttlSeconds: 10");
+    let held = s.wait_phase("holder", Phase::Held, 30 * SEC).await;
+    let on_valkey = token_of(&held);
+    s.apply("waiter", "moved-target", "worker-b", "ttlSeconds: 10");
+    s.wait_phase("waiter", Phase::Waiting, 30 * SEC).await;
+
+    let etcd = tokio::task::spawn_blocking(EtcdCluster::start)
+        .await
+        .expect("start etcd");
+    let endpoints = etcd.urls().join(",");
+    let prefix = format!("tl-{}", s.ns);
+    s.controller.take();
+    let args = [
+        "--watch-namespace",
+        s.ns.as_str(),
+        "--backend",
+        "etcd",
+        "--etcd-endpoints",
+        endpoints.as_str(),
+        "--etcd-key-prefix",
+        prefix.as_str(),
+        "--installation-id",
+        ID,
+    ];
+    let kubeconfig = std::path::Path::new(s.cluster.kubeconfig());
+    s.controller = Some(ControllerProcess::start_reaching(
+        &s.cluster,
+        kubeconfig,
+        &args,
+        &[],
+    ));
+    let until = Instant::now() + 30 * SEC;
+    let mut on_etcd = None;
+    let mut phases = Vec::new();
+    while Instant::now() < until {
+        let holder = s.get("holder").await;
+        let waiter = s.get("waiter").await;
+        let both = (phase_of(&holder), phase_of(&waiter));
+        if phases.last() != Some(&both) {
+            phases.push(both);
+        }
+        assert_ne!(
+            both,
+            (Some(Phase::Held), Some(Phase::Held)),
+            "two Held on one target during the move: {phases:?}"
+        );
+        if both.0 == Some(Phase::Held) && token_of(&holder) != on_valkey {
+            on_etcd = Some(token_of(&holder));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let last = s.get("holder").await.status;
+    let on_etcd = on_etcd.unwrap_or_else(|| {
+        let logs = s.controller.as_ref().map(|c| c.logs()).unwrap_or_default();
+        panic!(
+            "the holder never got its etcd token in 30 s; phases seen: {phases:?}; status \
+             {last:?}; the controller on etcd said:\n{logs}"
+        )
+    });
+    assert!(
+        on_etcd > on_valkey,
+        "token {on_etcd} on etcd not above {on_valkey} on Valkey"
+    );
+    assert_eq!(
+        phase_of(&s.get("waiter").await),
+        Some(Phase::Waiting),
+        "the waiter passed the holder"
+    );
+    eprintln!("moved: token {on_valkey} on Valkey, {on_etcd} on etcd; phases {phases:?}");
+    s.controller.take();
+    tokio::task::spawn_blocking(move || drop(etcd))
+        .await
+        .expect("stop etcd");
 }

@@ -25,7 +25,7 @@ use support::tls::Certs;
 
 /// The suite's trials.
 pub fn suite(args: &Arguments) -> Conclusion {
-    support::etcd::prepare();
+    support::etcd::prepare_restores();
     suite::run(
         args,
         vec![
@@ -539,8 +539,12 @@ async fn a_restored_snapshot_grants_above_every_lost_token() {
     for bump in [Some(1_000_000_000), None] {
         let target =
             TargetRef::new("shop", &format!("restore-bump-{}", bump.is_some())).expect("target");
+        // Five minutes: the restored holder must still hold after the snapshot, the restore
+        // and the calls between, however slow the machine (a grant that expired meanwhile
+        // would free the target, and the lost claim's retry would rightly take it).
         let claim = |lease_id: &str| AcquireRequest {
             target: target.clone(),
+            ttl: Ttl::new(Duration::from_secs(300)).expect("ttl"),
             ..acquire_request(lease_id, 0)
         };
         let handle = |req: &AcquireRequest, slot: Slot, token: u64| LeaseHandle {

@@ -3128,18 +3128,13 @@ pub fn suite(args: &Arguments) -> Conclusion {
     run_scenarios(args, scenarios.to_vec())
 }
 
-// The controller on `--backend etcd`, a three-member cluster: a TargetLease is Held; a second
-// one on the same target waits; the etcd leader is killed and the holder stays Held with its
-// token all along; the holder's deletion hands the target over with a larger token; and
-// `targetlease lease check --backend etcd` calls the old token stale and the new one current.
-async fn etcd_backend_holds_hands_over_and_fences(mut s: Scenario) {
-    let mut etcd = tokio::task::spawn_blocking(EtcdCluster::start)
-        .await
-        .expect("start etcd");
+/// Replaces the scenario's controller by one on `etcd` (every member an endpoint, the prefix
+/// `tl-<namespace>`) with `extra` flags; answers the endpoints and the prefix.
+fn controller_on_etcd(s: &mut Scenario, etcd: &EtcdCluster, extra: &[&str]) -> (String, String) {
     let endpoints = etcd.urls().join(",");
     let prefix = format!("tl-{}", s.ns);
     s.controller.take();
-    let args = [
+    let mut args = vec![
         "--watch-namespace",
         s.ns.as_str(),
         "--backend",
@@ -3149,13 +3144,22 @@ async fn etcd_backend_holds_hands_over_and_fences(mut s: Scenario) {
         "--etcd-key-prefix",
         prefix.as_str(),
     ];
+    args.extend_from_slice(extra);
     let kubeconfig = std::path::Path::new(s.cluster.kubeconfig());
-    s.controller = Some(ControllerProcess::start_reaching(
-        &s.cluster,
-        kubeconfig,
-        &args,
-        &[],
-    ));
+    let controller = ControllerProcess::start_reaching(&s.cluster, kubeconfig, &args, &[]);
+    s.controller = Some(controller);
+    (endpoints, prefix)
+}
+
+// The controller on `--backend etcd`, a three-member cluster: a TargetLease is Held; a second
+// one on the same target waits; the etcd leader is killed and the holder stays Held with its
+// token all along; the holder's deletion hands the target over with a larger token; and
+// `targetlease lease check --backend etcd` calls the old token stale and the new one current.
+async fn etcd_backend_holds_hands_over_and_fences(mut s: Scenario) {
+    let mut etcd = tokio::task::spawn_blocking(EtcdCluster::start)
+        .await
+        .expect("start etcd");
+    let (endpoints, prefix) = controller_on_etcd(&mut s, &etcd, &[]);
     s.apply("holder", "etcd-target", "worker-a", "ttlSeconds: 10");
     let held = s.wait_phase("holder", Phase::Held, 30 * SEC).await;
     let first = token_of(&held);
@@ -3236,28 +3240,7 @@ async fn a_move_from_valkey_to_etcd_never_shows_two_held(mut s: Scenario) {
     let etcd = tokio::task::spawn_blocking(EtcdCluster::start)
         .await
         .expect("start etcd");
-    let endpoints = etcd.urls().join(",");
-    let prefix = format!("tl-{}", s.ns);
-    s.controller.take();
-    let args = [
-        "--watch-namespace",
-        s.ns.as_str(),
-        "--backend",
-        "etcd",
-        "--etcd-endpoints",
-        endpoints.as_str(),
-        "--etcd-key-prefix",
-        prefix.as_str(),
-        "--installation-id",
-        ID,
-    ];
-    let kubeconfig = std::path::Path::new(s.cluster.kubeconfig());
-    s.controller = Some(ControllerProcess::start_reaching(
-        &s.cluster,
-        kubeconfig,
-        &args,
-        &[],
-    ));
+    controller_on_etcd(&mut s, &etcd, &["--installation-id", ID]);
     // Either the holder is claimed again in etcd (its reconcile comes first) or its renewal
     // finds it missing first (Lost, as after a data loss) and the target passes to the waiter:
     // both are the move documented. One Held, with a token above the Valkey one, either way.

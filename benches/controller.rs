@@ -8,7 +8,9 @@
 //!    seconds until a watch saw all of them Held, API requests and status writes per lease,
 //!    controller peak RSS and CPU; then all of them deleted and the seconds until they are gone.
 //! 2. hand-over on an idle controller: pairs (holder, waiter) on one target each; the holder is
-//!    deleted and the time until a watch sees the waiter Held is recorded, one pair at a time.
+//!    deleted and the time until a watch sees the waiter Held is recorded, one pair at a time;
+//!    then the same for the hand-over's floor (the API requests a hand-over needs, made by this
+//!    benchmark alone; see `Floor`), and the controller's figures over the floor's.
 //! 3. scale again with the large N, then the steady state for two TTLs (API writes per second,
 //!    Valkey commands per second, controller CPU), then hand-overs again with all of those leases
 //!    held and renewed in the background.
@@ -114,8 +116,11 @@ struct Seen {
     expires_at: Option<jiff::Timestamp>,
     /// The `Ready` condition's reason: why a lease is Lost.
     reason: String,
-    /// Whether it has a deletion timestamp (deleted, its finalizer not yet removed).
+    /// Whether it has a deletion timestamp (deleted, its finalizer not yet removed) or is gone.
     deleting: bool,
+    /// Whether the watch saw it removed (no finalizer left).
+    gone: bool,
+    resource_version: Option<String>,
     at: Instant,
 }
 
@@ -133,26 +138,32 @@ fn watch_phases(client: &Client, ns: &str, labels: &str) -> mpsc::UnboundedRecei
                 next = stream.try_next() => next,
                 () = tx.closed() => return,
             };
-            match next {
+            let (obj, gone) = match next {
                 Ok(Some(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj))) => {
-                    let status = obj.status.as_ref();
-                    let seen = Seen {
-                        name: obj.name_any(),
-                        phase: phase_of(&obj),
-                        token: status.and_then(|s| s.fencing_token),
-                        expires_at: status.and_then(|s| s.expires_at),
-                        reason: condition(&obj, "Ready")
-                            .map_or_else(String::new, |c| c.reason.clone()),
-                        deleting: obj.metadata.deletion_timestamp.is_some(),
-                        at: Instant::now(),
-                    };
-                    if tx.send(seen).is_err() {
-                        return;
-                    }
+                    (obj, false)
                 }
-                Ok(Some(_)) => {}
+                Ok(Some(watcher::Event::Delete(obj))) => (obj, true),
+                Ok(Some(_)) => continue,
                 Ok(None) => return,
-                Err(e) => eprintln!("watch error (retrying): {e}"),
+                Err(e) => {
+                    eprintln!("watch error (retrying): {e}");
+                    continue;
+                }
+            };
+            let status = obj.status.as_ref();
+            let seen = Seen {
+                name: obj.name_any(),
+                phase: phase_of(&obj),
+                token: status.and_then(|s| s.fencing_token),
+                expires_at: status.and_then(|s| s.expires_at),
+                reason: condition(&obj, "Ready").map_or_else(String::new, |c| c.reason.clone()),
+                deleting: gone || obj.metadata.deletion_timestamp.is_some(),
+                gone,
+                resource_version: obj.resource_version(),
+                at: Instant::now(),
+            };
+            if tx.send(seen).is_err() {
+                return;
             }
         }
     });
@@ -307,16 +318,27 @@ impl Phases {
 
     /// Waits until `name` is seen in `phase`; returns the instant it was seen.
     async fn wait_one(&mut self, name: &str, phase: Phase, limit: Duration) -> Option<Instant> {
+        self.wait_for(limit, |seen| seen.name == name && seen.phase == Some(phase))
+            .await
+            .map(|(at, _)| at)
+    }
+
+    /// Waits until the watch delivers a change `hit` accepts; returns the instant it was seen
+    /// and its resourceVersion.
+    async fn wait_for(
+        &mut self,
+        limit: Duration,
+        hit: impl Fn(&Seen) -> bool,
+    ) -> Option<(Instant, Option<String>)> {
         let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.rx.recv()).await {
                 Ok(Some(seen)) => {
-                    let hit = seen.name == name && seen.phase == Some(phase);
-                    let at = seen.at;
+                    let hit = hit(&seen).then(|| (seen.at, seen.resource_version.clone()));
                     self.record(seen);
-                    if hit {
-                        return Some(at);
+                    if hit.is_some() {
+                        return hit;
                     }
                 }
                 _ => return None,
@@ -671,6 +693,315 @@ impl Steps {
             out.insert(name.to_owned(), serde_json::json!(samples));
         }
         serde_json::Value::Object(out)
+    }
+}
+
+/// The floor of a hand-over: the API requests a hand-over needs, made by this benchmark itself
+/// in a namespace no controller watches, with nothing between them but its own watch. A
+/// controller's hand-over cannot be faster than its floor on the same API server, so each
+/// hand-over phase runs its floor right after the controller's hand-overs (not interleaved:
+/// the floor's requests would count in the controller's request table) and prints the ratio.
+///
+/// - With the status rule (a deleted holder never shows Held beside its successor): the holder
+///   (with the finalizer) deleted; the watch shows it; the holder's `Released` status applied;
+///   the waiter's Held status applied; the watch shows it. Three requests one after the other,
+///   as the controller makes them (each status apply as the controller's field manager, with
+///   the resourceVersion it was decided on).
+/// - Without it and without a finalizer (for comparison: the fewest requests any hand-over
+///   after a delete can make): a holder without finalizer deleted; the watch shows it gone; the
+///   waiter's Held status applied; the watch shows it.
+struct Floor {
+    api: Api<TargetLease>,
+    phases: Phases,
+    label: String,
+    pairs: usize,
+    rule: Vec<f64>,
+    plain: Vec<f64>,
+    missed: usize,
+}
+
+/// The holder's and the waiter's statuses, as the controller would write them.
+struct FloorStatuses {
+    held: targetlease::api::TargetLeaseStatus,
+    next_held: targetlease::api::TargetLeaseStatus,
+    released: targetlease::api::TargetLeaseStatus,
+    waiting: targetlease::api::TargetLeaseStatus,
+}
+
+impl FloorStatuses {
+    fn new() -> Self {
+        use targetlease::api::Reason;
+        use targetlease::controller::status::Observed;
+        use targetlease::store::{Grant, Permits, Slot};
+        let now = jiff::Timestamp::now();
+        let server_ms = u64::try_from(now.as_millisecond()).unwrap_or(0);
+        let grant = |token| Grant {
+            token,
+            slot: Slot::ZERO,
+            acquired_at_ms: server_ms,
+            server_time_ms: server_ms,
+            expires_in_ms: 30_000,
+        };
+        let held = Observed::held(&grant(7), Permits::ONE, "first").into_status(Some(1), None, now);
+        let waiting = Observed::waiting("second", None).into_status(Some(1), None, now);
+        Self {
+            next_held: Observed::held(&grant(8), Permits::ONE, "second").into_status(
+                Some(1),
+                Some(&waiting),
+                now,
+            ),
+            released: Observed::released(
+                Reason::ReleaseRequested,
+                "resource deleted".to_owned(),
+                Some(7),
+            )
+            .into_status(Some(1), Some(&held), now),
+            held,
+            waiting,
+        }
+    }
+}
+
+impl Floor {
+    /// Creates `pairs` holder/waiter pairs of each kind in `ns`, shown Held and Waiting.
+    async fn new(
+        bench: &Bench,
+        ns: &str,
+        label: &str,
+        pairs: usize,
+        statuses: &FloorStatuses,
+    ) -> Option<Floor> {
+        bench.cluster.kubectl_ok(&["create", "namespace", ns]);
+        let api: Api<TargetLease> = Api::namespaced(bench.client.clone(), ns);
+        let mut phases = Phases::new(watch_phases(&bench.client, ns, "bench=floor"));
+        let mut leases = Vec::new();
+        for i in 0..pairs {
+            for kind in ["rule", "plain"] {
+                let target = format!("floor/{kind}-{i:04}");
+                let mut holder = lease(&format!("{kind}-h-{i:04}"), &target, "first", 30, "floor");
+                if kind == "rule" {
+                    holder.metadata.finalizers = Some(vec![targetlease::api::FINALIZER.to_owned()]);
+                }
+                leases.push((holder, &statuses.held));
+                let waiter = lease(&format!("{kind}-w-{i:04}"), &target, "second", 30, "floor");
+                leases.push((waiter, &statuses.waiting));
+            }
+        }
+        let shown_as = |status: &targetlease::api::TargetLeaseStatus| -> HashSet<String> {
+            leases
+                .iter()
+                .filter(|(_, s)| s.phase == status.phase)
+                .map(|(l, _)| l.name_any())
+                .collect()
+        };
+        let (holders, waiters) = (shown_as(&statuses.held), shown_as(&statuses.waiting));
+        for (lease, status) in leases {
+            let name = lease.name_any();
+            let created = api.create(&PostParams::default(), &lease).await;
+            if let Err(e) = created.map(|_| ()) {
+                eprintln!("floor: create {name}: {e}");
+                return None;
+            }
+            if let Err(e) = Self::apply(&api, &name, status, None).await {
+                eprintln!("floor: status of {name}: {e}");
+                return None;
+            }
+        }
+        phases.wait_all(&holders, Phase::Held, WAIT_LIMIT).await?;
+        phases
+            .wait_all(&waiters, Phase::Waiting, WAIT_LIMIT)
+            .await?;
+        Some(Floor {
+            api,
+            phases,
+            label: label.to_owned(),
+            pairs,
+            rule: Vec::new(),
+            plain: Vec::new(),
+            missed: 0,
+        })
+    }
+
+    /// Hand-over `i` of each kind; records its time, from the delete sent to the watch showing
+    /// the waiter Held.
+    async fn hand_over(&mut self, i: usize, statuses: &FloorStatuses) {
+        let (holder, waiter) = (format!("rule-h-{i:04}"), format!("rule-w-{i:04}"));
+        let waiter_version = self
+            .phases
+            .now
+            .get(&waiter)
+            .and_then(|s| s.resource_version.clone());
+        match self
+            .with_rule(&holder, &waiter, waiter_version, statuses)
+            .await
+        {
+            Ok(ms) => self.rule.push(ms),
+            Err(e) => {
+                eprintln!("floor {}: {holder}: {e}", self.label);
+                self.missed += 1;
+            }
+        }
+        // Off the clock, as the controller's finalizer patch is off the path.
+        let patch = serde_json::json!({"metadata": {"finalizers": null}});
+        let removed = self
+            .api
+            .patch(
+                &holder,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await;
+        if let Err(e) = removed {
+            eprintln!("floor {}: finalizer of {holder}: {e}", self.label);
+        }
+        let (holder, waiter) = (format!("plain-h-{i:04}"), format!("plain-w-{i:04}"));
+        let waiter_version = self
+            .phases
+            .now
+            .get(&waiter)
+            .and_then(|s| s.resource_version.clone());
+        match self.plain(&holder, &waiter, waiter_version, statuses).await {
+            Ok(ms) => self.plain.push(ms),
+            Err(e) => {
+                eprintln!("floor {}: {holder}: {e}", self.label);
+                self.missed += 1;
+            }
+        }
+        self.phases.drain();
+    }
+
+    async fn with_rule(
+        &mut self,
+        holder: &str,
+        waiter: &str,
+        waiter_version: Option<String>,
+        statuses: &FloorStatuses,
+    ) -> Result<f64, String> {
+        let start = Instant::now();
+        self.api
+            .delete(holder, &DeleteParams::default())
+            .await
+            .map_err(|e| format!("delete: {e}"))?;
+        let (_, version) = self
+            .phases
+            .wait_for(HANDOVER_LIMIT, |s| s.name == holder && s.deleting)
+            .await
+            .ok_or("the watch never showed the delete")?;
+        Self::apply(&self.api, holder, &statuses.released, version)
+            .await
+            .map_err(|e| format!("Released: {e}"))?;
+        Self::apply(&self.api, waiter, &statuses.next_held, waiter_version)
+            .await
+            .map_err(|e| format!("Held: {e}"))?;
+        let at = self
+            .phases
+            .wait_one(waiter, Phase::Held, HANDOVER_LIMIT)
+            .await
+            .ok_or("the watch never showed the waiter Held")?;
+        Ok((at - start).as_secs_f64() * 1000.0)
+    }
+
+    async fn plain(
+        &mut self,
+        holder: &str,
+        waiter: &str,
+        waiter_version: Option<String>,
+        statuses: &FloorStatuses,
+    ) -> Result<f64, String> {
+        let start = Instant::now();
+        self.api
+            .delete(holder, &DeleteParams::default())
+            .await
+            .map_err(|e| format!("delete: {e}"))?;
+        self.phases
+            .wait_for(HANDOVER_LIMIT, |s| s.name == holder && s.gone)
+            .await
+            .ok_or("the watch never showed the holder gone")?;
+        Self::apply(&self.api, waiter, &statuses.next_held, waiter_version)
+            .await
+            .map_err(|e| format!("Held: {e}"))?;
+        let at = self
+            .phases
+            .wait_one(waiter, Phase::Held, HANDOVER_LIMIT)
+            .await
+            .ok_or("the watch never showed the waiter Held")?;
+        Ok((at - start).as_secs_f64() * 1000.0)
+    }
+
+    /// The floor's figures beside the controller's `controller` hand-overs (interleaved with
+    /// these), as report lines and JSON.
+    fn report(&self, controller: &[f64]) -> (String, serde_json::Value) {
+        let figures = |samples: &[f64]| {
+            let mut sorted: Vec<u64> = samples.iter().map(|ms| (ms * 1000.0) as u64).collect();
+            sorted.sort_unstable();
+            [0.5, 0.9, 0.99, 0.0].map(|p| common::quantile(&sorted, p) as f64 / 1000.0)
+        };
+        let [c50, _, c99, _] = figures(controller);
+        let mut lines = String::new();
+        let mut json = serde_json::Map::new();
+        for (name, what, samples) in [
+            (
+                "with the status rule",
+                "delete, the watch shows it, the holder's Released apply, the waiter's Held apply, the watch shows it",
+                &self.rule,
+            ),
+            (
+                "without the status rule",
+                "a holder without finalizer deleted, the watch shows it gone, the waiter's Held apply, the watch shows it",
+                &self.plain,
+            ),
+        ] {
+            let [p50, p90, p99, min] = figures(samples);
+            let _ = writeln!(
+                lines,
+                "- floor {name} ({what}; this benchmark alone, right after the controller's): \
+                 p50 {p50:.1} ms, p90 {p90:.1} ms, p99 {p99:.1} ms, min {min:.1} ms ({} hand-overs); \
+                 the controller's / this floor: p50 {:.2}, p99 {:.2}",
+                samples.len(),
+                c50 / p50,
+                c99 / p99,
+            );
+            json.insert(
+                name.replace(' ', "-"),
+                serde_json::json!({
+                    "count": samples.len(), "p50Ms": p50, "p90Ms": p90, "p99Ms": p99, "minMs": min,
+                    "controllerOverFloorP50": c50 / p50, "controllerOverFloorP99": c99 / p99,
+                    "samplesMs": samples,
+                }),
+            );
+        }
+        json.insert("missed".into(), serde_json::json!(self.missed));
+        (lines, serde_json::Value::Object(json))
+    }
+
+    /// Whether every floor hand-over was measured.
+    fn complete(&self) -> bool {
+        self.missed == 0 && self.rule.len() == self.pairs && self.plain.len() == self.pairs
+    }
+
+    /// One status apply, as the controller makes it.
+    async fn apply(
+        api: &Api<TargetLease>,
+        name: &str,
+        status: &targetlease::api::TargetLeaseStatus,
+        resource_version: Option<String>,
+    ) -> Result<(), kube::Error> {
+        use kube::api::{Patch, PatchParams};
+        let mut patch = serde_json::json!({
+            "apiVersion": "targetlease.dev/v1beta1",
+            "kind": "TargetLease",
+            "status": status,
+        });
+        if let Some(version) = resource_version {
+            patch["metadata"] = serde_json::json!({ "resourceVersion": version });
+        }
+        api.patch_status(
+            name,
+            &PatchParams::apply(targetlease::api::FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map(|_| ())
     }
 }
 
@@ -1278,6 +1609,19 @@ impl Bench {
         let mut latencies = Vec::with_capacity(pairs);
         let mut steps = Steps::default();
         let mut missed = 0;
+        let floor_statuses = FloorStatuses::new();
+        let Some(mut floor) = Floor::new(
+            self,
+            &format!("floor-{label}"),
+            label,
+            pairs,
+            &floor_statuses,
+        )
+        .await
+        else {
+            self.check(&format!("handover-{label}-floor-setup"), false);
+            return Vec::new();
+        };
         let api_before = api_counts(&self.client).await;
         let store_before = evalsha_stats(&mut self.valkey_conn).await;
         for i in 0..pairs {
@@ -1310,6 +1654,13 @@ impl Bench {
         }
         let api_delta = api_delta(&api_before, &api_counts(&self.client).await);
         let store_after = evalsha_stats(&mut self.valkey_conn).await;
+        // The floor right after (not interleaved: its requests would count in the table of
+        // the controller's below).
+        for i in 0..pairs {
+            floor.hand_over(i, &floor_statuses).await;
+        }
+        let (floor_lines, floor_json) = floor.report(&latencies);
+        self.check(&format!("handover-{label}-floor"), floor.complete());
         let mut sorted: Vec<u64> = latencies.iter().map(|ms| (ms * 1000.0) as u64).collect();
         sorted.sort_unstable();
         let q = |p: f64| quantile(&sorted, p) as f64 / 1000.0;
@@ -1343,6 +1694,7 @@ impl Bench {
             steps.table(),
             api_table(&api_delta, per, "hand-over"),
         ));
+        self.say(&floor_lines);
         let svg = self.out.join(format!("handover-{label}.svg"));
         let title = format!(
             "TargetLease hand-over latency ({label}): p50 {:.1} ms, p99 {:.1} ms",
@@ -1364,6 +1716,7 @@ impl Bench {
                 "storeMicrosPerCall": store_usec as f64 / store_calls.max(1) as f64,
                 "loadBefore": load_before,
                 "loadAfter": loadavg(),
+                "floor": floor_json,
             }),
         );
         self.check(

@@ -3124,6 +3124,7 @@ pub fn suite(args: &Arguments) -> Conclusion {
         alerts_and_dashboard_name_real_metrics,
         etcd_backend_holds_hands_over_and_fences,
         a_move_from_valkey_to_etcd_never_shows_two_held,
+        a_claim_deleted_mid_acquire_leaves_nothing_held,
     ];
     run_scenarios(args, scenarios.to_vec())
 }
@@ -3301,4 +3302,75 @@ async fn a_move_from_valkey_to_etcd_never_shows_two_held(mut s: Scenario) {
     tokio::task::spawn_blocking(move || drop(etcd))
         .await
         .expect("stop etcd");
+}
+
+// A TargetLease deleted while the controller's acquire for it is in flight (Valkey 300 ms away
+// each way, through a proxy): the grant comes back after the delete, so the Held status write,
+// which carries the resourceVersion it was decided on, is refused (the object changed); the
+// cleanup then asks the store what this lease id holds and releases it. The claim never shows
+// Held, the store holds nothing for the target once the object is gone, and the next claim on
+// the target is Held at once rather than when the orphaned lease's TTL (30 s) ran out.
+async fn a_claim_deleted_mid_acquire_leaves_nothing_held(mut s: Scenario) {
+    let proxy = Proxy::start(s.valkey.port).await;
+    s.controller.take();
+    let valkey = format!("redis://127.0.0.1:{}", proxy.port);
+    let kubeconfig = std::path::Path::new(s.cluster.kubeconfig());
+    // A call deadline that fits a connection's handshake (several round trips) at that latency.
+    let args = ["--watch-namespace", s.ns.as_str(), "--valkey-timeout", "5s"];
+    s.controller = Some(ControllerProcess::start_as(
+        &s.cluster, kubeconfig, &valkey, &args,
+    ));
+    proxy.set(Mode::Latency(Duration::from_millis(300)));
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let phases = tokio::spawn({
+        let mut events = watcher(
+            s.api(),
+            watcher::Config::default().fields("metadata.name=racer"),
+        )
+        .applied_objects()
+        .boxed();
+        async move {
+            let mut seen = Vec::new();
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return seen,
+                    next = events.next() => match next {
+                        Some(Ok(lease)) => seen.push(phase_of(&lease)),
+                        Some(Err(e)) => eprintln!("watch error (retrying): {e}"),
+                        None => return seen,
+                    },
+                }
+            }
+        }
+    });
+    s.apply("racer", "raced-target", "worker-a", "ttlSeconds: 30");
+    // The finalizer is added first; the acquire is sent right after it.
+    s.wait("racer", "its finalizer", 30 * SEC, |l| {
+        l.finalizers()
+            .iter()
+            .any(|f| f == targetlease::api::FINALIZER)
+    })
+    .await;
+    s.delete("racer").await;
+    s.wait_gone("racer", 30 * SEC).await;
+    proxy.set(Mode::Pass);
+    let logs = s.controller().logs();
+    assert!(
+        logs.contains("acquired lease=racer"),
+        "the acquire was not granted, so nothing raced the delete:\n{logs}"
+    );
+    let seen = s.inspect("raced-target").await;
+    assert!(
+        seen.lease.is_none(),
+        "the store still holds the deleted claim's lease: {:?}",
+        seen.lease.map(|l| l.owner)
+    );
+    s.apply("next", "raced-target", "worker-b", "ttlSeconds: 30");
+    s.wait_phase("next", Phase::Held, 5 * SEC).await;
+    let _ = stop.send(());
+    let phases = phases.await.expect("watch");
+    assert!(
+        !phases.contains(&Some(Phase::Held)),
+        "the deleted claim showed Held: {phases:?}"
+    );
 }

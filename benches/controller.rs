@@ -8,9 +8,9 @@
 //!    seconds until a watch saw all of them Held, API requests and status writes per lease,
 //!    controller peak RSS and CPU; then all of them deleted and the seconds until they are gone.
 //! 2. hand-over on an idle controller: pairs (holder, waiter) on one target each; the holder is
-//!    deleted and the time until a watch sees the waiter Held is recorded, one pair at a time;
-//!    then the same for the hand-over's floor (the API requests a hand-over needs, made by this
-//!    benchmark alone; see `Floor`), and the controller's figures over the floor's.
+//!    deleted and the time until a watch sees the waiter Held is recorded, one pair at a time,
+//!    in blocks alternating with the hand-over's floor (the API requests on a hand-over's path,
+//!    made by this benchmark alone; see `Floor`); then the controller's figures over the floor's.
 //! 3. scale again with the large N, then the steady state for two TTLs (API writes per second,
 //!    Valkey commands per second, controller CPU), then hand-overs again with all of those leases
 //!    held and renewed in the background.
@@ -91,6 +91,8 @@ struct Options {
 /// Every wait is bounded so that a broken run ends; these are not speed goals.
 const WAIT_LIMIT: Duration = Duration::from_secs(900);
 const HANDOVER_LIMIT: Duration = Duration::from_secs(30);
+/// Hand-overs per block: the controller's and the floor's alternate in blocks of this many.
+const FLOOR_BLOCK: usize = 25;
 
 struct Bench {
     cluster: Arc<Cluster>,
@@ -520,6 +522,16 @@ fn api_delta(before: &ApiCounts, after: &ApiCounts) -> ApiCounts {
         .collect()
 }
 
+/// Adds `delta` to `into`.
+fn add_counts(into: &mut ApiCounts, delta: &ApiCounts) {
+    for (key, (n, bad, secs)) in delta {
+        let entry = into.entry(key.clone()).or_default();
+        entry.0 += n;
+        entry.1 += bad;
+        entry.2 += secs;
+    }
+}
+
 const WRITE_VERBS: [&str; 6] = [
     "POST",
     "PUT",
@@ -696,11 +708,14 @@ impl Steps {
     }
 }
 
-/// The floor of a hand-over: the API requests a hand-over needs, made by this benchmark itself
-/// in a namespace no controller watches, with nothing between them but its own watch. A
+/// The floor of a hand-over: the API requests on a hand-over's path, made by this benchmark
+/// itself in a namespace no controller watches, with nothing between them but its own watch. A
 /// controller's hand-over cannot be faster than its floor on the same API server, so each
-/// hand-over phase runs its floor right after the controller's hand-overs (not interleaved:
-/// the floor's requests would count in the controller's request table) and prints the ratio.
+/// hand-over phase alternates blocks of the controller's hand-overs and of the floor's (the API
+/// requests of the controller's table are counted around its blocks only) and prints the ratio.
+/// The requests a controller makes beside the path (the deleted holder's finalizer removal, two
+/// Events) are off the floor's clock: what they cost the controller's hand-over, by loading the
+/// API server at the moment of the waiter's write, counts in the controller's share.
 ///
 /// - With the status rule (a deleted holder never shows Held beside its successor): the holder
 ///   (with the finalizer) deleted; the watch shows it; the holder's `Released` status applied;
@@ -743,7 +758,7 @@ impl FloorStatuses {
             expires_in_ms: 30_000,
         };
         let held = Observed::held(&grant(7), Permits::ONE, "first").into_status(Some(1), None, now);
-        let waiting = Observed::waiting("second", None).into_status(Some(1), None, now);
+        let waiting = Observed::waiting("first", None).into_status(Some(1), None, now);
         Self {
             next_held: Observed::held(&grant(8), Permits::ONE, "second").into_status(
                 Some(1),
@@ -928,8 +943,8 @@ impl Floor {
         Ok((at - start).as_secs_f64() * 1000.0)
     }
 
-    /// The floor's figures beside the controller's `controller` hand-overs (interleaved with
-    /// these), as report lines and JSON.
+    /// The floor's figures beside the controller's `controller` hand-overs (in blocks alternating
+    /// with these), as report lines and JSON.
     fn report(&self, controller: &[f64]) -> (String, serde_json::Value) {
         let figures = |samples: &[f64]| {
             let mut sorted: Vec<u64> = samples.iter().map(|ms| (ms * 1000.0) as u64).collect();
@@ -952,20 +967,22 @@ impl Floor {
             ),
         ] {
             let [p50, p90, p99, min] = figures(samples);
+            // No sample: no ratio (NaN, `null` in the JSON) rather than a division by zero.
+            let over = |c: f64, f: f64| if f > 0.0 { c / f } else { f64::NAN };
             let _ = writeln!(
                 lines,
-                "- floor {name} ({what}; this benchmark alone, right after the controller's): \
+                "- floor {name} ({what}; this benchmark alone, in blocks alternating with the controller's): \
                  p50 {p50:.1} ms, p90 {p90:.1} ms, p99 {p99:.1} ms, min {min:.1} ms ({} hand-overs); \
                  the controller's / this floor: p50 {:.2}, p99 {:.2}",
                 samples.len(),
-                c50 / p50,
-                c99 / p99,
+                over(c50, p50),
+                over(c99, p99),
             );
             json.insert(
                 name.replace(' ', "-"),
                 serde_json::json!({
                     "count": samples.len(), "p50Ms": p50, "p90Ms": p90, "p99Ms": p99, "minMs": min,
-                    "controllerOverFloorP50": c50 / p50, "controllerOverFloorP99": c99 / p99,
+                    "controllerOverFloorP50": over(c50, p50), "controllerOverFloorP99": over(c99, p99),
                     "samplesMs": samples,
                 }),
             );
@@ -1605,10 +1622,6 @@ impl Bench {
             self.check(&format!("handover-{label}-setup"), false);
             return Vec::new();
         }
-        let load_before = loadavg();
-        let mut latencies = Vec::with_capacity(pairs);
-        let mut steps = Steps::default();
-        let mut missed = 0;
         let floor_statuses = FloorStatuses::new();
         let Some(mut floor) = Floor::new(
             self,
@@ -1622,42 +1635,56 @@ impl Bench {
             self.check(&format!("handover-{label}-floor-setup"), false);
             return Vec::new();
         };
-        let api_before = api_counts(&self.client).await;
-        let store_before = evalsha_stats(&mut self.valkey_conn).await;
-        for i in 0..pairs {
-            let holder = format!("{label}-h-{i:04}");
-            let waiter = format!("{label}-w-{i:04}");
-            let start = Instant::now();
-            if let Err(e) = api.delete(&holder, &DeleteParams::default()).await {
-                eprintln!("delete {holder}: {e}");
-                missed += 1;
-                continue;
-            }
-            let deleted = Instant::now();
-            match phases.wait_one(&waiter, Phase::Held, HANDOVER_LIMIT).await {
-                Some(at) => {
-                    latencies.push((at - start).as_secs_f64() * 1000.0);
-                    phases.drain();
-                    steps.record(
-                        start,
-                        deleted,
-                        phases.deleting_seen.get(&holder).copied(),
-                        phases.released_seen.get(&holder).copied(),
-                        at,
-                    );
-                }
-                None => {
-                    eprintln!("{waiter} was not Held within {HANDOVER_LIMIT:?}");
+        let load_before = loadavg();
+        let mut latencies = Vec::with_capacity(pairs);
+        let mut steps = Steps::default();
+        let mut missed = 0;
+        let mut requests = ApiCounts::new();
+        let (mut store_calls, mut store_usec) = (0, 0);
+        // The controller's hand-overs and the floor's alternate in blocks, so that both meet the
+        // same moments of the machine; the API requests and store calls are counted around the
+        // controller's blocks only.
+        for block in (0..pairs).collect::<Vec<_>>().chunks(FLOOR_BLOCK) {
+            let api_before = api_counts(&self.client).await;
+            let store_before = evalsha_stats(&mut self.valkey_conn).await;
+            for &i in block {
+                let holder = format!("{label}-h-{i:04}");
+                let waiter = format!("{label}-w-{i:04}");
+                let start = Instant::now();
+                if let Err(e) = api.delete(&holder, &DeleteParams::default()).await {
+                    eprintln!("delete {holder}: {e}");
                     missed += 1;
+                    continue;
+                }
+                let deleted = Instant::now();
+                match phases.wait_one(&waiter, Phase::Held, HANDOVER_LIMIT).await {
+                    Some(at) => {
+                        latencies.push((at - start).as_secs_f64() * 1000.0);
+                        phases.drain();
+                        steps.record(
+                            start,
+                            deleted,
+                            phases.deleting_seen.get(&holder).copied(),
+                            phases.released_seen.get(&holder).copied(),
+                            at,
+                        );
+                    }
+                    None => {
+                        eprintln!("{waiter} was not Held within {HANDOVER_LIMIT:?}");
+                        missed += 1;
+                    }
                 }
             }
-        }
-        let api_delta = api_delta(&api_before, &api_counts(&self.client).await);
-        let store_after = evalsha_stats(&mut self.valkey_conn).await;
-        // The floor right after (not interleaved: its requests would count in the table of
-        // the controller's below).
-        for i in 0..pairs {
-            floor.hand_over(i, &floor_statuses).await;
+            add_counts(
+                &mut requests,
+                &api_delta(&api_before, &api_counts(&self.client).await),
+            );
+            let store_after = evalsha_stats(&mut self.valkey_conn).await;
+            store_calls += store_after.0.saturating_sub(store_before.0);
+            store_usec += store_after.1.saturating_sub(store_before.1);
+            for &i in block {
+                floor.hand_over(i, &floor_statuses).await;
+            }
         }
         let (floor_lines, floor_json) = floor.report(&latencies);
         self.check(&format!("handover-{label}-floor"), floor.complete());
@@ -1676,8 +1703,6 @@ impl Bench {
             loadavg()
         ));
         let per = latencies.len().max(1) as f64;
-        let store_calls = store_after.0.saturating_sub(store_before.0);
-        let store_usec = store_after.1.saturating_sub(store_before.1);
         let store_line = if self.etcd.is_some() {
             "  store: etcd, three members (its calls are not counted here)\n".to_owned()
         } else {
@@ -1692,7 +1717,7 @@ impl Bench {
              side is the release in the store, the wake, the waiter's acquire and its status \
              write):\n{}{store_line}  API requests during these hand-overs, per hand-over:\n{}\n",
             steps.table(),
-            api_table(&api_delta, per, "hand-over"),
+            api_table(&requests, per, "hand-over"),
         ));
         self.say(&floor_lines);
         let svg = self.out.join(format!("handover-{label}.svg"));
@@ -2360,7 +2385,7 @@ fn main() {
             let hwm = status_kib(controller.pid(), "VmHWM");
             bench.say(&format!(
                 "- controller peak RSS (VmHWM) at the end: {:.1} MiB\n\
-                 - the {large} leases, seen by the watch, during the hand-overs: {}\n\
+                 - the {large} leases, seen by the watch, during the hand-overs (the controller's and their floor's): {}\n\
                  - the {large} leases, seen by the watch, over the whole phase (burst, steady \
                  state, hand-overs and the pauses between): {}\n",
                 hwm as f64 / 1024.0,

@@ -3315,32 +3315,40 @@ async fn a_claim_deleted_mid_acquire_leaves_nothing_held(mut s: Scenario) {
     s.controller.take();
     let valkey = format!("redis://127.0.0.1:{}", proxy.port);
     let kubeconfig = std::path::Path::new(s.cluster.kubeconfig());
-    // A call deadline that fits a connection's handshake (several round trips) at that latency.
-    let args = ["--watch-namespace", s.ns.as_str(), "--valkey-timeout", "5s"];
+    // Deadlines that fit opening a connection (several round trips) at that latency: the pool's
+    // connections are opened lazily, so the calls below may each open one.
+    let args = [
+        "--watch-namespace",
+        s.ns.as_str(),
+        "--valkey-timeout",
+        "5s",
+        "--valkey-connect-timeout",
+        "5s",
+    ];
     s.controller = Some(ControllerProcess::start_as(
         &s.cluster, kubeconfig, &valkey, &args,
     ));
     proxy.set(Mode::Latency(Duration::from_millis(300)));
-    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    // Every change of the claim until the watch sees it deleted (which proves it saw them all).
     let phases = tokio::spawn({
         let mut events = watcher(
             s.api(),
             watcher::Config::default().fields("metadata.name=racer"),
         )
-        .applied_objects()
         .boxed();
         async move {
             let mut seen = Vec::new();
-            loop {
-                tokio::select! {
-                    _ = &mut stopped => return seen,
-                    next = events.next() => match next {
-                        Some(Ok(lease)) => seen.push(phase_of(&lease)),
-                        Some(Err(e)) => eprintln!("watch error (retrying): {e}"),
-                        None => return seen,
-                    },
+            while let Ok(Some(event)) = tokio::time::timeout(60 * SEC, events.next()).await {
+                match event {
+                    Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
+                        seen.push(phase_of(&lease));
+                    }
+                    Ok(watcher::Event::Delete(_)) => return Ok(seen),
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+                    Err(e) => eprintln!("watch error (retrying): {e}"),
                 }
             }
+            Err(seen)
         }
     });
     s.apply("racer", "raced-target", "worker-a", "ttlSeconds: 30");
@@ -3367,8 +3375,10 @@ async fn a_claim_deleted_mid_acquire_leaves_nothing_held(mut s: Scenario) {
     );
     s.apply("next", "raced-target", "worker-b", "ttlSeconds: 30");
     s.wait_phase("next", Phase::Held, 5 * SEC).await;
-    let _ = stop.send(());
-    let phases = phases.await.expect("watch");
+    let phases = match phases.await.expect("watch") {
+        Ok(phases) => phases,
+        Err(seen) => panic!("the watch never saw the claim deleted; it saw {seen:?}"),
+    };
     assert!(
         !phases.contains(&Some(Phase::Held)),
         "the deleted claim showed Held: {phases:?}"

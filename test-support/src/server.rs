@@ -373,7 +373,18 @@ fn spawn(
         }
         let ready = match listen {
             Listen::Plain => {
-                raw_command(port, password, &["PING"]).is_ok_and(|r| r.starts_with("+PONG"))
+                let pong =
+                    raw_command(port, password, &["PING"]).is_ok_and(|r| r.starts_with("+PONG"));
+                if pong && let Some(other) = other_server(port, password, child.id()) {
+                    // Another suite's server (the suites run side by side, each choosing free
+                    // ports on its own) took the port first; this one cannot bind it and exits.
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!(
+                        "port {port} answered as process {other}, not this server"
+                    ));
+                }
+                pong
             }
             // Without a TLS client at hand, a listening socket is the readiness signal.
             Listen::Tls => TcpStream::connect(("127.0.0.1", port)).is_ok(),
@@ -387,6 +398,19 @@ fn spawn(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The process id of the server answering on `port`, when `INFO server` names one that is not
+/// `pid`; `None` when it is `pid` or cannot be told (a user without the right to `INFO`).
+fn other_server(port: u16, password: Option<&str>, pid: u32) -> Option<u32> {
+    let info = raw_command(port, password, &["INFO", "server"]).ok()?;
+    let answered: u32 = info
+        .lines()
+        .find_map(|line| line.strip_prefix("process_id:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    (answered != pid).then_some(answered)
 }
 
 /// Encodes a command in RESP.

@@ -840,57 +840,54 @@ impl Floor {
     /// Hand-over `i` of each kind; records its time, from the delete sent to the watch showing
     /// the waiter Held.
     async fn hand_over(&mut self, i: usize, statuses: &FloorStatuses) {
-        let (holder, waiter) = (format!("rule-h-{i:04}"), format!("rule-w-{i:04}"));
-        let waiter_version = self
-            .phases
-            .now
-            .get(&waiter)
-            .and_then(|s| s.resource_version.clone());
-        match self
-            .with_rule(&holder, &waiter, waiter_version, statuses)
-            .await
-        {
-            Ok(ms) => self.rule.push(ms),
-            Err(e) => {
-                eprintln!("floor {}: {holder}: {e}", self.label);
-                self.missed += 1;
+        for kind in ["rule", "plain"] {
+            let (holder, waiter) = (format!("{kind}-h-{i:04}"), format!("{kind}-w-{i:04}"));
+            let waiter_version = self
+                .phases
+                .now
+                .get(&waiter)
+                .and_then(|s| s.resource_version.clone());
+            let rule = kind == "rule";
+            match self
+                .one(&holder, &waiter, waiter_version, statuses, rule)
+                .await
+            {
+                Ok(ms) if rule => self.rule.push(ms),
+                Ok(ms) => self.plain.push(ms),
+                Err(e) => {
+                    eprintln!("floor {}: {holder}: {e}", self.label);
+                    self.missed += 1;
+                }
             }
-        }
-        // Off the clock, as the controller's finalizer patch is off the path.
-        let patch = serde_json::json!({"metadata": {"finalizers": null}});
-        let removed = self
-            .api
-            .patch(
-                &holder,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&patch),
-            )
-            .await;
-        if let Err(e) = removed {
-            eprintln!("floor {}: finalizer of {holder}: {e}", self.label);
-        }
-        let (holder, waiter) = (format!("plain-h-{i:04}"), format!("plain-w-{i:04}"));
-        let waiter_version = self
-            .phases
-            .now
-            .get(&waiter)
-            .and_then(|s| s.resource_version.clone());
-        match self.plain(&holder, &waiter, waiter_version, statuses).await {
-            Ok(ms) => self.plain.push(ms),
-            Err(e) => {
-                eprintln!("floor {}: {holder}: {e}", self.label);
-                self.missed += 1;
+            if rule {
+                // Off the clock, as the controller's finalizer patch is off the path.
+                let patch = serde_json::json!({"metadata": {"finalizers": null}});
+                let removed = self
+                    .api
+                    .patch(
+                        &holder,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await;
+                if let Err(e) = removed {
+                    eprintln!("floor {}: finalizer of {holder}: {e}", self.label);
+                }
             }
         }
         self.phases.drain();
     }
 
-    async fn with_rule(
+    /// One floor hand-over of `holder` to `waiter`: with the status rule (`rule`: the holder's
+    /// `Released` apply once the watch shows the delete) or without it (the watch shows the
+    /// holder gone). Answers its time, from the delete sent to the watch showing the waiter Held.
+    async fn one(
         &mut self,
         holder: &str,
         waiter: &str,
         waiter_version: Option<String>,
         statuses: &FloorStatuses,
+        rule: bool,
     ) -> Result<f64, String> {
         let start = Instant::now();
         self.api
@@ -899,39 +896,16 @@ impl Floor {
             .map_err(|e| format!("delete: {e}"))?;
         let (_, version) = self
             .phases
-            .wait_for(HANDOVER_LIMIT, |s| s.name == holder && s.deleting)
+            .wait_for(HANDOVER_LIMIT, |s| {
+                s.name == holder && if rule { s.deleting } else { s.gone }
+            })
             .await
             .ok_or("the watch never showed the delete")?;
-        Self::apply(&self.api, holder, &statuses.released, version)
-            .await
-            .map_err(|e| format!("Released: {e}"))?;
-        Self::apply(&self.api, waiter, &statuses.next_held, waiter_version)
-            .await
-            .map_err(|e| format!("Held: {e}"))?;
-        let at = self
-            .phases
-            .wait_one(waiter, Phase::Held, HANDOVER_LIMIT)
-            .await
-            .ok_or("the watch never showed the waiter Held")?;
-        Ok((at - start).as_secs_f64() * 1000.0)
-    }
-
-    async fn plain(
-        &mut self,
-        holder: &str,
-        waiter: &str,
-        waiter_version: Option<String>,
-        statuses: &FloorStatuses,
-    ) -> Result<f64, String> {
-        let start = Instant::now();
-        self.api
-            .delete(holder, &DeleteParams::default())
-            .await
-            .map_err(|e| format!("delete: {e}"))?;
-        self.phases
-            .wait_for(HANDOVER_LIMIT, |s| s.name == holder && s.gone)
-            .await
-            .ok_or("the watch never showed the holder gone")?;
+        if rule {
+            Self::apply(&self.api, holder, &statuses.released, version)
+                .await
+                .map_err(|e| format!("Released: {e}"))?;
+        }
         Self::apply(&self.api, waiter, &statuses.next_held, waiter_version)
             .await
             .map_err(|e| format!("Held: {e}"))?;

@@ -39,6 +39,8 @@ const WORKERS: usize = 5;
 const TTL_MS: u64 = 1200;
 /// The share of calls killed mid-call (per mille).
 const KILL_PER_MILLE: u64 = 120;
+/// How many recent calls that ran to their end the kill moment is drawn against.
+const RECENT_CALLS: usize = 64;
 
 /// A small xorshift generator: the workers' choices repeat with the printed seed
 /// (`TARGETLEASE_LINEARIZABILITY_SEED`); their timing does not.
@@ -74,6 +76,9 @@ struct Recorder {
     bin: PathBuf,
     started: Instant,
     calls: Mutex<Vec<Value>>,
+    /// How long the latest calls not picked for killing took, newest last (at most
+    /// `RECENT_CALLS`).
+    recent: Mutex<std::collections::VecDeque<Duration>>,
 }
 
 impl Recorder {
@@ -88,7 +93,47 @@ impl Recorder {
             bin: targetlease_bin(),
             started: Instant::now(),
             calls: Mutex::new(Vec::new()),
+            recent: Mutex::new(std::collections::VecDeque::new()),
         }
+    }
+
+    /// When to kill a call picked for killing: `draw` (0 to 999) placed in the second half of
+    /// the median call's run. A process call spends most of its time starting; the store runs
+    /// the command only near the end, so a kill drawn from a fixed window (it was 2 to 12 ms)
+    /// lands before the command on a machine where starting takes longer, and a history then
+    /// holds no killed call that had run (a CI run lost two trials to that). Drawn against the
+    /// calls' own length, some kills land after the store ran the command on any machine.
+    /// Before any call has ended: 2 to 12 ms.
+    fn kill_after(&self, draw: u64) -> Duration {
+        let mut recent: Vec<Duration> = self
+            .recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        if recent.is_empty() {
+            return Duration::from_micros(2_000 + draw * 10);
+        }
+        recent.sort();
+        let median = recent[recent.len() / 2];
+        median / 2 + median * draw as u32 / 2_000
+    }
+
+    /// The calls recorded so far; says how long the recent ones took, which the kills were
+    /// drawn against.
+    fn history(&self) -> Vec<Value> {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sorted: Vec<Duration> = recent.iter().copied().collect();
+        sorted.sort();
+        if let Some(median) = sorted.get(sorted.len() / 2) {
+            eprintln!(
+                "linearizability: the latest {} calls took {median:?} at the median (kills land 0.5 to 1 times that after the start)",
+                sorted.len()
+            );
+        }
+        drop(recent);
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn env(&self) -> Vec<(String, String)> {
@@ -131,6 +176,15 @@ impl Recorder {
         let kill_time = self.nanos();
         let output = child.wait_with_output().expect("wait");
         let ret = self.nanos();
+        // Only calls never picked for killing: one picked that ended before its kill came has
+        // the wait for it in its length.
+        if kill_after.is_none() {
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            recent.push_back(Duration::from_nanos((ret - call) as u64));
+            if recent.len() > RECENT_CALLS {
+                recent.pop_front();
+            }
+        }
         let reply: Option<Value> = if killed {
             None
         } else {
@@ -182,8 +236,7 @@ fn worker(rec: &Recorder, client: usize, seed: u64, until: Instant) {
     let mut n = 0;
     while Instant::now() < until {
         n += 1;
-        let kill = (rng.below(1000) < KILL_PER_MILLE)
-            .then(|| Duration::from_micros(2_000 + rng.below(10_000)));
+        let kill = (rng.below(1000) < KILL_PER_MILLE).then(|| rec.kill_after(rng.below(1000)));
         let pick = rng.below(100);
         let base = |op: &str, target: &str| json!({"op": op, "target": target, "lease": "", "owner": "", "token": 0, "ttl_ms": 0});
         match &held {
@@ -451,7 +504,7 @@ fn history_of_killed_clients_is_linearizable() {
     for w in workers {
         w.join().expect("worker");
     }
-    let mut history = rec.calls.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut history = rec.history();
     // A call cut off by the old primary's death failed (unavailable, timeout) without knowing
     // whether it ran: an unknown outcome, as for a killed client.
     for c in history.iter_mut() {
@@ -513,7 +566,7 @@ fn etcd_history_with_a_killed_leader_is_linearizable() {
     for w in workers {
         w.join().expect("worker");
     }
-    let mut history = rec.calls.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut history = rec.history();
     let mut unknown = 0;
     for c in history.iter_mut() {
         let around_the_kill =
@@ -807,8 +860,7 @@ fn permits_worker(rec: &Recorder, client: usize, seed: u64, until: Instant) {
     let owner = format!("w{client}");
     while Instant::now() < until {
         n += 1;
-        let kill = (rng.below(1000) < KILL_PER_MILLE)
-            .then(|| Duration::from_micros(2_000 + rng.below(10_000)));
+        let kill = (rng.below(1000) < KILL_PER_MILLE).then(|| rec.kill_after(rng.below(1000)));
         let pick = rng.below(100);
         let call = |h: &Held, op: &str, token: u64, slot: u32| {
             json!({"op": op, "target": h.target, "lease": h.lease, "owner": owner,
@@ -1062,7 +1114,7 @@ fn permits_history_of_killed_clients_is_linearizable() {
         for w in workers {
             w.join().expect("worker");
         }
-        history = rec.calls.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        history = rec.history();
         history.sort_by_key(|c| c["call"].as_i64());
         let lacking: Vec<String> = permits_coverage(&history)
             .into_iter()

@@ -4,7 +4,7 @@
 //! test; it never skips.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -72,7 +72,17 @@ impl EtcdServer {
         Self::start_with(Some((certs, mtls)))
     }
 
+    /// Starts the member; when its process exits while starting (its port was taken by another
+    /// process between `free_port` and its bind: the suites run side by side), starts it again
+    /// on other ports, up to three times.
     fn start_with(tls: Option<(&super::tls::Certs, bool)>) -> EtcdServer {
+        on_other_ports("etcd", || Self::try_start(tls))
+    }
+
+    /// Starts the member and waits until it leads: `Err` when its process exits first; panics
+    /// after 20 s. A port that answers counts only when the member it names has this one's
+    /// peer URL: another suite's etcd on a port both drew answers before this one fails to bind.
+    fn try_start(tls: Option<(&super::tls::Certs, bool)>) -> Result<EtcdServer, String> {
         let dir = tempfile::tempdir().expect("etcd data folder");
         let (port, peer) = (free_port(), free_port());
         let scheme = if tls.is_some() { "https" } else { "http" };
@@ -106,7 +116,7 @@ impl EtcdServer {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start etcd");
-        let server = EtcdServer {
+        let mut server = EtcdServer {
             child,
             port,
             scheme,
@@ -115,14 +125,18 @@ impl EtcdServer {
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                return Err(format!("it exited ({status}) on ports {port} and {peer}"));
+            }
             let status = server.try_post("/v3/maintenance/status", &json!({}));
             if status
                 .as_ref()
                 .and_then(|s| s.get("leader"))
                 .and_then(Value::as_str)
                 .is_some_and(|l| l != "0")
+                && server.names_peer(&peer_url)
             {
-                return server;
+                return Ok(server);
             }
             assert!(
                 Instant::now() < deadline,
@@ -130,6 +144,20 @@ impl EtcdServer {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Whether the member answering on the client port has `peer_url` as its peer URL.
+    fn names_peer(&self, peer_url: &str) -> bool {
+        self.try_post("/v3/cluster/member/list", &json!({}))
+            .and_then(|list| list.get("members").cloned())
+            .and_then(|members| members.as_array().cloned())
+            .is_some_and(|members| {
+                members.iter().any(|m| {
+                    m.get("peerURLs")
+                        .and_then(Value::as_array)
+                        .is_some_and(|urls| urls.iter().any(|u| u.as_str() == Some(peer_url)))
+                })
+            })
     }
 
     /// The client URL.
@@ -247,21 +275,46 @@ struct Member {
     /// Its arguments but `--data-dir`.
     args: Vec<String>,
     data_dir: PathBuf,
+    /// Where its log goes (every run of it, appended), for a failure's message.
+    log: PathBuf,
     port: u16,
     child: Option<Child>,
 }
 
+/// What a member says of itself: `(its id, the leader's id)` when it answers and has a leader.
+type View = Option<(String, String)>;
+
+/// How many of a member's last log lines a failure's message shows.
+const LOG_TAIL: usize = 40;
+
 impl Member {
     fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("etcd member log");
         let child = Command::new(etcd_binary())
             .args(&self.args)
             .arg(format!("--data-dir={}", self.data_dir.display()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("start etcd");
         self.child = Some(child);
+    }
+
+    /// How its process ended, when it has (one whose port another process held exits at once).
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
+    /// The last lines of its log.
+    fn tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(LOG_TAIL)..].join("\n")
     }
 
     fn url(&self) -> String {
@@ -269,9 +322,9 @@ impl Member {
     }
 
     /// `(its id, the leader's id)` as the member says, when it answers and has a leader.
-    fn view(&self) -> Option<(String, String)> {
+    fn view(&self) -> View {
         let output = Command::new("curl")
-            .args(["-s", "--max-time", "1", "-X", "POST"])
+            .args(["-s", "--max-time", "2", "-X", "POST"])
             .arg(format!("{}/v3/maintenance/status", self.url()))
             .args(["-d", "{}"])
             .output()
@@ -287,8 +340,21 @@ impl Member {
 const CLUSTER_TOKEN: &str = "targetlease-test";
 
 impl EtcdCluster {
-    /// Starts three members and waits until every one knows the leader.
+    /// Starts three members and waits until every one knows the leader. A member that exits
+    /// while starting (its port was taken by another process between `free_port` and its
+    /// bind: the suites run side by side) has the cluster started again on other ports, up to
+    /// three times.
     pub fn start() -> EtcdCluster {
+        on_other_ports("etcd cluster", || {
+            let mut cluster = Self::spawn_new();
+            cluster
+                .until_agreed(&[0, 1, 2], Duration::from_secs(30))
+                .map(|()| cluster)
+        })
+    }
+
+    /// Three new members on new ports, spawned.
+    fn spawn_new() -> EtcdCluster {
         let dir = tempfile::tempdir().expect("etcd data folder");
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
         let peers = PeerNet::start(&ports.iter().map(|(_, peer)| *peer).collect::<Vec<_>>());
@@ -305,9 +371,12 @@ impl EtcdCluster {
                     format!("--initial-cluster={}", initial_cluster(&peers)),
                     "--initial-cluster-state=new".into(),
                     format!("--initial-cluster-token={CLUSTER_TOKEN}"),
-                    "--log-level=error".into(),
+                    // Elections and slow disks are logged at info and warn: what a start
+                    // that names no leader needs explained.
+                    "--log-level=info".into(),
                 ],
                 data_dir: dir.path().join(format!("m{i}")),
+                log: dir.path().join(format!("m{i}.log")),
                 port: *port,
                 child: None,
             })
@@ -315,13 +384,11 @@ impl EtcdCluster {
         for member in &mut members {
             member.spawn();
         }
-        let cluster = EtcdCluster {
+        EtcdCluster {
             members,
             peers,
             dir,
-        };
-        cluster.wait_for_leader(&[0, 1, 2], Duration::from_secs(30));
-        cluster
+        }
     }
 
     /// The members' client URLs.
@@ -330,34 +397,70 @@ impl EtcdCluster {
     }
 
     /// Waits until each of `members` answers and names the same leader, one of them; panics
-    /// after `limit`.
-    pub fn wait_for_leader(&self, members: &[usize], limit: Duration) {
+    /// when one of them exits, or after `limit`, with the members' logs.
+    pub fn wait_for_leader(&mut self, members: &[usize], limit: Duration) {
+        if let Err(why) = self.until_agreed(members, limit) {
+            panic!("etcd {why}");
+        }
+    }
+
+    /// Waits until each of `members` answers and names the same leader, one of them: `Err`
+    /// when one of them exits first (as one restarted on ports another process took while it
+    /// was down does; waiting on would only hide why); panics after `limit`, with the
+    /// members' logs.
+    fn until_agreed(&mut self, members: &[usize], limit: Duration) -> Result<(), String> {
         let deadline = Instant::now() + limit;
-        loop {
-            let views: Vec<Option<(String, String)>> =
-                members.iter().map(|&i| self.members[i].view()).collect();
-            let leaders: Vec<&str> = views
-                .iter()
-                .filter_map(|v| v.as_ref().map(|(_, l)| l.as_str()))
-                .collect();
-            let among = views
-                .iter()
-                .flatten()
-                .any(|(me, _)| Some(me.as_str()) == leaders.first().copied());
-            if leaders.len() == members.len() && leaders.windows(2).all(|w| w[0] == w[1]) && among {
-                return;
+        while let Err(views) = self.agreed(members) {
+            for &i in members {
+                if let Some(status) = self.members[i].exited() {
+                    return Err(format!(
+                        "member {i} exited ({status}); its log ends:\n{}",
+                        self.members[i].tail()
+                    ));
+                }
             }
             assert!(
                 Instant::now() < deadline,
-                "etcd members {members:?} agree on no leader after {limit:?}: {views:?}"
+                "etcd members {members:?} agree on no leader after {limit:?}: {views:?}\n{}",
+                self.logs()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+        Ok(())
+    }
+
+    /// Whether each of `members` answers and names the same leader, one of them; else what
+    /// each said (its id and its leader's, when it answers and has one).
+    fn agreed(&self, members: &[usize]) -> Result<(), Vec<View>> {
+        let views: Vec<View> = members.iter().map(|&i| self.members[i].view()).collect();
+        let leaders: Vec<&str> = views
+            .iter()
+            .filter_map(|v| v.as_ref().map(|(_, l)| l.as_str()))
+            .collect();
+        let among = views
+            .iter()
+            .flatten()
+            .any(|(me, _)| Some(me.as_str()) == leaders.first().copied());
+        if leaders.len() == members.len() && leaders.windows(2).all(|w| w[0] == w[1]) && among {
+            Ok(())
+        } else {
+            Err(views)
+        }
+    }
+
+    /// Each member's last log lines, for a failure's message.
+    fn logs(&self) -> String {
+        self.members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| format!("member {i}'s log ends:\n{}", m.tail()))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// The index of the member that leads now, if a member that answers says so.
     pub fn leader(&self) -> Option<usize> {
-        let views: Vec<Option<(String, String)>> = self.members.iter().map(Member::view).collect();
+        let views: Vec<View> = self.members.iter().map(Member::view).collect();
         let leader = views.iter().flatten().next()?.1.clone();
         views
             .iter()
@@ -532,6 +635,24 @@ impl EtcdCluster {
             member.spawn();
         }
         self.wait_for_leader(&[0, 1, 2], Duration::from_secs(30));
+    }
+}
+
+/// Runs `start` (which starts `what` on ports of its own) until it succeeds, up to three times:
+/// an `Err` says a process exited while starting, as one does whose port another process
+/// took between `free_port` and its bind.
+fn on_other_ports<T>(what: &str, mut start: impl FnMut() -> Result<T, String>) -> T {
+    const TRIES: usize = 3;
+    let mut attempt = 1;
+    loop {
+        match start() {
+            Ok(started) => return started,
+            Err(why) if attempt < TRIES => {
+                eprintln!("{what}: start {attempt} failed, trying other ports: {why}");
+                attempt += 1;
+            }
+            Err(why) => panic!("{what}: start {attempt} failed: {why}"),
+        }
     }
 }
 

@@ -1345,9 +1345,18 @@ async fn deleted_leader_lease_never_two_leaders(mut s: Scenario) {
     let b_led = origin.elapsed() - deleted;
     proxy.set(Mode::Pass);
     tokio::time::sleep(2 * SEC).await;
-    // The leader connected: it recreates the Lease, the follower never takes it.
+    // The leader connected: it recreates the Lease, the follower never takes it. Each
+    // deletion waits for the recreated Lease (a loaded machine's leader took over 2 s once).
     let connected = origin.elapsed();
-    for _ in 0..3 {
+    for round in 0..3 {
+        let since = Instant::now();
+        while lease_holder(&s).await.is_none() {
+            assert!(
+                since.elapsed() < 15 * SEC,
+                "the leader did not recreate its Lease within 15 s of deletion {round}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         delete().await;
         tokio::time::sleep(2 * SEC).await;
     }

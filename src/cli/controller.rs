@@ -40,7 +40,8 @@ pub struct ControllerArgs {
     /// release, its heartbeat, or the garbage collection of TargetLeases owned by deleted pods).
     #[arg(long, env = "TARGETLEASE_NO_HOLDER_PODS")]
     no_holder_pods: bool,
-    /// Address of /healthz, /readyz and /metrics.
+    /// Address of /healthz, /readyz and /metrics (port 0: one the kernel picks; the start-up log
+    /// names the address bound).
     #[arg(long, env = "TARGETLEASE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     http_addr: SocketAddr,
     /// Elect a leader among replicas through a coordination.k8s.io Lease.
@@ -179,6 +180,12 @@ impl ControllerArgs {
         let listener = tokio::net::TcpListener::bind(self.http_addr)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", self.http_addr))?;
+        // The bound address, not the flag: with port 0 the kernel picks one, and this line is
+        // how a person (or a test) learns which.
+        let bound = listener
+            .local_addr()
+            .map_or_else(|_| self.http_addr.to_string(), |a| a.to_string());
+        info!("serving probes and metrics on {bound}");
         let http = tokio::spawn(http::serve(listener, probe.clone(), stopped(stop.clone())));
 
         let election = self.leader_election.then(|| Election {

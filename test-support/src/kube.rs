@@ -569,37 +569,58 @@ impl ControllerProcess {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> ControllerProcess {
-        let port = super::server::free_port();
-        let http = format!("127.0.0.1:{port}");
-        let log = cluster.scratch().join(format!("controller-{port}.log"));
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(targetlease_bin())
-            .arg("controller")
-            .args(["--http-addr", &http])
-            .args(args)
-            .envs(cluster.envs())
-            .env("KUBECONFIG", kubeconfig)
-            .env("TARGETLEASE_LOG", "info,targetlease=debug")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log file"))
-            .stderr(file)
-            .spawn()
-            .expect("start the controller");
-        let mut process = ControllerProcess { child, http, log };
-        process.wait_ready(Duration::from_secs(30));
-        process
+        // Another process may take the port `free_port` handed out before the controller
+        // binds it: the controller then exits saying it cannot listen, and another is tried.
+        super::server::on_other_ports("controller", 3, || {
+            let port = super::server::free_port();
+            let http = format!("127.0.0.1:{port}");
+            let log = cluster.scratch().join(format!("controller-{port}.log"));
+            let file = std::fs::File::create(&log).expect("log file");
+            let child = Command::new(targetlease_bin())
+                .arg("controller")
+                .args(["--http-addr", &http])
+                .args(args)
+                .envs(cluster.envs())
+                .env("KUBECONFIG", kubeconfig)
+                .env("TARGETLEASE_LOG", "info,targetlease=debug")
+                .envs(env.iter().copied())
+                .stdin(Stdio::null())
+                .stdout(file.try_clone().expect("log file"))
+                .stderr(file)
+                .spawn()
+                .expect("start the controller");
+            let mut process = ControllerProcess { child, http, log };
+            match process.until_ready(Duration::from_secs(30)) {
+                Ok(()) => Ok(process),
+                Err(status) if process.logs().contains("cannot listen on") => {
+                    Err(format!("it exited ({status}): its port {port} was taken"))
+                }
+                Err(status) => panic!("controller exited with {status}:\n{}", process.logs()),
+            }
+        })
     }
 
-    /// Waits until `/readyz` answers 200.
+    /// Waits until `/readyz` answers 200; panics when the controller exits or after `limit`.
     pub fn wait_ready(&mut self, limit: Duration) {
+        if let Err(status) = self.until_ready(limit) {
+            panic!("controller exited with {status}:\n{}", self.logs());
+        }
+    }
+
+    /// Waits until `/readyz` answers 200 from this controller (its log says it serves on that
+    /// address: another process's server on a port both drew is not taken for it): `Err` when
+    /// it exits first; panics after `limit`.
+    fn until_ready(&mut self, limit: Duration) -> Result<(), std::process::ExitStatus> {
         let deadline = Instant::now() + limit;
+        let serving = format!("serving probes and metrics on {}", self.http);
         loop {
-            if let Some((200, _)) = http_get(&self.http, "/readyz") {
-                return;
+            if let Some((200, _)) = http_get(&self.http, "/readyz")
+                && self.logs().contains(&serving)
+            {
+                return Ok(());
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("controller exited with {status}:\n{}", self.logs());
+                return Err(status);
             }
             assert!(
                 Instant::now() < deadline,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Client, Value};
 
-use super::server::{Listen, Server, ServerKind, free_port};
+use super::server::{Listen, Server, ServerKind, free_port, on_other_ports, other_server};
 use super::tls::Certs;
 
 /// The master name the sentinels monitor.
@@ -309,8 +309,8 @@ fn tls_args(certs: &Certs) -> Vec<String> {
 fn spawn_sentinel(options: &Options, primary_port: u16) -> Sentinel {
     let dir = tempfile::tempdir().expect("temp dir");
     let binary = options.kind.binary();
-    let mut last = String::new();
-    for _ in 0..5 {
+    let what = format!("{} sentinel", options.kind.name());
+    let (port, child) = on_other_ports(&what, 5, || {
         let port = free_port();
         let mut conf = String::new();
         match &options.tls {
@@ -357,31 +357,35 @@ fn spawn_sentinel(options: &Options, primary_port: u16) -> Sentinel {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Ok(Some(status)) = child.try_wait() {
-                last = format!(
+                let log = std::fs::read_to_string(dir.path().join("sentinel.log"));
+                return Err(format!(
                     "sentinel exited with {status}: {}",
-                    tail(
-                        &std::fs::read_to_string(dir.path().join("sentinel.log"))
-                            .unwrap_or_default(),
-                        5
-                    )
-                );
-                break;
+                    tail(&log.unwrap_or_default(), 5)
+                ));
             }
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Sentinel { port, child, dir };
+                // Another process's server on a port both drew answers before this one fails
+                // to bind (told by INFO's process id; not over TLS, nor when INFO is refused).
+                let other = match options.tls {
+                    None => other_server(port, None, child.id()),
+                    Some(_) => None,
+                };
+                if let Some(other) = other {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("port {port} answered as process {other}"));
+                }
+                return Ok((port, child));
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
-                last = "sentinel did not listen within 10 s".into();
-                break;
+                let _ = child.wait();
+                return Err("sentinel did not listen within 10 s".into());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-    }
-    panic!(
-        "{}: could not start a sentinel: {last}",
-        options.kind.name()
-    );
+    });
+    Sentinel { port, child, dir }
 }
 
 /// A reply as text (a bulk or simple string; arrays joined by newlines).

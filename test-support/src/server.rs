@@ -145,25 +145,19 @@ impl Server {
             .iter()
             .position(|a| a == "--requirepass")
             .and_then(|i| extra.get(i + 1).cloned());
-        let mut last_error = String::new();
-        for _ in 0..5 {
+        let (port, child) = on_other_ports(kind.name(), 5, || {
             let port = free_port();
-            match spawn(kind, port, listen, dir.path(), &extra) {
-                Ok(child) => {
-                    return Server {
-                        kind,
-                        port,
-                        listen,
-                        child,
-                        dir,
-                        password,
-                        extra,
-                    };
-                }
-                Err(e) => last_error = e,
-            }
+            spawn(kind, port, listen, dir.path(), &extra).map(|child| (port, child))
+        });
+        Server {
+            kind,
+            port,
+            listen,
+            child,
+            dir,
+            password,
+            extra,
         }
-        panic!("{}: could not start: {last_error}", kind.name());
     }
 
     /// The password of the default user, if the server has one.
@@ -321,6 +315,28 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// Runs `start` (which starts `what` on a port from [`free_port`]) until it succeeds, up to
+/// `tries` times. An `Err` says why a try failed, most often that another process took the
+/// port between `free_port` and the child's bind (the suites run side by side, and
+/// `free_port` knows only this process's ports); the last one panics.
+pub fn on_other_ports<T>(
+    what: &str,
+    tries: usize,
+    mut start: impl FnMut() -> Result<T, String>,
+) -> T {
+    let mut attempt = 1;
+    loop {
+        match start() {
+            Ok(started) => return started,
+            Err(why) if attempt < tries => {
+                eprintln!("{what}: start {attempt} failed, trying another port: {why}");
+                attempt += 1;
+            }
+            Err(why) => panic!("{what}: could not start ({attempt} tries): {why}"),
+        }
+    }
+}
+
 /// How far a Valkey Cluster node's bus port is above its port.
 const CLUSTER_BUS_OFFSET: u16 = 10_000;
 
@@ -402,7 +418,7 @@ fn spawn(
 
 /// The process id of the server answering on `port`, when `INFO server` names one that is not
 /// `pid`; `None` when it is `pid` or cannot be told (a user without the right to `INFO`).
-fn other_server(port: u16, password: Option<&str>, pid: u32) -> Option<u32> {
+pub(crate) fn other_server(port: u16, password: Option<&str>, pid: u32) -> Option<u32> {
     let info = raw_command(port, password, &["INFO", "server"]).ok()?;
     let answered: u32 = info
         .lines()

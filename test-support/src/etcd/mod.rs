@@ -13,7 +13,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
 use super::kube::{e2e_bin, go_build_in};
-use super::server::free_port;
+use super::server::{free_port, on_other_ports};
 use peers::PeerNet;
 
 mod peers;
@@ -76,7 +76,7 @@ impl EtcdServer {
     /// process between `free_port` and its bind: the suites run side by side), starts it again
     /// on other ports, up to three times.
     fn start_with(tls: Option<(&super::tls::Certs, bool)>) -> EtcdServer {
-        on_other_ports("etcd", || Self::try_start(tls))
+        on_other_ports("etcd", 3, || Self::try_start(tls))
     }
 
     /// Starts the member and waits until it leads: `Err` when its process exits first; panics
@@ -345,7 +345,7 @@ impl EtcdCluster {
     /// bind: the suites run side by side) has the cluster started again on other ports, up to
     /// three times.
     pub fn start() -> EtcdCluster {
-        on_other_ports("etcd cluster", || {
+        on_other_ports("etcd cluster", 3, || {
             let mut cluster = Self::spawn_new();
             cluster
                 .until_agreed(&[0, 1, 2], Duration::from_secs(30))
@@ -635,24 +635,6 @@ impl EtcdCluster {
             member.spawn();
         }
         self.wait_for_leader(&[0, 1, 2], Duration::from_secs(30));
-    }
-}
-
-/// Runs `start` (which starts `what` on ports of its own) until it succeeds, up to three times:
-/// an `Err` says a process exited while starting, as one does whose port another process
-/// took between `free_port` and its bind.
-fn on_other_ports<T>(what: &str, mut start: impl FnMut() -> Result<T, String>) -> T {
-    const TRIES: usize = 3;
-    let mut attempt = 1;
-    loop {
-        match start() {
-            Ok(started) => return started,
-            Err(why) if attempt < TRIES => {
-                eprintln!("{what}: start {attempt} failed, trying other ports: {why}");
-                attempt += 1;
-            }
-            Err(why) => panic!("{what}: start {attempt} failed: {why}"),
-        }
     }
 }
 

@@ -530,7 +530,8 @@ impl ControllerProcess {
     }
 
     /// Like [`ControllerProcess::start`], with extra environment variables (applied last, so
-    /// they can replace the debug log filter the tests use).
+    /// they can replace the debug log filter the tests use; a filter must keep
+    /// `targetlease::cli::controller` at info, whose start-up line says the controller serves).
     pub fn start_with_env(
         cluster: &Cluster,
         valkey_url: &str,
@@ -593,7 +594,12 @@ impl ControllerProcess {
             match process.until_ready(Duration::from_secs(30)) {
                 Ok(()) => Ok(process),
                 Err(status) if process.logs().contains("cannot listen on") => {
-                    Err(format!("it exited ({status}): its port {port} was taken"))
+                    let logs = process.logs();
+                    let why: Vec<&str> = logs
+                        .lines()
+                        .filter(|l| l.contains("cannot listen on"))
+                        .collect();
+                    Err(format!("it exited ({status}): {}", why.join("\n")))
                 }
                 Err(status) => panic!("controller exited with {status}:\n{}", process.logs()),
             }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Client, Value};
 
-use super::server::{Listen, Server, ServerKind, free_port, on_other_ports, other_server};
+use super::server::{Listen, Server, ServerKind, answering_process, free_port, on_other_ports};
 use super::tls::Certs;
 
 /// The master name the sentinels monitor.
@@ -363,18 +363,14 @@ fn spawn_sentinel(options: &Options, primary_port: u16) -> Sentinel {
                     tail(&log.unwrap_or_default(), 5)
                 ));
             }
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                // Another process's server on a port both drew answers before this one fails
-                // to bind (told by INFO's process id; not over TLS, nor when INFO is refused).
-                let other = match options.tls {
-                    None => other_server(port, None, child.id()),
-                    Some(_) => None,
-                };
-                if let Some(other) = other {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(format!("port {port} answered as process {other}"));
-                }
+            // Plain TCP: ready when INFO names this child (until it does, the port may be
+            // another process's, answering before this one fails to bind and exits). Over TLS,
+            // without a TLS client at hand, a listening socket is the signal.
+            let ready = match options.tls {
+                None => answering_process(port, None) == Some(child.id()),
+                Some(_) => std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            };
+            if ready {
                 return Ok((port, child));
             }
             if Instant::now() > deadline {

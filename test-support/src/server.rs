@@ -410,6 +410,7 @@ fn spawn(
         }
         if Instant::now() > deadline {
             let _ = child.kill();
+            let _ = child.wait();
             return Err("did not become ready within 10 s".into());
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -418,15 +419,18 @@ fn spawn(
 
 /// The process id of the server answering on `port`, when `INFO server` names one that is not
 /// `pid`; `None` when it is `pid` or cannot be told (a user without the right to `INFO`).
-pub(crate) fn other_server(port: u16, password: Option<&str>, pid: u32) -> Option<u32> {
+fn other_server(port: u16, password: Option<&str>, pid: u32) -> Option<u32> {
+    answering_process(port, password).filter(|&answered| answered != pid)
+}
+
+/// The process id `INFO server` names on `port` (plain TCP), when it answers with one.
+pub(crate) fn answering_process(port: u16, password: Option<&str>) -> Option<u32> {
     let info = raw_command(port, password, &["INFO", "server"]).ok()?;
-    let answered: u32 = info
-        .lines()
+    info.lines()
         .find_map(|line| line.strip_prefix("process_id:"))?
         .trim()
         .parse()
-        .ok()?;
-    (answered != pid).then_some(answered)
+        .ok()
 }
 
 /// Encodes a command in RESP.

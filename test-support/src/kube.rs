@@ -591,18 +591,18 @@ impl ControllerProcess {
                 .spawn()
                 .expect("start the controller");
             let mut process = ControllerProcess { child, http, log };
-            match process.until_ready(Duration::from_secs(30)) {
-                Ok(()) => Ok(process),
-                Err(status) if process.logs().contains("cannot listen on") => {
-                    let logs = process.logs();
-                    let why: Vec<&str> = logs
-                        .lines()
-                        .filter(|l| l.contains("cannot listen on"))
-                        .collect();
-                    Err(format!("it exited ({status}): {}", why.join("\n")))
-                }
-                Err(status) => panic!("controller exited with {status}:\n{}", process.logs()),
+            let Err(status) = process.until_ready(Duration::from_secs(30)) else {
+                return Ok(process);
+            };
+            let logs = process.logs();
+            let why: Vec<&str> = logs
+                .lines()
+                .filter(|l| l.contains("cannot listen on"))
+                .collect();
+            if why.is_empty() {
+                panic!("controller exited with {status}:\n{logs}");
             }
+            Err(format!("it exited ({status}): {}", why.join("\n")))
         })
     }
 

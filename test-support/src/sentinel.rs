@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use redis::{Client, Value};
 
-use super::server::{Listen, Server, ServerKind, answering_process, free_port, on_other_ports};
+use super::server::{
+    Listen, Server, ServerKind, answering_process, free_port, on_other_ports, tail,
+};
 use super::tls::Certs;
 
 /// The master name the sentinels monitor.
@@ -406,9 +408,4 @@ fn field(reply: &Value, name: &str) -> Option<String> {
         .chunks(2)
         .find(|pair| text(&pair[0]) == name)
         .and_then(|pair| pair.get(1).map(text))
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }

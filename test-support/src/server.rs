@@ -337,6 +337,12 @@ pub fn on_other_ports<T>(
     }
 }
 
+/// The last `lines` lines of `text` (a log), for a failure's message.
+pub(crate) fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
 /// How far a Valkey Cluster node's bus port is above its port.
 const CLUSTER_BUS_OFFSET: u16 = 10_000;
 

@@ -626,7 +626,8 @@ fn exclusive_coverage(history: &[Value]) -> Coverage {
 
 /// Killed calls that had run, as a history (sorted by call time) shows them: refusals naming a
 /// worker as the holder when that worker's last acquire on the target was killed (it never
-/// learned it held the target, or a permit of it).
+/// learned it held the target, or a permit of it). An over-count: a worker whose killed release
+/// never ran still holds what it held before, and a refusal naming it counts too.
 fn ghosts(history: &[Value]) -> usize {
     (0..history.len())
         .filter(|&i| outcome(&history[i]) == "held")
@@ -910,11 +911,12 @@ fn permits_worker(rec: &Recorder, client: usize, seed: u64, until: Instant) {
     let owner = format!("w{client}");
     while Instant::now() < until {
         n += 1;
-        let kill = (rng.below(1000) < KILL_PER_MILLE) // Early, as a fixed window lands them (mostly before the command): the permits
-            // checker's search grows with every killed grant that ran (its slot and token
-            // unknown), and with kills drawn against the calls' length 3 of 6 runs ran out of
-            // search time on a mutation. Killed calls that ran still come from killed releases
-            // and renewals, and from another round when a history lacks one.
+        // Kills early, in a fixed window (mostly before the command): the permits checker's
+        // search grows with every killed grant that ran (its slot and token unknown), and with
+        // kills drawn against the calls' length 3 of 6 runs ran out of search time on a
+        // mutation. The coverage's count of killed calls that had run is still met (see
+        // `ghosts`, which also counts what a killed release left held), or another round runs.
+        let kill = (rng.below(1000) < KILL_PER_MILLE)
             .then(|| Duration::from_micros(2_000 + rng.below(10_000)));
         let pick = rng.below(100);
         let call = |h: &Held, op: &str, token: u64, slot: u32| {

@@ -13,7 +13,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
 use super::kube::{e2e_bin, go_build_in};
-use super::server::{free_port, on_other_ports};
+use super::server::{free_port, on_other_ports, tail};
 use peers::PeerNet;
 
 mod peers;
@@ -312,9 +312,10 @@ impl Member {
 
     /// The last lines of its log.
     fn tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(LOG_TAIL)..].join("\n")
+        tail(
+            &std::fs::read_to_string(&self.log).unwrap_or_default(),
+            LOG_TAIL,
+        )
     }
 
     fn url(&self) -> String {

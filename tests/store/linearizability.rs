@@ -1102,6 +1102,16 @@ fn permits_coverage(history: &[Value]) -> Coverage {
         history.len(),
         PERMITS - 1
     );
+    // What the fourth-holder mutation turns into a grant: without one, that mutation has no
+    // candidate (a slow run of 347 calls had none).
+    let p = u64::from(PERMITS);
+    let full = (0..history.len())
+        .filter(|&i| {
+            outcome(&history[i]) == "held"
+                && history[i]["permits"] == json!(PERMITS)
+                && (0..p).all(|s| certainly_held(history, i, s, p))
+        })
+        .count();
     let ghosts = ghosts(history);
     // Or a check whose slot's newest token is none a client was told: a killed grant's.
     let told: std::collections::BTreeSet<u64> = history
@@ -1123,6 +1133,7 @@ fn permits_coverage(history: &[Value]) -> Coverage {
         ("killed calls", killed, 5),
         ("grants", acquired, 20),
         ("grants of the last slot (every permit held)", last_slot, 3),
+        ("refusals while every permit was certainly held", full, 1),
         ("refusals (held)", held, 10),
         ("permits conflicts", conflicts, 1),
         ("renewals", renewed, 5),
